@@ -1,0 +1,59 @@
+// NVIDIA arch layer (sm_90a, sm_100a): thread ids, warp shuffles, conversions via PTX.
+#pragma once
+#define NSA_CUDA 1
+#define NSA_DEVICE __device__ __forceinline__
+#define NSA_KERNEL extern "C" __global__
+#define NSA_LAUNCH_BOUNDS(n) __launch_bounds__(n)
+#include "nsa/common/types.cuh"
+
+namespace nsa {
+
+NSA_DEVICE u32 thread_x() { return threadIdx.x; }
+NSA_DEVICE u32 block_x() { return blockIdx.x; }
+
+// Butterfly exchange within the warp; callers keep `mask` inside a converged group.
+NSA_DEVICE float shfl_xor(float v, int mask) {
+  float r;
+  asm volatile("shfl.sync.bfly.b32 %0, %1, %2, 0x1f, 0xffffffff;" : "=f"(r) : "f"(v), "r"(mask));
+  return r;
+}
+
+NSA_DEVICE void atomic_add_u32(u32* p, u32 v) {
+  asm volatile("red.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+NSA_DEVICE float u32_as_f32(u32 b) {
+  float r;
+  asm("mov.b32 %0, %1;" : "=f"(r) : "r"(b));
+  return r;
+}
+NSA_DEVICE u32 f32_as_u32(float f) {
+  u32 r;
+  asm("mov.b32 %0, %1;" : "=r"(r) : "f"(f));
+  return r;
+}
+
+NSA_DEVICE float bf16_to_f32(u16 h) { return u32_as_f32((u32)h << 16); }
+
+NSA_DEVICE u16 f32_to_bf16(float f) {
+  u16 r;
+  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(f));
+  return r;
+}
+
+// Two f32 -> two e4m3fn bytes (lo from `lo`, hi from `hi`), RNE, saturating; NaN stays NaN.
+NSA_DEVICE u16 f32x2_to_e4m3x2(float lo, float hi) {
+  u16 r;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+
+// Two e4m3fn bytes -> two f32 (exact, through f16x2).
+NSA_DEVICE void e4m3x2_to_f32x2(u16 v, float& lo, float& hi) {
+  u32 h2;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"(v));
+  asm("cvt.f32.f16 %0, %1;" : "=f"(lo) : "h"((u16)(h2 & 0xffffu)));
+  asm("cvt.f32.f16 %0, %1;" : "=f"(hi) : "h"((u16)(h2 >> 16)));
+}
+
+}  // namespace nsa

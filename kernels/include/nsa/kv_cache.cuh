@@ -1,0 +1,201 @@
+// KV cache store / quantize / dequantize (spec §2.3–§2.5). One group of lanes per
+// token, 16-byte vector accesses, scales reduced with butterflies inside the group.
+#pragma once
+#include "nsa/common/status.cuh"
+
+namespace nsa {
+namespace kv {
+
+constexpr int kLatent = 512;
+constexpr int kRope = 64;
+constexpr int kTile = 128;
+constexpr int kFp8TokenBytes = 656;
+constexpr int kFp8ScalesOffset = 512;
+constexpr int kFp8RopeOffset = 528;
+constexpr int kBf16TokenElems = 576;
+
+// Lanes per MLA token: each owns 16 latent dims (32 bytes of bf16, 16 bytes of e4m3).
+constexpr int kMlaLanes = 32;
+constexpr int kLanesPerTile = kTile / 16;
+
+NSA_DEVICE void unpack_bf16x8(const Vec16& v, float* x) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    x[2 * i] = bf16_to_f32((u16)(v.w[i] & 0xffffu));
+    x[2 * i + 1] = bf16_to_f32((u16)(v.w[i] >> 16));
+  }
+}
+
+// Largest finite magnitude; NaN and +-inf are left out so one bad value cannot
+// poison the scale of the whole tile.
+NSA_DEVICE float finite_amax(const float* x, int n) {
+  float m = 0.0f;
+  for (int i = 0; i < n; ++i) {
+    const float a = x[i] < 0.0f ? -x[i] : x[i];
+    if (a <= kF32MaxFinite) m = a > m ? a : m;
+  }
+  return m;
+}
+
+NSA_DEVICE float group_max(float v, int lanes) {
+  for (int m = 1; m < lanes; m <<= 1) {
+    const float o = shfl_xor(v, m);
+    v = o > v ? o : v;
+  }
+  return v;
+}
+
+// q = e4m3_satfinite(x * inv): saturation is the clamp to +-448; NaN stays NaN.
+template <int N>
+NSA_DEVICE void quantize(const float* x, float inv, u32* out_words) {
+#pragma unroll
+  for (int i = 0; i < N / 4; ++i) {
+    const u32 lo = f32x2_to_e4m3x2(x[4 * i] * inv, x[4 * i + 1] * inv);
+    const u32 hi = f32x2_to_e4m3x2(x[4 * i + 2] * inv, x[4 * i + 3] * inv);
+    out_words[i] = lo | (hi << 16);
+  }
+}
+
+NSA_DEVICE bool slot_ok(i64 slot, i64 pool_slots) { return slot >= 0 && slot < pool_slots; }
+
+// k_nope [n, 512] and k_rope [n, 64] bf16 rows (strides in elements, multiples of 8)
+// -> cache rows loc[t] in the 656-byte format. Scale = amax/448 (no epsilon); an
+// all-zero tile stores scale 0 and q 0.
+template <int kBlockThreads>
+NSA_DEVICE void store_fp8(const u16* __restrict__ k_nope, i64 nope_stride, const u16* __restrict__ k_rope,
+                          i64 rope_stride, const i32* __restrict__ loc, i32 num_tokens, u8* __restrict__ cache,
+                          i64 pool_slots, u32* status) {
+  const u32 tid = thread_x();
+  const i64 token = (i64)block_x() * (kBlockThreads / kMlaLanes) + tid / kMlaLanes;
+  const u32 lane = tid % kMlaLanes;
+  if (token >= num_tokens) return;
+  const i64 slot = loc[token];
+  if (!slot_ok(slot, pool_slots)) {
+    if (lane == 0) report_bad_entry(status, token);
+    return;
+  }
+  const Vec16* src = reinterpret_cast<const Vec16*>(k_nope + token * nope_stride + lane * 16);
+  float x[16];
+  unpack_bf16x8(src[0], x);
+  unpack_bf16x8(src[1], x + 8);
+  const float amax = group_max(finite_amax(x, 16), kLanesPerTile);
+  const float scale = amax / kE4m3Max;
+  const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
+  Vec16 q;
+  quantize<16>(x, inv, q.w);
+  u8* row = cache + slot * kFp8TokenBytes;
+  *reinterpret_cast<Vec16*>(row + lane * 16) = q;
+  if (lane % kLanesPerTile == 0) {
+    reinterpret_cast<float*>(row + kFp8ScalesOffset)[lane / kLanesPerTile] = scale;
+  }
+  if (lane < kRope / 8) {
+    *reinterpret_cast<Vec16*>(row + kFp8RopeOffset + lane * 16) =
+        *reinterpret_cast<const Vec16*>(k_rope + token * rope_stride + lane * 8);
+  }
+}
+
+// Bit-exact bf16 copy: cache row = [nope 512 | rope 64].
+template <int kBlockThreads>
+NSA_DEVICE void store_bf16(const u16* __restrict__ k_nope, i64 nope_stride, const u16* __restrict__ k_rope,
+                           i64 rope_stride, const i32* __restrict__ loc, i32 num_tokens, u16* __restrict__ cache,
+                           i64 pool_slots, u32* status) {
+  const u32 tid = thread_x();
+  const i64 token = (i64)block_x() * (kBlockThreads / kMlaLanes) + tid / kMlaLanes;
+  const u32 lane = tid % kMlaLanes;
+  if (token >= num_tokens) return;
+  const i64 slot = loc[token];
+  if (!slot_ok(slot, pool_slots)) {
+    if (lane == 0) report_bad_entry(status, token);
+    return;
+  }
+  const Vec16* src = reinterpret_cast<const Vec16*>(k_nope + token * nope_stride);
+  Vec16* dst = reinterpret_cast<Vec16*>(cache + slot * kBf16TokenElems);
+  const Vec16 a = src[lane];
+  const Vec16 b = src[lane + kMlaLanes];
+  dst[lane] = a;
+  dst[lane + kMlaLanes] = b;
+  if (lane < kRope / 8) {
+    dst[kLatent / 8 + lane] = reinterpret_cast<const Vec16*>(k_rope + token * rope_stride)[lane];
+  }
+}
+
+// Gathers cache rows idx[t] (656-byte format) into bf16 [n, 576]:
+// out = bf16(f32(e4m3) * scale), rope copied. A rejected index writes a zero row.
+template <int kBlockThreads>
+NSA_DEVICE void dequant_fp8(const u8* __restrict__ cache, i64 pool_slots, const i32* __restrict__ idx,
+                            i32 num_tokens, u16* __restrict__ out, u32* status) {
+  const u32 tid = thread_x();
+  const i64 token = (i64)block_x() * (kBlockThreads / kMlaLanes) + tid / kMlaLanes;
+  const u32 lane = tid % kMlaLanes;
+  if (token >= num_tokens) return;
+  const i64 slot = idx[token];
+  Vec16* dst = reinterpret_cast<Vec16*>(out + token * kBf16TokenElems);
+  if (!slot_ok(slot, pool_slots)) {
+    if (lane == 0) report_bad_entry(status, token);
+    const Vec16 zero = {{0u, 0u, 0u, 0u}};
+    dst[2 * lane] = zero;
+    dst[2 * lane + 1] = zero;
+    if (lane < kRope / 8) dst[kLatent / 8 + lane] = zero;
+    return;
+  }
+  const u8* row = cache + slot * kFp8TokenBytes;
+  const Vec16 q = *reinterpret_cast<const Vec16*>(row + lane * 16);
+  const float scale = reinterpret_cast<const float*>(row + kFp8ScalesOffset)[lane / kLanesPerTile];
+  Vec16 o[2];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    float a, b, c, d;
+    e4m3x2_to_f32x2((u16)(q.w[i] & 0xffffu), a, b);
+    e4m3x2_to_f32x2((u16)(q.w[i] >> 16), c, d);
+    o[i / 2].w[(i % 2) * 2] = (u32)f32_to_bf16(a * scale) | ((u32)f32_to_bf16(b * scale) << 16);
+    o[i / 2].w[(i % 2) * 2 + 1] = (u32)f32_to_bf16(c * scale) | ((u32)f32_to_bf16(d * scale) << 16);
+  }
+  dst[2 * lane] = o[0];
+  dst[2 * lane + 1] = o[1];
+  if (lane < kRope / 8) {
+    dst[kLatent / 8 + lane] = *reinterpret_cast<const Vec16*>(row + kFp8RopeOffset + lane * 16);
+  }
+}
+
+// ---- Lightning-indexer K (spec §2.5): 128 e4m3 + f32 power-of-two scale, 64-token pages.
+constexpr int kIdxDim = 128;
+constexpr int kIdxPageTokens = 64;
+constexpr int kIdxPageBytes = kIdxPageTokens * (kIdxDim + 4);
+constexpr int kIdxLanes = kIdxDim / 8;  // each lane owns 8 dims
+constexpr float kIdxAmaxFloor = 1e-4f;
+
+// Smallest power of two >= v, for positive normal v (exact, no log2 rounding).
+NSA_DEVICE float ceil_pow2(float v) {
+  u32 b = f32_as_u32(v);
+  if (b & 0x7fffffu) b = (b & 0x7f800000u) + 0x800000u;
+  return u32_as_f32(b);
+}
+
+template <int kBlockThreads>
+NSA_DEVICE void store_indexer_k(const u16* __restrict__ k, i64 k_stride, const i32* __restrict__ loc, i32 num_tokens,
+                                u8* __restrict__ cache, i64 pool_slots, u32* status) {
+  const u32 tid = thread_x();
+  const i64 token = (i64)block_x() * (kBlockThreads / kIdxLanes) + tid / kIdxLanes;
+  const u32 lane = tid % kIdxLanes;
+  if (token >= num_tokens) return;
+  const i64 slot = loc[token];
+  if (!slot_ok(slot, pool_slots)) {
+    if (lane == 0) report_bad_entry(status, token);
+    return;
+  }
+  float x[8];
+  unpack_bf16x8(*reinterpret_cast<const Vec16*>(k + token * k_stride + lane * 8), x);
+  float amax = group_max(finite_amax(x, 8), kIdxLanes);
+  amax = amax > kIdxAmaxFloor ? amax : kIdxAmaxFloor;
+  const float scale = ceil_pow2(amax / kE4m3Max);
+  const float inv = 1.0f / scale;  // exact: scale is a power of two
+  Vec8 q;
+  quantize<8>(x, inv, q.w);
+  u8* page = cache + (slot / kIdxPageTokens) * kIdxPageBytes;
+  const i64 off = slot % kIdxPageTokens;
+  *reinterpret_cast<Vec8*>(page + off * kIdxDim + lane * 8) = q;
+  if (lane == 0) reinterpret_cast<float*>(page + kIdxPageTokens * kIdxDim)[off] = scale;
+}
+
+}  // namespace kv
+}  // namespace nsa

@@ -1,0 +1,39 @@
+// AMD arch layer (gfx942, wave64) for clang/hipRTC without HIP headers.
+// e4m3fn is converted in software: gfx942's fp8 instructions use the FNUZ format.
+#pragma once
+#define NSA_ROCM 1
+#define NSA_DEVICE __attribute__((device)) __attribute__((always_inline)) inline
+#define NSA_KERNEL extern "C" __attribute__((global))
+#define NSA_LAUNCH_BOUNDS(n) __attribute__((amdgpu_flat_work_group_size(1, n)))
+#define __restrict__ __restrict
+#include "nsa/common/types.cuh"
+#include "nsa/common/numeric_soft.cuh"
+
+namespace nsa {
+
+NSA_DEVICE u32 thread_x() { return __builtin_amdgcn_workitem_id_x(); }
+NSA_DEVICE u32 block_x() { return __builtin_amdgcn_workgroup_id_x(); }
+
+NSA_DEVICE float shfl_xor(float v, int mask) {
+  const u32 lane = __builtin_amdgcn_mbcnt_hi(~0u, __builtin_amdgcn_mbcnt_lo(~0u, 0u));
+  const int r = __builtin_amdgcn_ds_bpermute((int)((lane ^ (u32)mask) << 2), __builtin_bit_cast(int, v));
+  return __builtin_bit_cast(float, r);
+}
+
+NSA_DEVICE void atomic_add_u32(u32* p, u32 v) { __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
+
+NSA_DEVICE float u32_as_f32(u32 b) { return __builtin_bit_cast(float, b); }
+NSA_DEVICE u32 f32_as_u32(float f) { return __builtin_bit_cast(u32, f); }
+NSA_DEVICE float bf16_to_f32(u16 h) { return u32_as_f32((u32)h << 16); }
+NSA_DEVICE u16 f32_to_bf16(float f) { return soft::f32_to_bf16(f); }
+
+NSA_DEVICE u16 f32x2_to_e4m3x2(float lo, float hi) {
+  return (u16)(soft::f32_to_e4m3_satfinite(lo) | ((u32)soft::f32_to_e4m3_satfinite(hi) << 8));
+}
+
+NSA_DEVICE void e4m3x2_to_f32x2(u16 v, float& lo, float& hi) {
+  lo = soft::e4m3_to_f32((u8)(v & 0xffu));
+  hi = soft::e4m3_to_f32((u8)(v >> 8));
+}
+
+}  // namespace nsa

@@ -1,0 +1,363 @@
+//! [`NsaConfig`]: the model-level description one attention configuration is built from.
+
+use crate::layout;
+use crate::target::Target;
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// How the MLA latent KV cache stores one token (spec §2.3).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KvCacheFormat {
+    /// 576 bf16 per token: 512 latent then 64 rope (1152 bytes).
+    Bf16,
+    /// 656 bytes per token: 512 e4m3, 4 f32 scales (one per 128 dims), 64 bf16 rope.
+    Fp8,
+}
+
+impl KvCacheFormat {
+    /// Short tag used in kernel ids.
+    pub fn tag(self) -> &'static str {
+        match self {
+            KvCacheFormat::Bf16 => "bf16_576",
+            KvCacheFormat::Fp8 => "fp8_656",
+        }
+    }
+
+    /// Bytes one token occupies in the cache.
+    pub fn token_bytes(self) -> usize {
+        match self {
+            KvCacheFormat::Bf16 => 2 * layout::BF16_TOKEN_ELEMS,
+            KvCacheFormat::Fp8 => layout::FP8_TOKEN_BYTES,
+        }
+    }
+}
+
+impl std::str::FromStr for KvCacheFormat {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "bf16" | "bf16_576" => Ok(KvCacheFormat::Bf16),
+            "fp8" | "fp8_656" | "fp8_e4m3" => Ok(KvCacheFormat::Fp8),
+            other => Err(format!(
+                "unknown KV cache format `{other}`: allowed bf16 (576 bf16/token) or fp8 (656 bytes/token)"
+            )),
+        }
+    }
+}
+
+/// One attention configuration of a DeepSeek V3.2-style model on one GPU.
+///
+/// Build it from a preset ([`NsaConfig::preset`]) or deserialize it (JSON/TOML),
+/// then call [`NsaConfig::validate`]; every kernel is specialised on these values.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NsaConfig {
+    /// Tokens per KV page (64 on CUDA servers; any value in range works).
+    pub page_size: u32,
+    /// Keys each query attends to (`index_topk`).
+    pub topk: u32,
+    /// Query heads on this GPU (128 / attention TP size).
+    pub num_q_heads: u32,
+    /// Latent width of the MLA cache.
+    #[serde(default = "default_kv_lora_rank")]
+    pub kv_lora_rank: u32,
+    /// RoPE width of the MLA cache.
+    #[serde(default = "default_rope_dim")]
+    pub qk_rope_head_dim: u32,
+    /// Lightning-indexer heads.
+    #[serde(default = "default_index_heads")]
+    pub index_n_heads: u32,
+    /// Lightning-indexer head dim.
+    #[serde(default = "default_index_head_dim")]
+    pub index_head_dim: u32,
+    /// MLA KV cache format.
+    pub kv_cache: KvCacheFormat,
+    /// Architectures to generate for (at least one, no repeats).
+    pub targets: Vec<Target>,
+}
+
+fn default_kv_lora_rank() -> u32 {
+    layout::KV_LORA_RANK as u32
+}
+fn default_rope_dim() -> u32 {
+    layout::ROPE_DIM as u32
+}
+fn default_index_heads() -> u32 {
+    64
+}
+fn default_index_head_dim() -> u32 {
+    layout::INDEXER_HEAD_DIM as u32
+}
+
+/// Named configurations: DeepSeek V3.2 and its per-GPU tensor-parallel shapes.
+pub const PRESETS: &[(&str, &str)] = &[
+    (
+        "deepseek-v3.2",
+        "128 query heads per GPU (TP1), top-k 2048, page 64, FP8-656 cache",
+    ),
+    ("deepseek-v3.2-tp2", "64 query heads per GPU"),
+    ("deepseek-v3.2-tp4", "32 query heads per GPU"),
+    ("deepseek-v3.2-tp8", "16 query heads per GPU"),
+    ("deepseek-v3.2-tp16", "8 query heads per GPU"),
+];
+
+pub const ALLOWED_HEADS: [u32; 5] = [8, 16, 32, 64, 128];
+pub const PAGE_SIZE_RANGE: (u32, u32) = (1, 1024);
+pub const TOPK_RANGE: (u32, u32) = (64, 4096);
+pub const TOPK_MULTIPLE: u32 = 64;
+pub const ALLOWED_INDEX_HEADS: [u32; 1] = [64];
+
+impl NsaConfig {
+    /// The preset called `name` (see [`PRESETS`]), generating for sm_90a and sm_100a.
+    pub fn preset(name: &str) -> Result<NsaConfig, ConfigError> {
+        let heads = match name {
+            "deepseek-v3.2" | "deepseek-v3.2-tp1" => 128,
+            "deepseek-v3.2-tp2" => 64,
+            "deepseek-v3.2-tp4" => 32,
+            "deepseek-v3.2-tp8" => 16,
+            "deepseek-v3.2-tp16" => 8,
+            _ => {
+                let names: Vec<&str> = PRESETS.iter().map(|p| p.0).collect();
+                return Err(ConfigError::single(ConfigIssue {
+                    field: "preset",
+                    value: format!("{name:?}"),
+                    allowed: names.join(", "),
+                    nearest: nearest_name(name, &names).map(str::to_string),
+                }));
+            }
+        };
+        Ok(NsaConfig {
+            page_size: 64,
+            topk: 2048,
+            num_q_heads: heads,
+            kv_lora_rank: default_kv_lora_rank(),
+            qk_rope_head_dim: default_rope_dim(),
+            index_n_heads: default_index_heads(),
+            index_head_dim: default_index_head_dim(),
+            kv_cache: KvCacheFormat::Fp8,
+            targets: Target::NVIDIA.to_vec(),
+        })
+    }
+
+    /// Checks every field and returns ALL problems at once.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let mut issues = Vec::new();
+        check_range(&mut issues, "page_size", self.page_size, PAGE_SIZE_RANGE, 1);
+        check_range(&mut issues, "topk", self.topk, TOPK_RANGE, TOPK_MULTIPLE);
+        check_set(&mut issues, "num_q_heads", self.num_q_heads, &ALLOWED_HEADS);
+        check_set(
+            &mut issues,
+            "kv_lora_rank",
+            self.kv_lora_rank,
+            &[layout::KV_LORA_RANK as u32],
+        );
+        check_set(
+            &mut issues,
+            "qk_rope_head_dim",
+            self.qk_rope_head_dim,
+            &[layout::ROPE_DIM as u32],
+        );
+        check_set(
+            &mut issues,
+            "index_n_heads",
+            self.index_n_heads,
+            &ALLOWED_INDEX_HEADS,
+        );
+        check_set(
+            &mut issues,
+            "index_head_dim",
+            self.index_head_dim,
+            &[layout::INDEXER_HEAD_DIM as u32],
+        );
+        self.check_targets(&mut issues);
+        ConfigError::from_issues(issues)
+    }
+
+    /// Parses a config from JSON (text starting with `{`) or TOML, then validates it.
+    pub fn from_text(text: &str) -> Result<NsaConfig, ConfigError> {
+        let parsed: Result<NsaConfig, String> = if text.trim_start().starts_with('{') {
+            serde_json::from_str(text).map_err(|e| e.to_string())
+        } else {
+            toml::from_str(text).map_err(|e| e.to_string())
+        };
+        let cfg = parsed.map_err(|msg| {
+            ConfigError::single(ConfigIssue {
+                field: "config file",
+                value: msg,
+                allowed: "JSON or TOML with the fields of NsaConfig".into(),
+                nearest: None,
+            })
+        })?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    fn check_targets(&self, issues: &mut Vec<ConfigIssue>) {
+        let allowed = Target::ALL.map(|t| t.arch()).join(", ");
+        if self.targets.is_empty() {
+            issues.push(ConfigIssue {
+                field: "targets",
+                value: "[] (empty)".into(),
+                allowed: format!("a non-empty list of {allowed}"),
+                nearest: Some("[\"sm_90a\"]".into()),
+            });
+        }
+        let mut seen = Vec::new();
+        for t in &self.targets {
+            if seen.contains(t) {
+                issues.push(ConfigIssue {
+                    field: "targets",
+                    value: format!("{t} listed twice"),
+                    allowed: format!("each of {allowed} at most once"),
+                    nearest: Some(format!("remove the second {t}")),
+                });
+            }
+            seen.push(*t);
+        }
+    }
+
+    /// Readable one-line summary for logs and the CLI.
+    pub fn summary(&self) -> String {
+        let targets: Vec<&str> = self.targets.iter().map(|t| t.arch()).collect();
+        format!(
+            "h={} topk={} page={} cache={} targets=[{}]",
+            self.num_q_heads,
+            self.topk,
+            self.page_size,
+            self.kv_cache.tag(),
+            targets.join(",")
+        )
+    }
+}
+
+fn check_range(
+    issues: &mut Vec<ConfigIssue>,
+    field: &'static str,
+    v: u32,
+    (lo, hi): (u32, u32),
+    multiple: u32,
+) {
+    let in_range = (lo..=hi).contains(&v) && v % multiple == 0;
+    if in_range {
+        return;
+    }
+    let rounded = ((v + multiple / 2) / multiple) * multiple;
+    let nearest = rounded.clamp(lo, hi);
+    let allowed = if multiple == 1 {
+        format!("{lo}..={hi}")
+    } else {
+        format!("multiples of {multiple} in {lo}..={hi}")
+    };
+    issues.push(ConfigIssue {
+        field,
+        value: v.to_string(),
+        allowed,
+        nearest: Some(nearest.to_string()),
+    });
+}
+
+fn check_set(issues: &mut Vec<ConfigIssue>, field: &'static str, v: u32, allowed: &[u32]) {
+    if allowed.contains(&v) {
+        return;
+    }
+    let nearest = allowed.iter().copied().min_by_key(|a| (a.abs_diff(v), *a));
+    issues.push(ConfigIssue {
+        field,
+        value: v.to_string(),
+        allowed: allowed
+            .iter()
+            .map(u32::to_string)
+            .collect::<Vec<_>>()
+            .join(", "),
+        nearest: nearest.map(|n| n.to_string()),
+    });
+}
+
+/// The closest name by edit distance, when it is plausibly a typo.
+pub fn nearest_name<'a>(given: &str, names: &[&'a str]) -> Option<&'a str> {
+    names
+        .iter()
+        .map(|n| (edit_distance(given, n), *n))
+        .min()
+        .filter(|(d, n)| *d <= (n.len() / 2).max(2))
+        .map(|(_, n)| n)
+}
+
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut cur = vec![i + 1];
+        for (j, cb) in b.iter().enumerate() {
+            let sub = prev[j] + usize::from(ca != *cb);
+            cur.push(sub.min(prev[j + 1] + 1).min(cur[j] + 1));
+        }
+        prev = cur;
+    }
+    prev[b.len()]
+}
+
+/// One problem with one field.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfigIssue {
+    /// The field, as spelled in the config file / attribute.
+    pub field: &'static str,
+    /// The value given.
+    pub value: String,
+    /// What is allowed.
+    pub allowed: String,
+    /// The nearest valid value, when there is one.
+    pub nearest: Option<String>,
+}
+
+impl fmt::Display for ConfigIssue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "`{}` = {} is not allowed (allowed: {})",
+            self.field, self.value, self.allowed
+        )?;
+        if let Some(n) = &self.nearest {
+            write!(f, "; nearest valid: {n}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Every problem found in one config.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub struct ConfigError {
+    pub issues: Vec<ConfigIssue>,
+}
+
+impl ConfigError {
+    fn single(issue: ConfigIssue) -> Self {
+        ConfigError {
+            issues: vec![issue],
+        }
+    }
+
+    fn from_issues(issues: Vec<ConfigIssue>) -> Result<(), ConfigError> {
+        if issues.is_empty() {
+            Ok(())
+        } else {
+            Err(ConfigError { issues })
+        }
+    }
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let n = self.issues.len();
+        write!(
+            f,
+            "invalid NSA config ({n} problem{}):",
+            if n == 1 { "" } else { "s" }
+        )?;
+        for issue in &self.issues {
+            write!(f, "\n  - {issue}")?;
+        }
+        Ok(())
+    }
+}

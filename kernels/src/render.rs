@@ -1,0 +1,103 @@
+//! Rendering: thin tera templates + embedded device headers → one self-contained source.
+//!
+//! tera 1.x: the stable, widely deployed line; it already fails on undefined
+//! variables, and our templates use nothing beyond substitution, so 2.x's new
+//! syntax and API buy nothing here while 1.x keeps snapshots stable.
+
+use crate::spec::KernelSpec;
+use std::sync::OnceLock;
+
+macro_rules! embed {
+    ($($name:literal => $path:literal),* $(,)?) => { &[$(($name, include_str!($path))),*] };
+}
+
+/// Templates, by the name [`KernelSpec::template`] gives.
+pub const TEMPLATES: &[(&str, &str)] = embed! {
+    "kv_store.cu.tera" => "../../templates/kv_store.cu.tera",
+    "kv_dequant.cu.tera" => "../../templates/kv_dequant.cu.tera",
+    "indexer_k_store.cu.tera" => "../../templates/indexer_k_store.cu.tera",
+};
+
+/// Device headers, by the include name sources use. Passed to the compiler as
+/// in-memory headers: nothing from a toolkit is ever included.
+pub const HEADERS: &[(&str, &str)] = embed! {
+    "nsa/common/types.cuh" => "../include/nsa/common/types.cuh",
+    "nsa/common/numeric_soft.cuh" => "../include/nsa/common/numeric_soft.cuh",
+    "nsa/common/status.cuh" => "../include/nsa/common/status.cuh",
+    "nsa/cuda/arch.cuh" => "../include/nsa/cuda/arch.cuh",
+    "nsa/rocm/arch.cuh" => "../include/nsa/rocm/arch.cuh",
+    "nsa/kv_cache.cuh" => "../include/nsa/kv_cache.cuh",
+};
+
+/// blake3 over every embedded header (name and bytes), part of every cache key.
+pub fn headers_digest() -> String {
+    let mut h = blake3::Hasher::new();
+    for (name, text) in HEADERS {
+        for part in [name.as_bytes(), text.as_bytes()] {
+            h.update(&(part.len() as u64).to_le_bytes());
+            h.update(part);
+        }
+    }
+    h.finalize().to_hex().to_string()
+}
+
+/// A rendered kernel: its spec, source text and entry point.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RenderedKernel {
+    pub spec: KernelSpec,
+    pub id: String,
+    pub symbol: String,
+    pub source_name: String,
+    pub source: String,
+}
+
+/// Rendering failed: a template bug, never a user error.
+#[derive(Debug, thiserror::Error)]
+#[error("rendering `{id}` from template `{template}` failed: {detail}")]
+pub struct RenderError {
+    pub id: String,
+    pub template: &'static str,
+    pub detail: String,
+}
+
+fn engine() -> &'static tera::Tera {
+    static ENGINE: OnceLock<tera::Tera> = OnceLock::new();
+    ENGINE.get_or_init(|| {
+        let mut t = tera::Tera::default();
+        t.autoescape_on(vec![]);
+        t.add_raw_templates(TEMPLATES.iter().copied())
+            .expect("embedded templates parse (checked by tests)");
+        t
+    })
+}
+
+/// Renders `spec` into a self-contained source (includes resolve to [`HEADERS`]).
+pub fn render(spec: &KernelSpec) -> Result<RenderedKernel, RenderError> {
+    let err = |detail: String| RenderError {
+        id: spec.id(),
+        template: spec.template(),
+        detail,
+    };
+    let ctx = tera::Context::from_value(spec.context()).map_err(|e| err(chain(&e)))?;
+    let source = engine()
+        .render(spec.template(), &ctx)
+        .map_err(|e| err(chain(&e)))?;
+    Ok(RenderedKernel {
+        spec: *spec,
+        id: spec.id(),
+        symbol: spec.symbol(),
+        source_name: spec.source_name(),
+        source,
+    })
+}
+
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}

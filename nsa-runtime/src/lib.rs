@@ -1,0 +1,17 @@
+//! nsa-runtime: everything that touches a compiler or a device.
+//!
+//! * [`jit`]: compilers (NVRTC → CUBIN, clang/hipRTC → code object) behind one trait.
+//! * [`cache`]: memory layer (one compile per key) over a content-addressed disk layer.
+//! * [`device`]: the CUDA device, its caps, and loading/launching compiled kernels.
+//! * [`ops`]: typed launchers, one module per kernel family.
+//! * [`reference`]: CPU references, the oracle of every GPU test.
+
+pub mod cache;
+pub mod device;
+pub mod error;
+pub mod jit;
+pub mod ops;
+pub mod reference;
+
+pub use error::{Error, Result};
+pub use nsa_kernels as kernels;
