@@ -1,1 +1,4 @@
-//! placeholder
+//! CPU references: plain, obviously-correct Rust that every GPU kernel is tested against.
+
+pub mod fp8;
+pub mod kv_cache;
