@@ -12,6 +12,8 @@ pub mod error;
 pub mod jit;
 pub mod ops;
 pub mod reference;
+pub mod runtime;
 
 pub use error::{Error, Result};
+pub use runtime::{DeviceChecks, Runtime};
 pub use nsa_kernels as kernels;

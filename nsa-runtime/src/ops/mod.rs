@@ -1,1 +1,69 @@
-//! placeholder
+//! Typed launchers, one module per kernel family. Every argument is checked on the
+//! host (sizes, strides, alignment) before anything is launched.
+
+pub mod kv_cache;
+
+use crate::{Error, Result};
+use cudarc::driver::{CudaStream, DevicePtr};
+
+/// `count` rows of `width` elements, `stride` elements apart, on the device.
+#[derive(Debug)]
+pub struct Rows<'a, T> {
+    pub data: cudarc::driver::CudaView<'a, T>,
+    pub count: usize,
+    pub width: usize,
+    pub stride: usize,
+}
+
+impl<'a, T> Rows<'a, T> {
+    /// Dense rows (stride = width).
+    pub fn dense(data: cudarc::driver::CudaView<'a, T>, width: usize) -> Self {
+        let count = data.len() / width.max(1);
+        Rows { data, count, width, stride: width }
+    }
+
+    /// Checks the rows fit the view and allow 16-byte vector access.
+    pub(crate) fn check(&self, field: &'static str, stream: &CudaStream) -> Result<()> {
+        let elem = std::mem::size_of::<T>();
+        let per_vec = 16 / elem;
+        if self.stride < self.width || self.stride % per_vec != 0 {
+            return Err(invalid(
+                field,
+                format!("stride {}", self.stride),
+                format!("a row stride ≥ the row width {} and a multiple of {per_vec} elements (16 bytes)", self.width),
+            ));
+        }
+        let needed = if self.count == 0 { 0 } else { (self.count - 1) * self.stride + self.width };
+        if self.data.len() < needed {
+            return Err(invalid(
+                field,
+                format!("{} elements", self.data.len()),
+                format!("at least {needed} elements for {} rows of {} with stride {}", self.count, self.width, self.stride),
+            ));
+        }
+        check_aligned(field, &self.data, 16, stream)
+    }
+}
+
+pub(crate) fn invalid(field: &'static str, value: impl Into<String>, expected: impl Into<String>) -> Error {
+    Error::InvalidArgument { field, value: value.into(), expected: expected.into() }
+}
+
+pub(crate) fn check_aligned<T, P: DevicePtr<T>>(field: &'static str, p: &P, align: u64, stream: &CudaStream) -> Result<()> {
+    let (ptr, _sync) = p.device_ptr(stream);
+    if ptr % align != 0 {
+        return Err(invalid(field, format!("device address {ptr:#x}"), format!("a {align}-byte aligned start (slice at a multiple of {align} bytes)")));
+    }
+    Ok(())
+}
+
+pub(crate) fn check_len(field: &'static str, got: usize, want: usize, what: &str) -> Result<()> {
+    if got != want {
+        return Err(invalid(field, format!("length {got}"), format!("length {want} ({what})")));
+    }
+    Ok(())
+}
+
+pub(crate) fn check_count_fits_i32(field: &'static str, n: usize) -> Result<i32> {
+    i32::try_from(n).map_err(|_| invalid(field, n.to_string(), "at most 2^31-1 entries per launch; split the batch"))
+}

@@ -1,0 +1,118 @@
+//! Launchers of the KV store / quantize / dequantize family (spec §2.3–§2.5).
+
+use super::{check_aligned, check_count_fits_i32, check_len, invalid, Rows};
+use crate::runtime::Runtime;
+use crate::Result;
+use cudarc::driver::{CudaView, CudaViewMut, PushKernelArg};
+use half::bf16;
+use nsa_kernels::layout::*;
+use nsa_kernels::{KernelFamily, KvCacheFormat};
+
+const SLOT_EXPECTED: &str = "a slot in 0..pool_slots (the cache holds pool_slots rows)";
+
+/// The MLA latent cache of one layer, `[pool_slots, token]` in either format.
+#[derive(Debug)]
+pub enum MlaCacheMut<'a> {
+    /// `[pool_slots, 576]` bf16.
+    Bf16(CudaViewMut<'a, bf16>),
+    /// `[pool_slots, 656]` bytes.
+    Fp8(CudaViewMut<'a, u8>),
+}
+
+impl MlaCacheMut<'_> {
+    pub fn format(&self) -> KvCacheFormat {
+        match self {
+            MlaCacheMut::Bf16(_) => KvCacheFormat::Bf16,
+            MlaCacheMut::Fp8(_) => KvCacheFormat::Fp8,
+        }
+    }
+
+    fn bytes(&self) -> usize {
+        match self {
+            MlaCacheMut::Bf16(v) => 2 * v.len(),
+            MlaCacheMut::Fp8(v) => v.len(),
+        }
+    }
+}
+
+/// `set_mla_kv_buffer`: writes token `t` (`k_nope` row t, `k_rope` row t) into
+/// cache row `loc[t]`, quantizing for FP8. `k_nope` rows are 512 wide, `k_rope` 64.
+pub fn store_mla(
+    rt: &Runtime,
+    k_nope: &Rows<'_, bf16>,
+    k_rope: &Rows<'_, bf16>,
+    loc: &CudaView<'_, i32>,
+    cache: &mut MlaCacheMut<'_>,
+) -> Result<()> {
+    let stream = rt.gpu().stream();
+    let n = loc.len();
+    check_len("k_nope.width", k_nope.width, KV_LORA_RANK, "kv_lora_rank")?;
+    check_len("k_rope.width", k_rope.width, ROPE_DIM, "qk_rope_head_dim")?;
+    check_len("k_nope.count", k_nope.count, n, "one row per entry of loc")?;
+    check_len("k_rope.count", k_rope.count, n, "one row per entry of loc")?;
+    k_nope.check("k_nope", stream)?;
+    k_rope.check("k_rope", stream)?;
+    let format = cache.format();
+    let token_bytes = format.token_bytes();
+    if cache.bytes() % token_bytes != 0 {
+        return Err(invalid("cache", format!("{} bytes", cache.bytes()), format!("a whole number of {token_bytes}-byte {} rows", format.tag())));
+    }
+    let pool_slots = (cache.bytes() / token_bytes) as i64;
+    let num = check_count_fits_i32("loc", n)?;
+    let kernel = rt.kernel(KernelFamily::KvStore { format })?;
+    let (ns, rs) = (k_nope.stride as i64, k_rope.stride as i64);
+    let mut args = rt.args(&kernel);
+    args.arg(&k_nope.data).arg(&ns).arg(&k_rope.data).arg(&rs).arg(loc).arg(&num);
+    match cache {
+        MlaCacheMut::Bf16(c) => {
+            check_aligned("cache", c, 16, stream)?;
+            args.arg(c);
+        }
+        MlaCacheMut::Fp8(c) => {
+            check_aligned("cache", c, 16, stream)?;
+            args.arg(c);
+        }
+    }
+    args.arg(&pool_slots);
+    rt.launch(&kernel, args, n, "loc", SLOT_EXPECTED)
+}
+
+/// Gathers FP8 cache rows `idx` and dequantizes them into `out` (`[idx.len(), 576]` bf16).
+/// A slot outside the pool yields a zero row.
+pub fn dequant_fp8(rt: &Runtime, cache: &CudaView<'_, u8>, idx: &CudaView<'_, i32>, out: &mut CudaViewMut<'_, bf16>) -> Result<()> {
+    let stream = rt.gpu().stream();
+    let n = idx.len();
+    if cache.len() % FP8_TOKEN_BYTES != 0 {
+        return Err(invalid("cache", format!("{} bytes", cache.len()), format!("a whole number of {FP8_TOKEN_BYTES}-byte rows")));
+    }
+    check_len("out", out.len(), n * BF16_TOKEN_ELEMS, "idx.len() × 576")?;
+    check_aligned("cache", cache, 16, stream)?;
+    check_aligned("out", out, 16, stream)?;
+    let pool_slots = (cache.len() / FP8_TOKEN_BYTES) as i64;
+    let num = check_count_fits_i32("idx", n)?;
+    let kernel = rt.kernel(KernelFamily::KvDequant)?;
+    let mut args = rt.args(&kernel);
+    args.arg(cache).arg(&pool_slots).arg(idx).arg(&num).arg(out);
+    rt.launch(&kernel, args, n, "idx", SLOT_EXPECTED)
+}
+
+/// Quantizes indexer keys (`k` rows of 128 bf16) into the paged indexer cache
+/// (`[pages, 8448]` bytes) at slots `loc`.
+pub fn store_indexer_k(rt: &Runtime, k: &Rows<'_, bf16>, loc: &CudaView<'_, i32>, cache: &mut CudaViewMut<'_, u8>) -> Result<()> {
+    let stream = rt.gpu().stream();
+    let n = loc.len();
+    check_len("k.width", k.width, INDEXER_HEAD_DIM, "index_head_dim")?;
+    check_len("k.count", k.count, n, "one row per entry of loc")?;
+    k.check("k", stream)?;
+    if cache.len() % INDEXER_PAGE_BYTES != 0 {
+        return Err(invalid("cache", format!("{} bytes", cache.len()), format!("a whole number of {INDEXER_PAGE_BYTES}-byte pages (64 tokens × 132 bytes)")));
+    }
+    check_aligned("cache", cache, 16, stream)?;
+    let pool_slots = (cache.len() / INDEXER_PAGE_BYTES * INDEXER_PAGE_TOKENS) as i64;
+    let num = check_count_fits_i32("loc", n)?;
+    let ks = k.stride as i64;
+    let kernel = rt.kernel(KernelFamily::IndexerKStore)?;
+    let mut args = rt.args(&kernel);
+    args.arg(&k.data).arg(&ks).arg(loc).arg(&num).arg(cache).arg(&pool_slots);
+    rt.launch(&kernel, args, n, "loc", SLOT_EXPECTED)
+}
