@@ -39,8 +39,8 @@ impl std::str::FromStr for KvCacheFormat {
         match s.trim().to_ascii_lowercase().as_str() {
             "bf16" | "bf16_576" => Ok(KvCacheFormat::Bf16),
             "fp8" | "fp8_656" | "fp8_e4m3" => Ok(KvCacheFormat::Fp8),
-            other => Err(format!(
-                "unknown KV cache format `{other}`: allowed bf16 (576 bf16/token) or fp8 (656 bytes/token)"
+            _ => Err(format!(
+                "unknown KV cache format `{s}`: allowed bf16 (576 bf16/token) or fp8 (656 bytes/token)"
             )),
         }
     }
@@ -242,8 +242,11 @@ fn check_range(
     if in_range {
         return;
     }
-    let rounded = ((v + multiple / 2) / multiple) * multiple;
-    let nearest = rounded.clamp(lo, hi);
+    // Nearest multiple (an exact half rounds up), then clamped into the range.
+    // In u64: `v + multiple / 2` overflows u32 for values near u32::MAX.
+    let m = u64::from(multiple);
+    let rounded = (u64::from(v) + m / 2) / m * m;
+    let nearest = rounded.clamp(u64::from(lo), u64::from(hi));
     let allowed = if multiple == 1 {
         format!("{lo}..={hi}")
     } else {
@@ -261,6 +264,7 @@ fn check_set(issues: &mut Vec<ConfigIssue>, field: &'static str, v: u32, allowed
     if allowed.contains(&v) {
         return;
     }
+    // Closest member; an exact tie goes to the smaller one.
     let nearest = allowed.iter().copied().min_by_key(|a| (a.abs_diff(v), *a));
     issues.push(ConfigIssue {
         field,
@@ -307,7 +311,9 @@ pub struct ConfigIssue {
     pub value: String,
     /// What is allowed.
     pub allowed: String,
-    /// The nearest valid value, when there is one.
+    /// The nearest valid value, when there is one. Ranges round to the nearest
+    /// allowed multiple (an exact half rounds up) and clamp into the range; sets
+    /// pick the closest member (an exact tie picks the smaller).
     pub nearest: Option<String>,
 }
 

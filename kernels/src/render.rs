@@ -91,6 +91,15 @@ pub fn render(spec: &KernelSpec) -> Result<RenderedKernel, RenderError> {
     })
 }
 
+/// Renders template `name` of [`TEMPLATES`] with an arbitrary context, through the
+/// same engine as [`render`]. Only for tests of template strictness (a missing
+/// variable must fail); kernels are rendered with [`render`].
+#[doc(hidden)]
+pub fn render_with_context(name: &str, context: serde_json::Value) -> Result<String, String> {
+    let ctx = tera::Context::from_value(context).map_err(|e| chain(&e))?;
+    engine().render(name, &ctx).map_err(|e| chain(&e))
+}
+
 fn chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();
     let mut cur = e.source();

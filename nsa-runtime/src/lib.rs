@@ -13,6 +13,8 @@ pub mod jit;
 pub mod ops;
 pub mod reference;
 pub mod runtime;
+pub mod testdata;
+pub mod verify;
 
 pub use error::{Error, Result};
 pub use runtime::{DeviceChecks, Runtime};

@@ -1,6 +1,9 @@
 // KV cache store / quantize / dequantize (spec §2.3–§2.5). One group of lanes per
 // token, 16-byte vector accesses, scales reduced with butterflies inside the group.
 #pragma once
+#ifndef NSA_DEVICE
+#error "include the arch header (nsa/cuda/arch.cuh or nsa/rocm/arch.cuh) first"
+#endif
 #include "nsa/common/status.cuh"
 
 namespace nsa {
@@ -59,8 +62,8 @@ NSA_DEVICE void quantize(const float* x, float inv, u32* out_words) {
 NSA_DEVICE bool slot_ok(i64 slot, i64 pool_slots) { return slot >= 0 && slot < pool_slots; }
 
 // k_nope [n, 512] and k_rope [n, 64] bf16 rows (strides in elements, multiples of 8)
-// -> cache rows loc[t] in the 656-byte format. Scale = amax/448 (no epsilon); an
-// all-zero tile stores scale 0 and q 0.
+// -> cache rows loc[t] in the 656-byte format. Scale = amax/448 (no epsilon). When
+// 1/scale is not finite (amax 0, or amax < ~1.3e-36) the tile stores scale 0 and q 0.
 template <int kBlockThreads>
 NSA_DEVICE void store_fp8(const u16* __restrict__ k_nope, i64 nope_stride, const u16* __restrict__ k_rope,
                           i64 rope_stride, const i32* __restrict__ loc, i32 num_tokens, u8* __restrict__ cache,
@@ -68,6 +71,8 @@ NSA_DEVICE void store_fp8(const u16* __restrict__ k_nope, i64 nope_stride, const
   const u32 tid = thread_x();
   const i64 token = (i64)block_x() * (kBlockThreads / kMlaLanes) + tid / kMlaLanes;
   const u32 lane = tid % kMlaLanes;
+  // One token per 32-lane warp: these early returns take whole warps, so the
+  // full-warp shuffles in group_max stay converged.
   if (token >= num_tokens) return;
   const i64 slot = loc[token];
   if (!slot_ok(slot, pool_slots)) {
@@ -79,8 +84,12 @@ NSA_DEVICE void store_fp8(const u16* __restrict__ k_nope, i64 nope_stride, const
   unpack_bf16x8(src[0], x);
   unpack_bf16x8(src[1], x + 8);
   const float amax = group_max(finite_amax(x, 16), kLanesPerTile);
-  const float scale = amax / kE4m3Max;
-  const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
+  float scale = amax / kE4m3Max;
+  float inv = 1.0f / scale;
+  if (!(inv <= kF32MaxFinite)) {  // amax 0 or below ~1.3e-36: store a zero tile
+    scale = 0.0f;
+    inv = 0.0f;
+  }
   Vec16 q;
   quantize<16>(x, inv, q.w);
   u8* row = cache + slot * kFp8TokenBytes;
@@ -177,15 +186,16 @@ NSA_DEVICE void store_indexer_k(const u16* __restrict__ k, i64 k_stride, const i
   const u32 tid = thread_x();
   const i64 token = (i64)block_x() * (kBlockThreads / kIdxLanes) + tid / kIdxLanes;
   const u32 lane = tid % kIdxLanes;
-  if (token >= num_tokens) return;
-  const i64 slot = loc[token];
-  if (!slot_ok(slot, pool_slots)) {
-    if (lane == 0) report_bad_entry(status, token);
-    return;
-  }
-  float x[8];
-  unpack_bf16x8(*reinterpret_cast<const Vec16*>(k + token * k_stride + lane * 8), x);
+  // Two tokens share a 32-lane warp: every lane stays for the full-warp shuffles
+  // below, and only an accepted token reads or writes memory.
+  const bool in_range = token < num_tokens;
+  const i64 slot = in_range ? (i64)loc[token] : -1;
+  const bool ok = in_range && slot_ok(slot, pool_slots);
+  if (in_range && !ok && lane == 0) report_bad_entry(status, token);
+  float x[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+  if (ok) unpack_bf16x8(*reinterpret_cast<const Vec16*>(k + token * k_stride + lane * 8), x);
   float amax = group_max(finite_amax(x, 8), kIdxLanes);
+  if (!ok) return;
   amax = amax > kIdxAmaxFloor ? amax : kIdxAmaxFloor;
   const float scale = ceil_pow2(amax / kE4m3Max);
   const float inv = 1.0f / scale;  // exact: scale is a power of two

@@ -3,8 +3,9 @@
 //! Input policy (documented, and identical on the GPU):
 //! * a tile's scale comes from its largest FINITE magnitude; NaN and ±inf are left out;
 //! * MLA FP8: `scale = amax / 448` (no epsilon), `q = e4m3_satfinite(x * (1/scale))`;
-//!   an all-zero tile (amax 0) stores scale 0 and uses 1/scale := 0, so finite values
-//!   store 0x00 (dequantizing to exactly 0) and NaN/±inf store NaN;
+//!   when 1/scale is not finite (an all-zero tile, or amax below ~1.3e-36, i.e. only
+//!   subnormal-sized values) the tile stores scale 0 and uses 1/scale := 0, so finite
+//!   values store 0x00 (dequantizing to exactly 0) and NaN/±inf store NaN;
 //! * saturation: |x·inv| ≥ 448 and ±inf store ±448; NaN stores 0x7f/0xff (NaN);
 //! * indexer K: `amax = max(finite amax, 1e-4)`, `scale = 2^ceil(log2(amax/448))`
 //!   computed exactly on the bits (no log2 rounding), `q = e4m3_satfinite(x / scale)`;
@@ -25,8 +26,7 @@ pub fn quantize_fp8_token(nope: &[bf16], rope: &[bf16]) -> [u8; FP8_TOKEN_BYTES]
     let mut out = [0u8; FP8_TOKEN_BYTES];
     for (tile, chunk) in nope.chunks(FP8_TILE).enumerate() {
         let xs = chunk.iter().map(|v| v.to_f32());
-        let scale = finite_amax(xs.clone()) / E4M3_MAX;
-        let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
+        let (scale, inv) = fp8_tile_scale(finite_amax(xs.clone()));
         for (d, x) in xs.enumerate() {
             out[tile * FP8_TILE + d] = f32_to_e4m3_satfinite(x * inv);
         }
@@ -38,6 +38,17 @@ pub fn quantize_fp8_token(nope: &[bf16], rope: &[bf16]) -> [u8; FP8_TOKEN_BYTES]
         out[at..at + 2].copy_from_slice(&v.to_bits().to_le_bytes());
     }
     out
+}
+
+/// `(scale, 1/scale)` of an MLA FP8 tile; `(0, 0)` when 1/scale is not finite.
+pub fn fp8_tile_scale(amax: f32) -> (f32, f32) {
+    let scale = amax / E4M3_MAX;
+    let inv = 1.0 / scale;
+    if inv.is_finite() {
+        (scale, inv)
+    } else {
+        (0.0, 0.0)
+    }
 }
 
 /// Scale `tile` of a 656-byte record.
@@ -195,6 +206,15 @@ mod tests {
         assert_eq!(rec[0], 0x7e);
         assert_eq!(rec[1] & 0x7f, 0x7f);
         assert_eq!((rec[2], rec[3]), (0x7e, 0xfe));
+    }
+
+    #[test]
+    fn tiny_tiles_are_stored_as_zero() {
+        let nope = tile_of(&[1e-37, -3e-38, 0.0]);
+        let rec = quantize_fp8_token(&nope, &[bf16::ZERO; ROPE_DIM]);
+        assert_eq!(fp8_scale(&rec, 0), 0.0);
+        assert!(rec[..128].iter().all(|&b| b & 0x7f == 0), "±0 only");
+        assert_eq!(fp8_tile_scale(1e-30).0, 1e-30 / 448.0);
     }
 
     #[test]

@@ -1,0 +1,123 @@
+//! Deterministic inputs for GPU checks and benchmarks: ordinary values plus the
+//! adversarial tiles the quantizers must get exactly right.
+
+use crate::reference::fp8::e4m3_to_f32;
+use half::bf16;
+use nsa_kernels::layout::*;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+/// What one 128-element tile holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TilePattern {
+    /// N(0, σ²) for σ = 1e-3, 1, 30 (cycled by tile).
+    Gaussian,
+    /// All zeros: scale 0, bytes 0.
+    Zeros,
+    /// amax exactly 448 (scale 1) and every other value an e4m3 midpoint: ties to even.
+    Ties,
+    /// One 1.0 and the rest small enough to land on e4m3 subnormals.
+    Subnormal,
+    /// Finite values mixed with NaN, +inf and −inf.
+    NonFinite,
+    /// Magnitudes near the bf16 maximum.
+    Huge,
+    /// Only values below ~1e-36 (stored as a zero tile).
+    Tiny,
+}
+
+pub const PATTERNS: [TilePattern; 7] = [
+    TilePattern::Gaussian,
+    TilePattern::Zeros,
+    TilePattern::Ties,
+    TilePattern::Subnormal,
+    TilePattern::NonFinite,
+    TilePattern::Huge,
+    TilePattern::Tiny,
+];
+
+pub fn rng(seed: u64) -> StdRng {
+    StdRng::seed_from_u64(seed)
+}
+
+fn gaussian(rng: &mut StdRng) -> f32 {
+    let u1: f32 = rng.random_range(f32::EPSILON..1.0);
+    let u2: f32 = rng.random();
+    (-2.0 * u1.ln()).sqrt() * (std::f32::consts::TAU * u2).cos()
+}
+
+/// One tile of `len` values following `pattern`; `variant` picks σ and positions.
+pub fn tile(pattern: TilePattern, len: usize, variant: usize, rng: &mut StdRng) -> Vec<f32> {
+    let sign = |rng: &mut StdRng| if rng.random::<bool>() { 1.0 } else { -1.0 };
+    let mut t: Vec<f32> = match pattern {
+        TilePattern::Gaussian => {
+            let sigma = [1e-3, 1.0, 30.0][variant % 3];
+            (0..len).map(|_| sigma * gaussian(rng)).collect()
+        }
+        TilePattern::Zeros => vec![0.0; len],
+        TilePattern::Ties => (0..len)
+            .map(|_| {
+                let code = rng.random_range(0u8..0x7d);
+                sign(rng) * (e4m3_to_f32(code) + e4m3_to_f32(code + 1)) / 2.0
+            })
+            .collect(),
+        TilePattern::Subnormal => (0..len).map(|_| sign(rng) * rng.random_range(1e-6..4e-5)).collect(),
+        TilePattern::NonFinite => {
+            let mut v: Vec<f32> = (0..len).map(|_| gaussian(rng)).collect();
+            for (i, special) in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY].into_iter().enumerate() {
+                v[(variant * 7 + i * 31) % len] = special;
+            }
+            v
+        }
+        TilePattern::Huge => (0..len).map(|_| sign(rng) * rng.random_range(1e37..3e38)).collect(),
+        TilePattern::Tiny => (0..len).map(|_| sign(rng) * rng.random_range(0.0..1e-37)).collect(),
+    };
+    match pattern {
+        TilePattern::Ties => t[variant % len] = 448.0,
+        TilePattern::Subnormal => t[variant % len] = 1.0,
+        _ => {}
+    }
+    t
+}
+
+fn to_bf16(v: &[f32]) -> impl Iterator<Item = bf16> + '_ {
+    v.iter().map(|&x| bf16::from_f32(x))
+}
+
+/// `n` MLA tokens as rows of 576 bf16 (`[nope 512 | rope 64]`, like the kv_a output
+/// the store reads through strided views). Token t, tile i uses pattern
+/// `PATTERNS[(t + i) % 7]`; rope holds random bit patterns (copied bit-exactly).
+pub fn mla_rows(n: usize, seed: u64) -> Vec<bf16> {
+    let mut rng = rng(seed);
+    let mut out = Vec::with_capacity(n * BF16_TOKEN_ELEMS);
+    for t in 0..n {
+        for i in 0..FP8_SCALE_TILES {
+            out.extend(to_bf16(&tile(PATTERNS[(t + i) % PATTERNS.len()], FP8_TILE, t, &mut rng)));
+        }
+        out.extend((0..ROPE_DIM).map(|_| bf16::from_bits(rng.random())));
+    }
+    out
+}
+
+/// `n` indexer keys (`[n, 128]` bf16), patterns cycled per token.
+pub fn indexer_rows(n: usize, seed: u64) -> Vec<bf16> {
+    let mut rng = rng(seed);
+    let mut out = Vec::with_capacity(n * INDEXER_HEAD_DIM);
+    for t in 0..n {
+        out.extend(to_bf16(&tile(PATTERNS[t % PATTERNS.len()], INDEXER_HEAD_DIM, t, &mut rng)));
+    }
+    out
+}
+
+/// `n` distinct slots of a pool of `pool` slots, in random order (n ≤ pool).
+pub fn distinct_slots(n: usize, pool: usize, seed: u64) -> Vec<i32> {
+    assert!(n <= pool);
+    let mut rng = rng(seed);
+    let mut all: Vec<i32> = (0..pool as i32).collect();
+    for i in 0..n {
+        let j = rng.random_range(i..pool);
+        all.swap(i, j);
+    }
+    all.truncate(n);
+    all
+}

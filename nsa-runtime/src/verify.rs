@@ -1,0 +1,206 @@
+//! GPU-vs-CPU-reference checks, shared by `nsa verify` and the GPU test target.
+
+use crate::ops::kv_cache::{self, MlaCacheMut};
+use crate::ops::Rows;
+use crate::reference::kv_cache as reference;
+use crate::runtime::Runtime;
+use crate::testdata;
+use crate::{Error, Result};
+use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr};
+use half::bf16;
+use nsa_kernels::layout::*;
+use nsa_kernels::{KernelFamily, KernelSpec, KvCacheFormat};
+use std::sync::Arc;
+
+/// Outcome of one check: how many items (tokens) differed from the reference.
+#[derive(Clone, Debug)]
+pub struct Check {
+    pub kernel: String,
+    pub case: String,
+    pub items: usize,
+    pub mismatches: usize,
+    pub first_mismatch: Option<String>,
+}
+
+impl Check {
+    pub fn passed(&self) -> bool {
+        self.mismatches == 0
+    }
+}
+
+impl std::fmt::Display for Check {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let verdict = if self.passed() { "ok" } else { "FAILED" };
+        write!(f, "{verdict:6} {:40} {:28} {:>8} items, {} mismatches", self.kernel, self.case, self.items, self.mismatches)?;
+        if let Some(m) = &self.first_mismatch {
+            write!(f, " (first: {m})")?;
+        }
+        Ok(())
+    }
+}
+
+/// Copies `data` to the device; empty inputs get a one-element allocation so the
+/// caller can still take an empty view of it.
+pub fn upload<T: DeviceRepr + Copy + Default>(stream: &Arc<CudaStream>, data: &[T]) -> Result<CudaSlice<T>> {
+    let padded;
+    let src = if data.is_empty() {
+        padded = [T::default()];
+        &padded[..]
+    } else {
+        data
+    };
+    stream.clone_htod(src).map_err(Error::driver("uploading test data"))
+}
+
+pub fn download<T: DeviceRepr + Default + Copy>(stream: &Arc<CudaStream>, data: &CudaSlice<T>, len: usize) -> Result<Vec<T>> {
+    let mut v = stream.clone_dtoh(data).map_err(Error::driver("downloading results"))?;
+    v.truncate(len);
+    Ok(v)
+}
+
+fn compare_rows<T: PartialEq + std::fmt::Debug>(got: &[T], want: &[T], row_len: usize, what: &str) -> (usize, Option<String>) {
+    let mut bad = 0;
+    let mut first = None;
+    for (r, (g, w)) in got.chunks(row_len).zip(want.chunks(row_len)).enumerate() {
+        if g != w {
+            bad += 1;
+            if first.is_none() {
+                let i = g.iter().zip(w).position(|(a, b)| a != b).unwrap_or(0);
+                first = Some(format!("{what} {r}, element {i}: gpu {:?} vs reference {:?}", g[i], w[i]));
+            }
+        }
+    }
+    (bad, first)
+}
+
+fn id(rt: &Runtime, family: KernelFamily) -> String {
+    KernelSpec::new(family, rt.target()).id()
+}
+
+/// Pool size for `n` tokens: room for every token plus untouched rows.
+fn pool_for(n: usize) -> usize {
+    n + n / 3 + 64
+}
+
+/// Stores `n` adversarial tokens (strided views of `[n, 576]` rows) at random slots
+/// of a sentinel-filled cache and compares every cache byte with the reference.
+pub fn store_mla(rt: &Runtime, format: KvCacheFormat, n: usize, seed: u64) -> Result<Check> {
+    let stream = rt.gpu().stream();
+    let rows = testdata::mla_rows(n, seed);
+    let pool = pool_for(n);
+    let loc = testdata::distinct_slots(n, pool, seed ^ 1);
+    let d_rows = upload(stream, &rows)?;
+    let d_loc = upload(stream, &loc)?;
+    let nope = Rows { data: d_rows.slice(0..), count: n, width: KV_LORA_RANK, stride: BF16_TOKEN_ELEMS };
+    let rope = Rows { data: d_rows.slice(KV_LORA_RANK..), count: n, width: ROPE_DIM, stride: BF16_TOKEN_ELEMS };
+    let (nope_h, rope_h) = split_rows(&rows);
+    let loc_view = d_loc.slice(0..n);
+    let (mismatches, first_mismatch) = match format {
+        KvCacheFormat::Fp8 => {
+            let mut want = vec![0xa5u8; pool * FP8_TOKEN_BYTES];
+            let mut d_cache = upload(stream, &want)?;
+            kv_cache::store_mla(rt, &nope, &rope, &loc_view, &mut MlaCacheMut::Fp8(d_cache.slice_mut(0..)))?;
+            reference::store_fp8(&nope_h, &rope_h, &loc, &mut want);
+            let got = download(stream, &d_cache, want.len())?;
+            compare_rows(&got, &want, FP8_TOKEN_BYTES, "slot")
+        }
+        KvCacheFormat::Bf16 => {
+            let mut want = vec![bf16::from_bits(0xa5a5); pool * BF16_TOKEN_ELEMS];
+            let mut d_cache = upload(stream, &want)?;
+            kv_cache::store_mla(rt, &nope, &rope, &loc_view, &mut MlaCacheMut::Bf16(d_cache.slice_mut(0..)))?;
+            reference::store_bf16(&nope_h, &rope_h, &loc, &mut want);
+            let got = download(stream, &d_cache, want.len())?;
+            let (g, w): (Vec<u16>, Vec<u16>) = (got.iter().map(|v| v.to_bits()).collect(), want.iter().map(|v| v.to_bits()).collect());
+            compare_rows(&g, &w, BF16_TOKEN_ELEMS, "slot")
+        }
+    };
+    Ok(Check {
+        kernel: id(rt, KernelFamily::KvStore { format }),
+        case: format!("n={n} strided, pool={pool}"),
+        items: n,
+        mismatches,
+        first_mismatch,
+    })
+}
+
+/// Splits `[n, 576]` rows into dense nope `[n, 512]` and rope `[n, 64]`.
+pub fn split_rows(rows: &[bf16]) -> (Vec<bf16>, Vec<bf16>) {
+    let mut nope = Vec::with_capacity(rows.len() / BF16_TOKEN_ELEMS * KV_LORA_RANK);
+    let mut rope = Vec::with_capacity(rows.len() / BF16_TOKEN_ELEMS * ROPE_DIM);
+    for r in rows.chunks(BF16_TOKEN_ELEMS) {
+        nope.extend_from_slice(&r[..KV_LORA_RANK]);
+        rope.extend_from_slice(&r[KV_LORA_RANK..]);
+    }
+    (nope, rope)
+}
+
+/// Builds an FP8 cache with the reference quantizer, gathers `n` slots (repeats
+/// included, plus −1 and out-of-pool entries when `with_rejects`) on the GPU and
+/// compares every output element with the reference dequantizer, bit for bit.
+pub fn dequant(rt: &Runtime, n: usize, seed: u64, with_rejects: bool) -> Result<Check> {
+    let stream = rt.gpu().stream();
+    let tokens = n.max(1);
+    let pool = pool_for(tokens);
+    let rows = testdata::mla_rows(tokens, seed);
+    let (nope_h, rope_h) = split_rows(&rows);
+    let mut cache = vec![0u8; pool * FP8_TOKEN_BYTES];
+    reference::store_fp8(&nope_h, &rope_h, &testdata::distinct_slots(tokens, pool, seed ^ 2), &mut cache);
+    let mut rng = testdata::rng(seed ^ 3);
+    let mut idx: Vec<i32> = (0..n).map(|_| rand::Rng::random_range(&mut rng, 0..pool as i32)).collect();
+    if with_rejects && n >= 2 {
+        idx[0] = -1;
+        idx[n - 1] = pool as i32;
+    }
+    let d_cache = upload(stream, &cache)?;
+    let d_idx = upload(stream, &idx)?;
+    let mut d_out = upload(stream, &vec![bf16::from_bits(0xa5a5); n * BF16_TOKEN_ELEMS])?;
+    kv_cache::dequant_fp8(rt, &d_cache.slice(0..), &d_idx.slice(0..n), &mut d_out.slice_mut(0..n * BF16_TOKEN_ELEMS))?;
+    let got: Vec<u16> = download(stream, &d_out, n * BF16_TOKEN_ELEMS)?.iter().map(|v| v.to_bits()).collect();
+    let want: Vec<u16> = reference::dequant_fp8(&cache, &idx).0.iter().map(|v| v.to_bits()).collect();
+    let (mismatches, first_mismatch) = compare_rows(&got, &want, BF16_TOKEN_ELEMS, "row");
+    Ok(Check {
+        kernel: id(rt, KernelFamily::KvDequant),
+        case: format!("n={n}{}", if with_rejects { " with -1/out-of-pool" } else { "" }),
+        items: n,
+        mismatches,
+        first_mismatch,
+    })
+}
+
+/// Stores `n` indexer keys at random slots of a sentinel-filled paged cache and
+/// compares every page byte with the reference.
+pub fn store_indexer(rt: &Runtime, n: usize, seed: u64) -> Result<Check> {
+    let stream = rt.gpu().stream();
+    let keys = testdata::indexer_rows(n, seed);
+    let pages = pool_for(n).div_ceil(INDEXER_PAGE_TOKENS);
+    let loc = testdata::distinct_slots(n, pages * INDEXER_PAGE_TOKENS, seed ^ 4);
+    let mut want = vec![0xa5u8; pages * INDEXER_PAGE_BYTES];
+    let d_keys = upload(stream, &keys)?;
+    let d_loc = upload(stream, &loc)?;
+    let mut d_cache = upload(stream, &want)?;
+    let k = Rows { data: d_keys.slice(0..), count: n, width: INDEXER_HEAD_DIM, stride: INDEXER_HEAD_DIM };
+    kv_cache::store_indexer_k(rt, &k, &d_loc.slice(0..n), &mut d_cache.slice_mut(0..))?;
+    reference::store_indexer_k(&keys, &loc, &mut want);
+    let got = download(stream, &d_cache, want.len())?;
+    let (mismatches, first_mismatch) = compare_rows(&got, &want, INDEXER_PAGE_BYTES, "page");
+    Ok(Check {
+        kernel: id(rt, KernelFamily::IndexerKStore),
+        case: format!("n={n}, pages={pages}"),
+        items: n,
+        mismatches,
+        first_mismatch,
+    })
+}
+
+/// Every check of the KV cache family at each size in `sizes`.
+pub fn kv_cache_suite(rt: &Runtime, sizes: &[usize], seed: u64) -> Result<Vec<Check>> {
+    let mut checks = Vec::new();
+    for (i, &n) in sizes.iter().enumerate() {
+        let s = seed.wrapping_add(i as u64 * 1000);
+        checks.push(store_mla(rt, KvCacheFormat::Fp8, n, s)?);
+        checks.push(store_mla(rt, KvCacheFormat::Bf16, n, s + 1)?);
+        checks.push(dequant(rt, n, s + 2, false)?);
+        checks.push(store_indexer(rt, n, s + 3)?);
+    }
+    Ok(checks)
+}
