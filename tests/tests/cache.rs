@@ -382,7 +382,7 @@ fn memory_hit_is_cheap() {
     }
     let per_hit = t.elapsed() / n;
     eprintln!("memory hit: {per_hit:?} per get (this build's profile)");
-    // Generous bound so unoptimised builds on a loaded machine pass; release is ~100 ns.
+    // Generous bound so unoptimised builds on a loaded machine pass; release is ~30 ns.
     assert!(per_hit < Duration::from_micros(20), "{per_hit:?} per hit");
 }
 

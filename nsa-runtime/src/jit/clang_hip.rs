@@ -87,7 +87,10 @@ impl ClangHipCompiler {
                 None => tried.push(format!("{} (not found)", cand.display())),
                 Some(path) => match Self::with_clang(&path) {
                     Ok(c) => return Ok(c),
-                    Err(e) => tried.push(format!("{} (rejected: {e})", path.display())),
+                    Err(e) => {
+                        let why = e.to_string().replace(&format!("; {INSTALL_HINT}"), "");
+                        tried.push(format!("{} (rejected: {why})", path.display()))
+                    }
                 },
             }
         }
@@ -218,8 +221,9 @@ impl ClangHipCompiler {
     /// Writes the failing source (and the headers it includes) to a stable place and
     /// builds the [`Error::Compile`] for it.
     fn compile_error(&self, kernel: &RenderedKernel, tmp: &Path, log: &str) -> Error {
-        let dump = std::env::temp_dir().join("nsa-failed");
-        let src = dump.join(format!("{}.cu", kernel.id));
+        // Same layout as the NVRTC compiler: `<temp>/nsa-failed/<id>/{<source>, include/…}`.
+        let dump = std::env::temp_dir().join("nsa-failed").join(&kernel.id);
+        let src = dump.join(&kernel.source_name);
         let include = dump.join("include");
         let out = dump.join(format!("{}.hsaco", kernel.id));
         let dumped = write_tree(&include, &src, &kernel.source);
@@ -233,7 +237,7 @@ impl ClangHipCompiler {
         };
         Error::Compile {
             id: kernel.id.clone(),
-            compiler: format!("{} ({})", self.identity.name, self.identity.version),
+            compiler: format!("{} {}", self.identity.name, self.identity.version),
             options,
             source_path,
             log,

@@ -31,7 +31,14 @@ impl NvrtcCompiler {
         self.library
     }
 
-    fn compile_cubin(&self, kernel: &RenderedKernel, options: &[String]) -> Result<(Vec<u8>, String)> {
+    /// The PTX of `kernel` (for `nsa inspect --ptx`; launches always use the CUBIN).
+    pub fn ptx(&self, kernel: &RenderedKernel) -> Result<String> {
+        let options = self.options(kernel.spec.target);
+        let (ptx, _) = self.compile_program(kernel, &options, Artifact::Ptx)?;
+        Ok(String::from_utf8_lossy(&ptx).trim_end_matches('\0').to_string())
+    }
+
+    fn compile_program(&self, kernel: &RenderedKernel, options: &[String], artifact: Artifact) -> Result<(Vec<u8>, String)> {
         let fail = |log: String| compile_error(kernel, &self.identity, options, log);
         let src = CString::new(kernel.source.as_str()).map_err(|e| fail(format!("source holds a NUL byte: {e}")))?;
         let name = CString::new(kernel.source_name.as_str()).map_err(|e| fail(e.to_string()))?;
@@ -60,7 +67,13 @@ impl NvrtcCompiler {
             let compiled = result::compile_program(prog, options);
             let log = program_log(prog);
             let out = match compiled {
-                Ok(()) => get_cubin(prog).map(|c| (c, log)).map_err(|e| fail(format!("nvrtcGetCUBIN: {e:?}"))),
+                Ok(()) => match artifact {
+                    Artifact::Cubin => get_cubin(prog).map_err(|e| fail(format!("nvrtcGetCUBIN: {e:?}"))),
+                    Artifact::Ptx => result::get_ptx(prog)
+                        .map(|p| p.iter().map(|&c| c as u8).collect())
+                        .map_err(|e| fail(format!("nvrtcGetPTX: {e:?}"))),
+                }
+                .map(|bytes| (bytes, log)),
                 Err(e) => Err(fail(format!("{e:?}\n{log}"))),
             };
             let _ = result::destroy_program(prog);
@@ -68,6 +81,12 @@ impl NvrtcCompiler {
         };
         outcome
     }
+}
+
+#[derive(Clone, Copy)]
+enum Artifact {
+    Cubin,
+    Ptx,
 }
 
 impl Compiler for NvrtcCompiler {
@@ -94,7 +113,7 @@ impl Compiler for NvrtcCompiler {
             )));
         }
         let options = self.options(target);
-        let (bytes, log) = self.compile_cubin(kernel, &options)?;
+        let (bytes, log) = self.compile_program(kernel, &options, Artifact::Cubin)?;
         let resources = parse_ptxas_log(&log, &kernel.symbol);
         Ok(CompiledImage { kind: OutputKind::Cubin, bytes, log, resources })
     }
@@ -172,6 +191,10 @@ pub fn parse_ptxas_log(log: &str, symbol: &str) -> ResourceUsage {
         usage.smem_bytes = usage.smem_bytes.or_else(|| number_before(line, " bytes smem"));
         usage.spill_store_bytes = usage.spill_store_bytes.or_else(|| number_before(line, " bytes spill stores"));
         usage.spill_load_bytes = usage.spill_load_bytes.or_else(|| number_before(line, " bytes spill loads"));
+    }
+    // ptxas leaves out "bytes smem" for kernels that use none.
+    if usage.registers.is_some() && usage.smem_bytes.is_none() {
+        usage.smem_bytes = Some(0);
     }
     usage
 }

@@ -1,0 +1,207 @@
+//! `nsa bench`: KV store/dequant bandwidth beside a device copy of the same bytes,
+//! and JIT latency (cold compile, disk-cache load, memory hit). Writes JSON.
+
+use clap::Args;
+use cudarc::driver::sys::CUevent_flags;
+use cudarc::driver::{CudaSlice, CudaStream};
+use half::bf16;
+use nsa_kernels::layout::*;
+use nsa_kernels::{kernel_set, KvCacheFormat, NsaConfig};
+use nsa_runtime::cache::{CacheConfig, JitPolicy, KernelCache};
+use nsa_runtime::jit::nvrtc::NvrtcCompiler;
+use nsa_runtime::ops::kv_cache::{self, MlaCacheMut};
+use nsa_runtime::ops::Rows;
+use nsa_runtime::verify::upload;
+use nsa_runtime::{testdata, Error, Result, Runtime};
+use serde::Serialize;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    /// Token counts.
+    #[arg(long, value_delimiter = ',', default_value = "1024,4096,16384,65536,262144,1048576")]
+    pub tokens: Vec<usize>,
+    /// Timed repetitions per point (after 3 warm-up launches).
+    #[arg(long, default_value_t = 50)]
+    pub reps: usize,
+    /// Write all results as JSON here.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+}
+
+#[derive(Serialize, Debug)]
+struct BandwidthRow {
+    kernel: &'static str,
+    tokens: usize,
+    bytes: usize,
+    us: f64,
+    gbps: f64,
+    copy_us: f64,
+    copy_gbps: f64,
+    fraction_of_copy: f64,
+}
+
+#[derive(Serialize, Debug)]
+struct JitRow {
+    id: String,
+    cold_compile_ms: f64,
+}
+
+#[derive(Serialize, Debug)]
+struct Report {
+    device: String,
+    date_utc: String,
+    bandwidth: Vec<BandwidthRow>,
+    jit_cold: Vec<JitRow>,
+    jit_disk_load_total_ms: f64,
+    jit_disk_load_kernels: usize,
+    jit_memory_hit_ns: f64,
+}
+
+/// Average µs per launch of `f` over `reps`, timed with events on `stream`.
+fn time_us(stream: &Arc<CudaStream>, reps: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
+    for _ in 0..3 {
+        f()?;
+    }
+    let ev = |s: &Arc<CudaStream>| s.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).map_err(Error::driver("recording an event"));
+    let start = ev(stream)?;
+    for _ in 0..reps {
+        f()?;
+    }
+    let end = ev(stream)?;
+    end.synchronize().map_err(Error::driver("waiting for the benchmark"))?;
+    let ms = start.elapsed_ms(&end).map_err(Error::driver("reading event time"))?;
+    Ok(ms as f64 * 1e3 / reps as f64)
+}
+
+/// A device-to-device copy moving `bytes` in total (read + write), in µs.
+fn copy_us(stream: &Arc<CudaStream>, bytes: usize, reps: usize) -> Result<f64> {
+    let half = bytes / 2;
+    let src: CudaSlice<u8> = stream.alloc_zeros(half).map_err(Error::driver("allocating copy source"))?;
+    let mut dst: CudaSlice<u8> = stream.alloc_zeros(half).map_err(Error::driver("allocating copy target"))?;
+    time_us(stream, reps, || stream.memcpy_dtod(&src, &mut dst).map_err(Error::driver("copying")))
+}
+
+/// Realistic slots: page order shuffled, tokens in order within a page.
+fn paged_slots(n: usize) -> Vec<i32> {
+    let pages = n.div_ceil(64);
+    let order = testdata::distinct_slots(pages, pages, 7);
+    (0..n).map(|t| order[t / 64] * 64 + (t % 64) as i32).collect()
+}
+
+/// `n` rows of a 4096-row pattern (generating 1M adversarial rows would take longer than the run).
+fn tiled<T: Copy>(base: &[T], row: usize, n: usize) -> Vec<T> {
+    base.chunks(row).cycle().take(n).flatten().copied().collect()
+}
+
+fn bandwidth(rt: &Runtime, tokens: &[usize], reps: usize) -> Result<Vec<BandwidthRow>> {
+    let stream = rt.gpu().stream().clone();
+    let mla = testdata::mla_rows(4096, 1);
+    let idx_keys = testdata::indexer_rows(4096, 2);
+    let mut rows = Vec::new();
+    for &n in tokens {
+        let d_rows = upload(&stream, &tiled(&mla, BF16_TOKEN_ELEMS, n))?;
+        let d_keys = upload(&stream, &tiled(&idx_keys, INDEXER_HEAD_DIM, n))?;
+        let d_loc = upload(&stream, &paged_slots(n))?;
+        let pages = n.div_ceil(64);
+        let mut fp8: CudaSlice<u8> = stream.alloc_zeros(pages * 64 * FP8_TOKEN_BYTES).map_err(Error::driver("alloc"))?;
+        let mut b16: CudaSlice<bf16> = stream.alloc_zeros(pages * 64 * BF16_TOKEN_ELEMS).map_err(Error::driver("alloc"))?;
+        let mut idx_cache: CudaSlice<u8> = stream.alloc_zeros(pages * INDEXER_PAGE_BYTES).map_err(Error::driver("alloc"))?;
+        let mut deq: CudaSlice<bf16> = stream.alloc_zeros(n * BF16_TOKEN_ELEMS).map_err(Error::driver("alloc"))?;
+        let nope = Rows { data: d_rows.slice(0..), count: n, width: KV_LORA_RANK, stride: BF16_TOKEN_ELEMS };
+        let rope = Rows { data: d_rows.slice(KV_LORA_RANK..), count: n, width: ROPE_DIM, stride: BF16_TOKEN_ELEMS };
+        let keys = Rows { data: d_keys.slice(0..), count: n, width: INDEXER_HEAD_DIM, stride: INDEXER_HEAD_DIM };
+        let loc = d_loc.slice(0..n);
+        let input = 2 * BF16_TOKEN_ELEMS + 4;
+        let cases: [(&'static str, usize); 4] = [
+            ("kv_store.fp8_656", n * (input + FP8_TOKEN_BYTES)),
+            ("kv_store.bf16_576", n * (input + 2 * BF16_TOKEN_ELEMS)),
+            ("kv_dequant.fp8_656", n * (4 + FP8_TOKEN_BYTES + 2 * BF16_TOKEN_ELEMS)),
+            ("indexer_k_store.fp8_132", n * (2 * INDEXER_HEAD_DIM + 4 + INDEXER_TOKEN_BYTES)),
+        ];
+        for (kernel, bytes) in cases {
+            let us = match kernel {
+                "kv_store.fp8_656" => time_us(&stream, reps, || {
+                    kv_cache::store_mla(rt, &nope, &rope, &loc, &mut MlaCacheMut::Fp8(fp8.slice_mut(0..)))
+                })?,
+                "kv_store.bf16_576" => time_us(&stream, reps, || {
+                    kv_cache::store_mla(rt, &nope, &rope, &loc, &mut MlaCacheMut::Bf16(b16.slice_mut(0..)))
+                })?,
+                "kv_dequant.fp8_656" => time_us(&stream, reps, || {
+                    kv_cache::dequant_fp8(rt, &fp8.slice(0..), &loc, &mut deq.slice_mut(0..))
+                })?,
+                _ => time_us(&stream, reps, || kv_cache::store_indexer_k(rt, &keys, &loc, &mut idx_cache.slice_mut(0..)))?,
+            };
+            let copy = copy_us(&stream, bytes, reps)?;
+            let gbps = bytes as f64 / us / 1e3;
+            let copy_gbps = bytes as f64 / copy / 1e3;
+            let row = BandwidthRow { kernel, tokens: n, bytes, us, gbps, copy_us: copy, copy_gbps, fraction_of_copy: gbps / copy_gbps };
+            println!(
+                "{:<26} {:>8} tokens {:>10.2} µs {:>7.0} GB/s | copy {:>9.2} µs {:>7.0} GB/s | {:>5.1}% of copy",
+                row.kernel, n, us, gbps, copy, copy_gbps, 100.0 * row.fraction_of_copy
+            );
+            rows.push(row);
+        }
+    }
+    Ok(rows)
+}
+
+fn jit(rt: &Runtime) -> Result<(Vec<JitRow>, f64, usize, f64)> {
+    let cfg = NsaConfig::preset("deepseek-v3.2")?;
+    let mut cfg_all = cfg.clone();
+    cfg_all.kv_cache = KvCacheFormat::Bf16;
+    let mut specs = kernel_set(&cfg);
+    specs.extend(kernel_set(&cfg_all));
+    specs.sort();
+    specs.dedup();
+    let dir = tempfile::tempdir().map_err(Error::io(std::env::temp_dir()))?;
+    let compiler = Arc::new(NvrtcCompiler::new()?);
+    let cold = KernelCache::new(compiler.clone(), CacheConfig::at(dir.path()));
+    let mut rows = Vec::new();
+    for spec in &specs {
+        let t = Instant::now();
+        cold.get(spec)?;
+        rows.push(JitRow { id: spec.id(), cold_compile_ms: t.elapsed().as_secs_f64() * 1e3 });
+    }
+    // A new process's view: fresh memory layer, same disk, compiling forbidden.
+    let warm = KernelCache::new(compiler, CacheConfig::at(dir.path()).with_jit(JitPolicy::Off));
+    let t = Instant::now();
+    for spec in &specs {
+        warm.get(spec)?;
+    }
+    let disk_ms = t.elapsed().as_secs_f64() * 1e3;
+    let spec = specs[0];
+    let iters = 1_000_000;
+    let t = Instant::now();
+    for _ in 0..iters {
+        std::hint::black_box(warm.get(std::hint::black_box(&spec))?);
+    }
+    let hit_ns = t.elapsed().as_secs_f64() * 1e9 / iters as f64;
+    let _ = rt;
+    Ok((rows, disk_ms, specs.len(), hit_ns))
+}
+
+pub fn run(args: BenchArgs) -> Result<()> {
+    let rt = Runtime::new(0)?;
+    let device = format!("{} ({} SMs)", rt.gpu().caps().name, rt.gpu().caps().sm_count);
+    println!("bench on {device}");
+    let bandwidth = bandwidth(&rt, &args.tokens, args.reps)?;
+    let (jit_cold, disk_ms, kernels, hit_ns) = jit(&rt)?;
+    for r in &jit_cold {
+        println!("cold compile {:<40} {:>8.1} ms", r.id, r.cold_compile_ms);
+    }
+    println!("disk-cache load of {kernels} kernels: {disk_ms:.2} ms total; memory hit: {hit_ns:.1} ns");
+    let date_utc = std::process::Command::new("date")
+        .args(["-u", "+%Y-%m-%dT%H:%M:%SZ"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
+    let report = Report { device, date_utc, bandwidth, jit_cold, jit_disk_load_total_ms: disk_ms, jit_disk_load_kernels: kernels, jit_memory_hit_ns: hit_ns };
+    if let Some(path) = args.json {
+        let text = serde_json::to_string_pretty(&report).map_err(|e| Error::Other(e.to_string()))?;
+        std::fs::write(&path, text).map_err(Error::io(&path))?;
+    }
+    Ok(())
+}

@@ -1,0 +1,166 @@
+//! `nsa compile` and `nsa verify`.
+
+use crate::config_args::ConfigArgs;
+use clap::{Args, ValueEnum};
+use indicatif::{ProgressBar, ProgressStyle};
+use nsa_kernels::{kernel_set, KernelFamily, KernelSpec, NsaConfig, Target, Toolchain};
+use nsa_runtime::cache::{CacheConfig, CachedKernel, KernelCache, Origin};
+use nsa_runtime::jit::{clang_hip::ClangHipCompiler, nvrtc::NvrtcCompiler, Compiler};
+use nsa_runtime::verify::{self, Check};
+use nsa_runtime::{device, Error, Result, Runtime};
+use std::sync::Arc;
+
+#[derive(Args, Debug)]
+pub struct CompileArgs {
+    #[command(flatten)]
+    pub config: ConfigArgs,
+    /// Architectures: sm_90a, sm_100a, gfx942, `all`, or `config` (the config's targets).
+    #[arg(long, default_value = "config")]
+    pub arch: String,
+    /// After compiling, verify on the GPU: `auto` does so when an NVIDIA driver is present.
+    #[arg(long, value_enum, default_value_t = VerifyMode::Auto)]
+    pub verify: VerifyMode,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum VerifyMode {
+    Auto,
+    Yes,
+    No,
+}
+
+#[derive(Args, Debug)]
+pub struct VerifyArgs {
+    #[command(flatten)]
+    pub config: ConfigArgs,
+    /// Token counts to check each kernel at.
+    #[arg(long, value_delimiter = ',', default_value = "0,1,7,1000,65537")]
+    pub sizes: Vec<usize>,
+    #[arg(long, default_value_t = 2026)]
+    pub seed: u64,
+}
+
+/// The targets `--arch` names.
+pub fn parse_arch(arch: &str, cfg: &NsaConfig) -> Result<Vec<Target>> {
+    match arch {
+        "config" => Ok(cfg.targets.clone()),
+        "all" => Ok(Target::ALL.to_vec()),
+        list => list
+            .split(',')
+            .map(|a| a.parse::<Target>().map_err(|e| Error::InvalidArgument { field: "--arch", value: a.into(), expected: format!("{e}; or `all`, or `config`") }))
+            .collect(),
+    }
+}
+
+/// One kernel cache per toolchain, sharing the disk root from the environment.
+pub struct Caches {
+    nvrtc: Option<KernelCache>,
+    hip: Option<KernelCache>,
+}
+
+impl Caches {
+    pub fn new() -> Self {
+        Caches { nvrtc: None, hip: None }
+    }
+
+    pub fn get(&mut self, spec: &KernelSpec) -> Result<Arc<CachedKernel>> {
+        let slot = match spec.target.toolchain() {
+            Toolchain::Nvrtc => &mut self.nvrtc,
+            Toolchain::Hip => &mut self.hip,
+        };
+        if slot.is_none() {
+            let compiler: Arc<dyn Compiler> = match spec.target.toolchain() {
+                Toolchain::Nvrtc => Arc::new(NvrtcCompiler::new()?),
+                Toolchain::Hip => Arc::new(ClangHipCompiler::new()?),
+            };
+            *slot = Some(KernelCache::new(compiler, CacheConfig::from_env()));
+        }
+        slot.as_ref().expect("set above").get(spec)
+    }
+}
+
+pub fn run(args: CompileArgs) -> Result<()> {
+    let mut cfg = args.config.load()?;
+    cfg.targets = parse_arch(&args.arch, &cfg)?;
+    cfg.validate()?;
+    let specs = kernel_set(&cfg);
+    println!("config: {}", cfg.summary());
+    let bar = ProgressBar::new(specs.len() as u64);
+    bar.set_style(ProgressStyle::with_template("{bar:40} {pos}/{len} {msg}").expect("valid template"));
+    let mut caches = Caches::new();
+    let mut rows = Vec::new();
+    for spec in &specs {
+        bar.set_message(spec.id());
+        rows.push(caches.get(spec)?);
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    print_summary(&rows);
+    if let Some(root) = caches.nvrtc.as_ref().or(caches.hip.as_ref()).and_then(|c| c.root()) {
+        println!("cache: {}", root.display());
+    }
+    let nvidia_present = device::probe_driver().is_ok();
+    match (args.verify, nvidia_present) {
+        (VerifyMode::No, _) => Ok(()),
+        (VerifyMode::Auto, false) => {
+            println!("verify: skipped (no NVIDIA driver on this machine; kernels were compiled, not run)");
+            Ok(())
+        }
+        _ => verify(VerifyArgs { config: args.config, sizes: vec![0, 1, 7, 1000, 65537], seed: 2026 }),
+    }
+}
+
+fn print_summary(rows: &[Arc<CachedKernel>]) {
+    let opt = |v: Option<u32>| v.map_or("-".to_string(), |v| v.to_string());
+    println!("{:<40} {:>8} {:>10} {:>5} {:>6} {:>7}", "kernel", "from", "ms", "regs", "smem", "spills");
+    let (mut compiled, mut loaded, mut total_ms) = (0, 0, 0.0);
+    for k in rows {
+        let (from, elapsed) = match k.origin {
+            Origin::Compiled { elapsed } => {
+                compiled += 1;
+                ("compiled", elapsed)
+            }
+            Origin::Disk { elapsed } => {
+                loaded += 1;
+                ("disk", elapsed)
+            }
+        };
+        let ms = elapsed.as_secs_f64() * 1e3;
+        total_ms += ms;
+        let r = k.image.resources;
+        let spills = match (r.spill_store_bytes, r.spill_load_bytes) {
+            (Some(s), Some(l)) => (s + l).to_string(),
+            _ => "-".into(),
+        };
+        println!("{:<40} {:>8} {:>10.2} {:>5} {:>6} {:>7}", k.id, from, ms, opt(r.registers), opt(r.smem_bytes), spills);
+    }
+    println!("{} kernels: {compiled} compiled, {loaded} from the disk cache, {total_ms:.1} ms in all", rows.len());
+}
+
+pub fn verify(args: VerifyArgs) -> Result<()> {
+    let cfg = args.config.load()?;
+    let rt = Runtime::new(0)?;
+    println!("verify on {} ({}), config: {}", rt.gpu().caps().name, rt.target(), cfg.summary());
+    let mut checks: Vec<Check> = Vec::new();
+    let mut on_device = cfg.clone();
+    on_device.targets = vec![rt.target()];
+    for spec in kernel_set(&on_device) {
+        for (i, &n) in args.sizes.iter().enumerate() {
+            let seed = args.seed.wrapping_add(i as u64);
+            checks.push(match spec.family {
+                KernelFamily::KvStore { format } => verify::store_mla(&rt, format, n, seed)?,
+                KernelFamily::KvDequant => verify::dequant(&rt, n, seed, n > 1)?,
+                KernelFamily::IndexerKStore => verify::store_indexer(&rt, n, seed)?,
+            });
+        }
+    }
+    for c in &checks {
+        println!("{c}");
+    }
+    let failed = checks.iter().filter(|c| !c.passed()).count();
+    println!("verify: {} passed, {failed} failed", checks.len() - failed);
+    if failed > 0 {
+        return Err(Error::Other(format!("{failed} GPU check(s) differ from the CPU reference")));
+    }
+    Ok(())
+}

@@ -1,0 +1,63 @@
+//! `nsa`: list, compile, inspect, verify and benchmark the kernels of one NSA config.
+
+mod bench;
+mod compile;
+mod config_args;
+mod inspect;
+
+use clap::{Parser, Subcommand};
+use config_args::ConfigArgs;
+use std::process::ExitCode;
+
+#[derive(Parser, Debug)]
+#[command(name = "nsa", version, about = "DeepSeek V3.2 sparse-attention kernel compiler")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Print the kernel variants a config needs, one id per line.
+    List {
+        #[command(flatten)]
+        config: ConfigArgs,
+    },
+    /// Generate and compile a config's kernel set into the cache; print a summary.
+    /// On a machine with an NVIDIA GPU, also verify the kernels against the CPU reference.
+    Compile(compile::CompileArgs),
+    /// Show where a kernel's source is, and its PTX or SASS on request.
+    Inspect(inspect::InspectArgs),
+    /// (GPU) Run every compiled kernel of the config against its CPU reference.
+    Verify(compile::VerifyArgs),
+    /// (GPU) Measure kernel bandwidth against a device copy, and JIT/cache latency.
+    Bench(bench::BenchArgs),
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("NSA_LOG").unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::List { config } => config.load().map(|cfg| {
+            for spec in nsa_kernels::kernel_set(&cfg) {
+                println!("{}", spec.id());
+            }
+        }),
+        Command::Compile(args) => compile::run(args),
+        Command::Inspect(args) => inspect::run(args),
+        Command::Verify(args) => compile::verify(args),
+        Command::Bench(args) => bench::run(args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
