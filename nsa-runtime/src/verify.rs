@@ -92,7 +92,7 @@ pub fn store_mla(rt: &Runtime, format: KvCacheFormat, n: usize, seed: u64) -> Re
     let d_rows = upload(stream, &rows)?;
     let d_loc = upload(stream, &loc)?;
     let nope = Rows { data: d_rows.slice(0..), count: n, width: KV_LORA_RANK, stride: BF16_TOKEN_ELEMS };
-    let rope = Rows { data: d_rows.slice(KV_LORA_RANK..), count: n, width: ROPE_DIM, stride: BF16_TOKEN_ELEMS };
+    let rope = Rows { data: d_rows.slice(KV_LORA_RANK.min(d_rows.len())..), count: n, width: ROPE_DIM, stride: BF16_TOKEN_ELEMS };
     let (nope_h, rope_h) = split_rows(&rows);
     let loc_view = d_loc.slice(0..n);
     let (mismatches, first_mismatch) = match format {

@@ -17,9 +17,11 @@ constexpr int kFp8ScalesOffset = 512;
 constexpr int kFp8RopeOffset = 528;
 constexpr int kBf16TokenElems = 576;
 
-// Lanes per MLA token: each owns 16 latent dims (32 bytes of bf16, 16 bytes of e4m3).
+// Lanes per MLA token: lane l owns latent chunks l and l + 32 (8 dims each), so each
+// warp-wide access is one contiguous span. Tile t (128 dims) = 16 consecutive chunks.
 constexpr int kMlaLanes = 32;
-constexpr int kLanesPerTile = kTile / 16;
+constexpr int kChunk = 8;
+constexpr int kLanesPerTile = kTile / kChunk;
 
 NSA_DEVICE void unpack_bf16x8(const Vec16& v, float* x) {
 #pragma unroll
@@ -61,9 +63,19 @@ NSA_DEVICE void quantize(const float* x, float inv, u32* out_words) {
 
 NSA_DEVICE bool slot_ok(i64 slot, i64 pool_slots) { return slot >= 0 && slot < pool_slots; }
 
+// scale = amax/448 and its reciprocal; when 1/scale is not finite (amax 0, or amax
+// below ~1.3e-36) both are 0, so the tile stores scale 0 and q 0.
+NSA_DEVICE void fp8_tile_scale(float amax, float& scale, float& inv) {
+  scale = amax / kE4m3Max;
+  inv = 1.0f / scale;
+  if (!(inv <= kF32MaxFinite)) {
+    scale = 0.0f;
+    inv = 0.0f;
+  }
+}
+
 // k_nope [n, 512] and k_rope [n, 64] bf16 rows (strides in elements, multiples of 8)
-// -> cache rows loc[t] in the 656-byte format. Scale = amax/448 (no epsilon). When
-// 1/scale is not finite (amax 0, or amax < ~1.3e-36) the tile stores scale 0 and q 0.
+// -> cache rows loc[t] in the 656-byte format.
 template <int kBlockThreads>
 NSA_DEVICE void store_fp8(const u16* __restrict__ k_nope, i64 nope_stride, const u16* __restrict__ k_rope,
                           i64 rope_stride, const i32* __restrict__ loc, i32 num_tokens, u8* __restrict__ cache,
@@ -71,36 +83,39 @@ NSA_DEVICE void store_fp8(const u16* __restrict__ k_nope, i64 nope_stride, const
   const u32 tid = thread_x();
   const i64 token = (i64)block_x() * (kBlockThreads / kMlaLanes) + tid / kMlaLanes;
   const u32 lane = tid % kMlaLanes;
-  // One token per 32-lane warp: these early returns take whole warps, so the
-  // full-warp shuffles in group_max stay converged.
+  // One token per 32-lane warp: this return takes whole warps, so the full-warp
+  // shuffles below stay converged.
   if (token >= num_tokens) return;
+  // Issue the input loads before the slot load so their latencies overlap.
+  const Vec16* src = reinterpret_cast<const Vec16*>(k_nope + token * nope_stride);
+  const Vec16 a = src[lane];
+  const Vec16 b = src[lane + kMlaLanes];
+  Vec16 rope = {{0u, 0u, 0u, 0u}};
+  if (lane < kRope / kChunk) rope = reinterpret_cast<const Vec16*>(k_rope + token * rope_stride)[lane];
   const i64 slot = loc[token];
+  float x[16];
+  unpack_bf16x8(a, x);
+  unpack_bf16x8(b, x + 8);
+  float scale_a, inv_a, scale_b, inv_b;  // tiles lane/16 and 2 + lane/16
+  fp8_tile_scale(group_max(finite_amax(x, 8), kLanesPerTile), scale_a, inv_a);
+  fp8_tile_scale(group_max(finite_amax(x + 8, 8), kLanesPerTile), scale_b, inv_b);
+  const float scale_1 = shfl_xor(scale_a, 16);  // lane 0 gathers all four scales
+  const float scale_3 = shfl_xor(scale_b, 16);
   if (!slot_ok(slot, pool_slots)) {
     if (lane == 0) report_bad_entry(status, token);
     return;
   }
-  const Vec16* src = reinterpret_cast<const Vec16*>(k_nope + token * nope_stride + lane * 16);
-  float x[16];
-  unpack_bf16x8(src[0], x);
-  unpack_bf16x8(src[1], x + 8);
-  const float amax = group_max(finite_amax(x, 16), kLanesPerTile);
-  float scale = amax / kE4m3Max;
-  float inv = 1.0f / scale;
-  if (!(inv <= kF32MaxFinite)) {  // amax 0 or below ~1.3e-36: store a zero tile
-    scale = 0.0f;
-    inv = 0.0f;
-  }
-  Vec16 q;
-  quantize<16>(x, inv, q.w);
+  Vec8 qa, qb;
+  quantize<8>(x, inv_a, qa.w);
+  quantize<8>(x + 8, inv_b, qb.w);
   u8* row = cache + slot * kFp8TokenBytes;
-  *reinterpret_cast<Vec16*>(row + lane * 16) = q;
-  if (lane % kLanesPerTile == 0) {
-    reinterpret_cast<float*>(row + kFp8ScalesOffset)[lane / kLanesPerTile] = scale;
+  reinterpret_cast<Vec8*>(row)[lane] = qa;
+  reinterpret_cast<Vec8*>(row)[lane + kMlaLanes] = qb;
+  if (lane == 0) {
+    const Vec16 scales = {{f32_as_u32(scale_a), f32_as_u32(scale_1), f32_as_u32(scale_b), f32_as_u32(scale_3)}};
+    *reinterpret_cast<Vec16*>(row + kFp8ScalesOffset) = scales;
   }
-  if (lane < kRope / 8) {
-    *reinterpret_cast<Vec16*>(row + kFp8RopeOffset + lane * 16) =
-        *reinterpret_cast<const Vec16*>(k_rope + token * rope_stride + lane * 8);
-  }
+  if (lane < kRope / kChunk) reinterpret_cast<Vec16*>(row + kFp8RopeOffset)[lane] = rope;
 }
 
 // Bit-exact bf16 copy: cache row = [nope 512 | rope 64].
@@ -112,20 +127,34 @@ NSA_DEVICE void store_bf16(const u16* __restrict__ k_nope, i64 nope_stride, cons
   const i64 token = (i64)block_x() * (kBlockThreads / kMlaLanes) + tid / kMlaLanes;
   const u32 lane = tid % kMlaLanes;
   if (token >= num_tokens) return;
+  const Vec16* src = reinterpret_cast<const Vec16*>(k_nope + token * nope_stride);
+  const Vec16 a = src[lane];
+  const Vec16 b = src[lane + kMlaLanes];
+  Vec16 rope = {{0u, 0u, 0u, 0u}};
+  if (lane < kRope / kChunk) rope = reinterpret_cast<const Vec16*>(k_rope + token * rope_stride)[lane];
   const i64 slot = loc[token];
   if (!slot_ok(slot, pool_slots)) {
     if (lane == 0) report_bad_entry(status, token);
     return;
   }
-  const Vec16* src = reinterpret_cast<const Vec16*>(k_nope + token * nope_stride);
   Vec16* dst = reinterpret_cast<Vec16*>(cache + slot * kBf16TokenElems);
-  const Vec16 a = src[lane];
-  const Vec16 b = src[lane + kMlaLanes];
   dst[lane] = a;
   dst[lane + kMlaLanes] = b;
-  if (lane < kRope / 8) {
-    dst[kLatent / 8 + lane] = reinterpret_cast<const Vec16*>(k_rope + token * rope_stride)[lane];
+  if (lane < kRope / kChunk) dst[kLatent / kChunk + lane] = rope;
+}
+
+// 8 e4m3 -> 8 bf16: bf16(f32(q) * scale).
+NSA_DEVICE Vec16 dequant8(const Vec8& q, float scale) {
+  Vec16 o;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    float a, b, c, d;
+    e4m3x2_to_f32x2((u16)(q.w[i] & 0xffffu), a, b);
+    e4m3x2_to_f32x2((u16)(q.w[i] >> 16), c, d);
+    o.w[2 * i] = (u32)f32_to_bf16(a * scale) | ((u32)f32_to_bf16(b * scale) << 16);
+    o.w[2 * i + 1] = (u32)f32_to_bf16(c * scale) | ((u32)f32_to_bf16(d * scale) << 16);
   }
+  return o;
 }
 
 // Gathers cache rows idx[t] (656-byte format) into bf16 [n, 576]:
@@ -142,28 +171,22 @@ NSA_DEVICE void dequant_fp8(const u8* __restrict__ cache, i64 pool_slots, const 
   if (!slot_ok(slot, pool_slots)) {
     if (lane == 0) report_bad_entry(status, token);
     const Vec16 zero = {{0u, 0u, 0u, 0u}};
-    dst[2 * lane] = zero;
-    dst[2 * lane + 1] = zero;
-    if (lane < kRope / 8) dst[kLatent / 8 + lane] = zero;
+    dst[lane] = zero;
+    dst[lane + kMlaLanes] = zero;
+    if (lane < kRope / kChunk) dst[kLatent / kChunk + lane] = zero;
     return;
   }
   const u8* row = cache + slot * kFp8TokenBytes;
-  const Vec16 q = *reinterpret_cast<const Vec16*>(row + lane * 16);
-  const float scale = reinterpret_cast<const float*>(row + kFp8ScalesOffset)[lane / kLanesPerTile];
-  Vec16 o[2];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    float a, b, c, d;
-    e4m3x2_to_f32x2((u16)(q.w[i] & 0xffffu), a, b);
-    e4m3x2_to_f32x2((u16)(q.w[i] >> 16), c, d);
-    o[i / 2].w[(i % 2) * 2] = (u32)f32_to_bf16(a * scale) | ((u32)f32_to_bf16(b * scale) << 16);
-    o[i / 2].w[(i % 2) * 2 + 1] = (u32)f32_to_bf16(c * scale) | ((u32)f32_to_bf16(d * scale) << 16);
-  }
-  dst[2 * lane] = o[0];
-  dst[2 * lane + 1] = o[1];
-  if (lane < kRope / 8) {
-    dst[kLatent / 8 + lane] = *reinterpret_cast<const Vec16*>(row + kFp8RopeOffset + lane * 16);
-  }
+  const Vec8 qa = reinterpret_cast<const Vec8*>(row)[lane];
+  const Vec8 qb = reinterpret_cast<const Vec8*>(row)[lane + kMlaLanes];
+  const float* scales = reinterpret_cast<const float*>(row + kFp8ScalesOffset);
+  const float scale_a = scales[lane / kLanesPerTile];
+  const float scale_b = scales[2 + lane / kLanesPerTile];
+  Vec16 rope = {{0u, 0u, 0u, 0u}};
+  if (lane < kRope / kChunk) rope = reinterpret_cast<const Vec16*>(row + kFp8RopeOffset)[lane];
+  dst[lane] = dequant8(qa, scale_a);
+  dst[lane + kMlaLanes] = dequant8(qb, scale_b);
+  if (lane < kRope / kChunk) dst[kLatent / kChunk + lane] = rope;
 }
 
 // ---- Lightning-indexer K (spec §2.5): 128 e4m3 + f32 power-of-two scale, 64-token pages.
@@ -189,11 +212,13 @@ NSA_DEVICE void store_indexer_k(const u16* __restrict__ k, i64 k_stride, const i
   // Two tokens share a 32-lane warp: every lane stays for the full-warp shuffles
   // below, and only an accepted token reads or writes memory.
   const bool in_range = token < num_tokens;
+  Vec16 raw = {{0u, 0u, 0u, 0u}};
+  if (in_range) raw = *reinterpret_cast<const Vec16*>(k + token * k_stride + lane * 8);  // before the slot load
   const i64 slot = in_range ? (i64)loc[token] : -1;
   const bool ok = in_range && slot_ok(slot, pool_slots);
   if (in_range && !ok && lane == 0) report_bad_entry(status, token);
-  float x[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-  if (ok) unpack_bf16x8(*reinterpret_cast<const Vec16*>(k + token * k_stride + lane * 8), x);
+  float x[8];
+  unpack_bf16x8(raw, x);
   float amax = group_max(finite_amax(x, 8), kIdxLanes);
   if (!ok) return;
   amax = amax > kIdxAmaxFloor ? amax : kIdxAmaxFloor;

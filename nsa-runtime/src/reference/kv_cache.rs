@@ -9,6 +9,7 @@
 //! * saturation: |x·inv| ≥ 448 and ±inf store ±448; NaN stores 0x7f/0xff (NaN);
 //! * indexer K: `amax = max(finite amax, 1e-4)`, `scale = 2^ceil(log2(amax/448))`
 //!   computed exactly on the bits (no log2 rounding), `q = e4m3_satfinite(x / scale)`;
+//! * dequantized NaN is the canonical bf16 NaN 0x7fff (what PTX `cvt.rn.bf16.f32` writes);
 //! * a slot outside the pool is rejected: nothing is written, the entry is counted.
 
 use super::fp8::{e4m3_to_f32, f32_to_e4m3_satfinite, E4M3_MAX};
@@ -51,6 +52,16 @@ pub fn fp8_tile_scale(amax: f32) -> (f32, f32) {
     }
 }
 
+/// f32 → bf16 (round to nearest even) as the GPU does it: every NaN becomes the
+/// canonical 0x7fff that PTX `cvt.rn.bf16.f32` writes.
+pub fn f32_to_bf16(x: f32) -> bf16 {
+    if x.is_nan() {
+        bf16::from_bits(0x7fff)
+    } else {
+        bf16::from_f32(x)
+    }
+}
+
 /// Scale `tile` of a 656-byte record.
 pub fn fp8_scale(record: &[u8], tile: usize) -> f32 {
     let at = FP8_SCALES_OFFSET + 4 * tile;
@@ -62,7 +73,7 @@ pub fn dequantize_fp8_token(record: &[u8]) -> Vec<bf16> {
     assert_eq!(record.len(), FP8_TOKEN_BYTES);
     let mut out = Vec::with_capacity(BF16_TOKEN_ELEMS);
     for d in 0..KV_LORA_RANK {
-        out.push(bf16::from_f32(e4m3_to_f32(record[d]) * fp8_scale(record, d / FP8_TILE)));
+        out.push(f32_to_bf16(e4m3_to_f32(record[d]) * fp8_scale(record, d / FP8_TILE)));
     }
     for r in 0..ROPE_DIM {
         let at = FP8_ROPE_OFFSET + 2 * r;

@@ -10,10 +10,11 @@ namespace soft {
 NSA_DEVICE u32 f32_bits(float f) { return __builtin_bit_cast(u32, f); }
 NSA_DEVICE float bits_f32(u32 b) { return __builtin_bit_cast(float, b); }
 
-// f32 -> bf16, round to nearest even; NaN stays a (quiet) NaN.
+// f32 -> bf16, round to nearest even; NaN -> 0x7fff, the canonical NaN that
+// PTX cvt.rn.bf16.f32 produces, so both vendors write identical bytes.
 NSA_DEVICE u16 f32_to_bf16(float f) {
   u32 b = f32_bits(f);
-  if ((b & 0x7fffffffu) > 0x7f800000u) return (u16)((b >> 16) | 0x40u);
+  if ((b & 0x7fffffffu) > 0x7f800000u) return (u16)0x7fffu;
   return (u16)((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
 }
 
