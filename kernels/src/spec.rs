@@ -36,6 +36,8 @@ const STORE_BLOCK_THREADS: u32 = 256;
 const MLA_LANES_PER_TOKEN: u32 = 32;
 /// Lanes that cooperate on one indexer token (each owns 8 dims).
 const INDEXER_LANES_PER_TOKEN: u32 = 16;
+/// Indexer tokens each lane group stores (loads issued together for memory parallelism).
+const INDEXER_TOKENS_PER_LANE_GROUP: u32 = 4;
 
 impl KernelSpec {
     pub fn new(family: KernelFamily, target: Target) -> Self {
@@ -90,11 +92,12 @@ impl KernelSpec {
 
     /// Tokens one block handles; the launcher's grid is `ceil(tokens / tokens_per_block)`.
     pub fn tokens_per_block(&self) -> u32 {
-        let lanes = match self.family {
-            KernelFamily::KvStore { .. } | KernelFamily::KvDequant => MLA_LANES_PER_TOKEN,
-            KernelFamily::IndexerKStore => INDEXER_LANES_PER_TOKEN,
-        };
-        self.block_threads() / lanes
+        match self.family {
+            KernelFamily::KvStore { .. } | KernelFamily::KvDequant => self.block_threads() / MLA_LANES_PER_TOKEN,
+            KernelFamily::IndexerKStore => {
+                self.block_threads() / INDEXER_LANES_PER_TOKEN * INDEXER_TOKENS_PER_LANE_GROUP
+            }
+        }
     }
 
     /// Everything the template may read. Templates are strict: a name missing here
@@ -106,6 +109,9 @@ impl KernelSpec {
         ctx.insert("arch".into(), json!(self.target.arch()));
         ctx.insert("arch_header".into(), json!(self.target.arch_header()));
         ctx.insert("block_threads".into(), json!(self.block_threads()));
+        if self.family == KernelFamily::IndexerKStore {
+            ctx.insert("tokens_per_lane_group".into(), json!(INDEXER_TOKENS_PER_LANE_GROUP));
+        }
         if let KernelFamily::KvStore { format } = self.family {
             ctx.insert("format".into(), json!(format.tag()));
             let (func, elem) = match format {

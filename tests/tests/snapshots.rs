@@ -552,9 +552,11 @@ fn launch_geometry_matches_the_device_code() {
             KernelFamily::IndexerKStore => k["kIdxLanes"],
         };
         assert_eq!(threads as i64 % lanes, 0, "{spec}");
+        // Indexer lane groups store several tokens each; the template passes the count.
+        let rounds = spec.context()["tokens_per_lane_group"].as_i64().unwrap_or(1);
         assert_eq!(
             spec.tokens_per_block() as i64,
-            threads as i64 / lanes,
+            threads as i64 / lanes * rounds,
             "{spec}"
         );
         // A token's lane group never straddles a warp (its shuffles stay inside one).
@@ -565,7 +567,11 @@ fn launch_geometry_matches_the_device_code() {
             r.source.contains(&format!("NSA_LAUNCH_BOUNDS({threads})")),
             "{spec}"
         );
-        assert!(r.source.contains(&format!("<{threads}>(")), "{spec}");
+        let instantiation = match rounds {
+            1 => format!("<{threads}>("),
+            n => format!("<{threads}, {n}>("),
+        };
+        assert!(r.source.contains(&instantiation), "{spec}");
     }
 }
 

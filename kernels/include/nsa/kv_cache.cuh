@@ -203,33 +203,50 @@ NSA_DEVICE float ceil_pow2(float v) {
   return u32_as_f32(b);
 }
 
-template <int kBlockThreads>
+// Each 16-lane group stores kRounds tokens, kBlockThreads / 16 apart, with all
+// their loads issued up front (a 256-byte key alone cannot keep HBM busy).
+template <int kBlockThreads, int kRounds>
 NSA_DEVICE void store_indexer_k(const u16* __restrict__ k, i64 k_stride, const i32* __restrict__ loc, i32 num_tokens,
                                 u8* __restrict__ cache, i64 pool_slots, u32* status) {
+  const int kGroups = kBlockThreads / kIdxLanes;
   const u32 tid = thread_x();
-  const i64 token = (i64)block_x() * (kBlockThreads / kIdxLanes) + tid / kIdxLanes;
+  const i64 first = (i64)block_x() * kGroups * kRounds + tid / kIdxLanes;
   const u32 lane = tid % kIdxLanes;
-  // Two tokens share a 32-lane warp: every lane stays for the full-warp shuffles
-  // below, and only an accepted token reads or writes memory.
-  const bool in_range = token < num_tokens;
-  Vec16 raw = {{0u, 0u, 0u, 0u}};
-  if (in_range) raw = *reinterpret_cast<const Vec16*>(k + token * k_stride + lane * 8);  // before the slot load
-  const i64 slot = in_range ? (i64)loc[token] : -1;
-  const bool ok = in_range && slot_ok(slot, pool_slots);
-  if (in_range && !ok && lane == 0) report_bad_entry(status, token);
-  float x[8];
-  unpack_bf16x8(raw, x);
-  float amax = group_max(finite_amax(x, 8), kIdxLanes);
-  if (!ok) return;
-  amax = amax > kIdxAmaxFloor ? amax : kIdxAmaxFloor;
-  const float scale = ceil_pow2(amax / kE4m3Max);
-  const float inv = 1.0f / scale;  // exact: scale is a power of two
-  Vec8 q;
-  quantize<8>(x, inv, q.w);
-  u8* page = cache + (slot / kIdxPageTokens) * kIdxPageBytes;
-  const i64 off = slot % kIdxPageTokens;
-  *reinterpret_cast<Vec8*>(page + off * kIdxDim + lane * 8) = q;
-  if (lane == 0) reinterpret_cast<float*>(page + kIdxPageTokens * kIdxDim)[off] = scale;
+  Vec16 raw[kRounds];
+  i64 slot[kRounds];
+#pragma unroll
+  for (int r = 0; r < kRounds; ++r) {
+    const i64 token = first + r * kGroups;
+    raw[r] = Vec16{{0u, 0u, 0u, 0u}};
+    if (token < num_tokens) raw[r] = *reinterpret_cast<const Vec16*>(k + token * k_stride + lane * 8);
+  }
+#pragma unroll
+  for (int r = 0; r < kRounds; ++r) {
+    const i64 token = first + r * kGroups;
+    slot[r] = token < num_tokens ? (i64)loc[token] : -1;
+  }
+#pragma unroll
+  for (int r = 0; r < kRounds; ++r) {
+    // Two tokens share a 32-lane warp: every lane takes part in the full-warp
+    // shuffles, and only an accepted token writes memory.
+    const i64 token = first + r * kGroups;
+    const bool in_range = token < num_tokens;
+    const bool ok = in_range && slot_ok(slot[r], pool_slots);
+    if (in_range && !ok && lane == 0) report_bad_entry(status, token);
+    float x[8];
+    unpack_bf16x8(raw[r], x);
+    float amax = group_max(finite_amax(x, 8), kIdxLanes);
+    amax = amax > kIdxAmaxFloor ? amax : kIdxAmaxFloor;
+    const float scale = ceil_pow2(amax / kE4m3Max);
+    const float inv = 1.0f / scale;  // exact: scale is a power of two
+    if (!ok) continue;
+    Vec8 q;
+    quantize<8>(x, inv, q.w);
+    u8* page = cache + (slot[r] / kIdxPageTokens) * kIdxPageBytes;
+    const i64 off = slot[r] % kIdxPageTokens;
+    *reinterpret_cast<Vec8*>(page + off * kIdxDim + lane * 8) = q;
+    if (lane == 0) reinterpret_cast<float*>(page + kIdxPageTokens * kIdxDim)[off] = scale;
+  }
 }
 
 }  // namespace kv
