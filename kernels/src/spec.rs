@@ -30,12 +30,12 @@ pub struct KernelSpec {
     pub target: Target,
 }
 
-/// Threads per block of the store/dequant family (8 MLA tokens or 16 indexer tokens).
+/// Threads per block of the store/dequant family (8 MLA tokens, or 32 indexer lane groups).
 const STORE_BLOCK_THREADS: u32 = 256;
 /// Lanes that cooperate on one MLA token (each owns 16 latent dims).
 const MLA_LANES_PER_TOKEN: u32 = 32;
-/// Lanes that cooperate on one indexer token (each owns 8 dims).
-const INDEXER_LANES_PER_TOKEN: u32 = 16;
+/// Lanes that cooperate on one indexer token (each owns 16 dims).
+const INDEXER_LANES_PER_TOKEN: u32 = 8;
 /// Indexer tokens each lane group stores (loads issued together for memory parallelism).
 const INDEXER_TOKENS_PER_LANE_GROUP: u32 = 4;
 

@@ -193,7 +193,7 @@ NSA_DEVICE void dequant_fp8(const u8* __restrict__ cache, i64 pool_slots, const 
 constexpr int kIdxDim = 128;
 constexpr int kIdxPageTokens = 64;
 constexpr int kIdxPageBytes = kIdxPageTokens * (kIdxDim + 4);
-constexpr int kIdxLanes = kIdxDim / 8;  // each lane owns 8 dims
+constexpr int kIdxLanes = kIdxDim / 16;  // each lane owns 16 dims (32 B in, 16 B out)
 constexpr float kIdxAmaxFloor = 1e-4f;
 
 // Smallest power of two >= v, for positive normal v (exact, no log2 rounding).
@@ -203,7 +203,7 @@ NSA_DEVICE float ceil_pow2(float v) {
   return u32_as_f32(b);
 }
 
-// Each 16-lane group stores kRounds tokens, kBlockThreads / 16 apart, with all
+// Each 8-lane group stores kRounds tokens, kBlockThreads / 8 apart, with all
 // their loads issued up front (a 256-byte key alone cannot keep HBM busy).
 template <int kBlockThreads, int kRounds>
 NSA_DEVICE void store_indexer_k(const u16* __restrict__ k, i64 k_stride, const i32* __restrict__ loc, i32 num_tokens,
@@ -212,13 +212,17 @@ NSA_DEVICE void store_indexer_k(const u16* __restrict__ k, i64 k_stride, const i
   const u32 tid = thread_x();
   const i64 first = (i64)block_x() * kGroups * kRounds + tid / kIdxLanes;
   const u32 lane = tid % kIdxLanes;
-  Vec16 raw[kRounds];
+  Vec16 raw[kRounds][2];
   i64 slot[kRounds];
 #pragma unroll
   for (int r = 0; r < kRounds; ++r) {
     const i64 token = first + r * kGroups;
-    raw[r] = Vec16{{0u, 0u, 0u, 0u}};
-    if (token < num_tokens) raw[r] = *reinterpret_cast<const Vec16*>(k + token * k_stride + lane * 8);
+    raw[r][0] = raw[r][1] = Vec16{{0u, 0u, 0u, 0u}};
+    if (token < num_tokens) {
+      const Vec16* src = reinterpret_cast<const Vec16*>(k + token * k_stride + lane * 16);
+      raw[r][0] = src[0];
+      raw[r][1] = src[1];
+    }
   }
 #pragma unroll
   for (int r = 0; r < kRounds; ++r) {
@@ -227,24 +231,25 @@ NSA_DEVICE void store_indexer_k(const u16* __restrict__ k, i64 k_stride, const i
   }
 #pragma unroll
   for (int r = 0; r < kRounds; ++r) {
-    // Two tokens share a 32-lane warp: every lane takes part in the full-warp
+    // Four tokens share a 32-lane warp: every lane takes part in the full-warp
     // shuffles, and only an accepted token writes memory.
     const i64 token = first + r * kGroups;
     const bool in_range = token < num_tokens;
     const bool ok = in_range && slot_ok(slot[r], pool_slots);
     if (in_range && !ok && lane == 0) report_bad_entry(status, token);
-    float x[8];
-    unpack_bf16x8(raw[r], x);
-    float amax = group_max(finite_amax(x, 8), kIdxLanes);
+    float x[16];
+    unpack_bf16x8(raw[r][0], x);
+    unpack_bf16x8(raw[r][1], x + 8);
+    float amax = group_max(finite_amax(x, 16), kIdxLanes);
     amax = amax > kIdxAmaxFloor ? amax : kIdxAmaxFloor;
     const float scale = ceil_pow2(amax / kE4m3Max);
     const float inv = 1.0f / scale;  // exact: scale is a power of two
     if (!ok) continue;
-    Vec8 q;
-    quantize<8>(x, inv, q.w);
+    Vec16 q;
+    quantize<16>(x, inv, q.w);
     u8* page = cache + (slot[r] / kIdxPageTokens) * kIdxPageBytes;
     const i64 off = slot[r] % kIdxPageTokens;
-    *reinterpret_cast<Vec8*>(page + off * kIdxDim + lane * 8) = q;
+    *reinterpret_cast<Vec16*>(page + off * kIdxDim + lane * 16) = q;
     if (lane == 0) reinterpret_cast<float*>(page + kIdxPageTokens * kIdxDim)[off] = scale;
   }
 }
