@@ -37,7 +37,7 @@ const MLA_LANES_PER_TOKEN: u32 = 32;
 /// Lanes that cooperate on one indexer token (each owns 16 dims).
 const INDEXER_LANES_PER_TOKEN: u32 = 8;
 /// Indexer tokens each lane group stores (loads issued together for memory parallelism).
-const INDEXER_TOKENS_PER_LANE_GROUP: u32 = 4;
+const INDEXER_TOKENS_PER_LANE_GROUP: u32 = 2;
 
 impl KernelSpec {
     pub fn new(family: KernelFamily, target: Target) -> Self {
