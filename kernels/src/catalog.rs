@@ -7,21 +7,13 @@ use crate::spec::{KernelFamily, KernelSpec};
 /// The kernel set of `cfg`, for every target it lists, sorted and without repeats.
 /// `cfg` should be validated first; this function does not re-check it.
 pub fn kernel_set(cfg: &NsaConfig) -> Vec<KernelSpec> {
-    let mut families = vec![
-        KernelFamily::KvStore {
-            format: cfg.kv_cache,
-        },
-        KernelFamily::IndexerKStore,
-    ];
+    let mut families = vec![KernelFamily::KvStore { format: cfg.kv_cache }, KernelFamily::IndexerKStore];
     if cfg.kv_cache == KvCacheFormat::Fp8 {
         // Prefill with a prefix reads the FP8 cache back as bf16 (spec §8.4).
         families.push(KernelFamily::KvDequant);
     }
-    let mut specs: Vec<KernelSpec> = cfg
-        .targets
-        .iter()
-        .flat_map(|t| families.iter().map(move |f| KernelSpec::new(*f, *t)))
-        .collect();
+    let mut specs: Vec<KernelSpec> =
+        cfg.targets.iter().flat_map(|t| families.iter().map(move |f| KernelSpec::new(*f, *t))).collect();
     specs.sort();
     specs.dedup();
     specs

@@ -39,9 +39,7 @@ impl std::str::FromStr for KvCacheFormat {
         match s.trim().to_ascii_lowercase().as_str() {
             "bf16" | "bf16_576" => Ok(KvCacheFormat::Bf16),
             "fp8" | "fp8_656" | "fp8_e4m3" => Ok(KvCacheFormat::Fp8),
-            _ => Err(format!(
-                "unknown KV cache format `{s}`: allowed bf16 (576 bf16/token) or fp8 (656 bytes/token)"
-            )),
+            _ => Err(format!("unknown KV cache format `{s}`: allowed bf16 (576 bf16/token) or fp8 (656 bytes/token)")),
         }
     }
 }
@@ -92,10 +90,7 @@ fn default_index_head_dim() -> u32 {
 
 /// Named configurations: DeepSeek V3.2 and its per-GPU tensor-parallel shapes.
 pub const PRESETS: &[(&str, &str)] = &[
-    (
-        "deepseek-v3.2",
-        "128 query heads per GPU (TP1), top-k 2048, page 64, FP8-656 cache",
-    ),
+    ("deepseek-v3.2", "128 query heads per GPU (TP1), top-k 2048, page 64, FP8-656 cache"),
     ("deepseek-v3.2-tp2", "64 query heads per GPU"),
     ("deepseek-v3.2-tp4", "32 query heads per GPU"),
     ("deepseek-v3.2-tp8", "16 query heads per GPU"),
@@ -146,30 +141,10 @@ impl NsaConfig {
         check_range(&mut issues, "page_size", self.page_size, PAGE_SIZE_RANGE, 1);
         check_range(&mut issues, "topk", self.topk, TOPK_RANGE, TOPK_MULTIPLE);
         check_set(&mut issues, "num_q_heads", self.num_q_heads, &ALLOWED_HEADS);
-        check_set(
-            &mut issues,
-            "kv_lora_rank",
-            self.kv_lora_rank,
-            &[layout::KV_LORA_RANK as u32],
-        );
-        check_set(
-            &mut issues,
-            "qk_rope_head_dim",
-            self.qk_rope_head_dim,
-            &[layout::ROPE_DIM as u32],
-        );
-        check_set(
-            &mut issues,
-            "index_n_heads",
-            self.index_n_heads,
-            &ALLOWED_INDEX_HEADS,
-        );
-        check_set(
-            &mut issues,
-            "index_head_dim",
-            self.index_head_dim,
-            &[layout::INDEXER_HEAD_DIM as u32],
-        );
+        check_set(&mut issues, "kv_lora_rank", self.kv_lora_rank, &[layout::KV_LORA_RANK as u32]);
+        check_set(&mut issues, "qk_rope_head_dim", self.qk_rope_head_dim, &[layout::ROPE_DIM as u32]);
+        check_set(&mut issues, "index_n_heads", self.index_n_heads, &ALLOWED_INDEX_HEADS);
+        check_set(&mut issues, "index_head_dim", self.index_head_dim, &[layout::INDEXER_HEAD_DIM as u32]);
         self.check_targets(&mut issues);
         ConfigError::from_issues(issues)
     }
@@ -231,13 +206,7 @@ impl NsaConfig {
     }
 }
 
-fn check_range(
-    issues: &mut Vec<ConfigIssue>,
-    field: &'static str,
-    v: u32,
-    (lo, hi): (u32, u32),
-    multiple: u32,
-) {
+fn check_range(issues: &mut Vec<ConfigIssue>, field: &'static str, v: u32, (lo, hi): (u32, u32), multiple: u32) {
     let in_range = (lo..=hi).contains(&v) && v % multiple == 0;
     if in_range {
         return;
@@ -247,17 +216,9 @@ fn check_range(
     let m = u64::from(multiple);
     let rounded = (u64::from(v) + m / 2) / m * m;
     let nearest = rounded.clamp(u64::from(lo), u64::from(hi));
-    let allowed = if multiple == 1 {
-        format!("{lo}..={hi}")
-    } else {
-        format!("multiples of {multiple} in {lo}..={hi}")
-    };
-    issues.push(ConfigIssue {
-        field,
-        value: v.to_string(),
-        allowed,
-        nearest: Some(nearest.to_string()),
-    });
+    let allowed =
+        if multiple == 1 { format!("{lo}..={hi}") } else { format!("multiples of {multiple} in {lo}..={hi}") };
+    issues.push(ConfigIssue { field, value: v.to_string(), allowed, nearest: Some(nearest.to_string()) });
 }
 
 fn check_set(issues: &mut Vec<ConfigIssue>, field: &'static str, v: u32, allowed: &[u32]) {
@@ -269,11 +230,7 @@ fn check_set(issues: &mut Vec<ConfigIssue>, field: &'static str, v: u32, allowed
     issues.push(ConfigIssue {
         field,
         value: v.to_string(),
-        allowed: allowed
-            .iter()
-            .map(u32::to_string)
-            .collect::<Vec<_>>()
-            .join(", "),
+        allowed: allowed.iter().map(u32::to_string).collect::<Vec<_>>().join(", "),
         nearest: nearest.map(|n| n.to_string()),
     });
 }
@@ -319,11 +276,7 @@ pub struct ConfigIssue {
 
 impl fmt::Display for ConfigIssue {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "`{}` = {} is not allowed (allowed: {})",
-            self.field, self.value, self.allowed
-        )?;
+        write!(f, "`{}` = {} is not allowed (allowed: {})", self.field, self.value, self.allowed)?;
         if let Some(n) = &self.nearest {
             write!(f, "; nearest valid: {n}")?;
         }
@@ -339,9 +292,7 @@ pub struct ConfigError {
 
 impl ConfigError {
     fn single(issue: ConfigIssue) -> Self {
-        ConfigError {
-            issues: vec![issue],
-        }
+        ConfigError { issues: vec![issue] }
     }
 
     fn from_issues(issues: Vec<ConfigIssue>) -> Result<(), ConfigError> {
@@ -356,11 +307,7 @@ impl ConfigError {
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let n = self.issues.len();
-        write!(
-            f,
-            "invalid NSA config ({n} problem{}):",
-            if n == 1 { "" } else { "s" }
-        )?;
+        write!(f, "invalid NSA config ({n} problem{}):", if n == 1 { "" } else { "s" })?;
         for issue in &self.issues {
             write!(f, "\n  - {issue}")?;
         }

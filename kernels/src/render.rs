@@ -65,30 +65,17 @@ fn engine() -> &'static tera::Tera {
     ENGINE.get_or_init(|| {
         let mut t = tera::Tera::default();
         t.autoescape_on(vec![]);
-        t.add_raw_templates(TEMPLATES.iter().copied())
-            .expect("embedded templates parse (checked by tests)");
+        t.add_raw_templates(TEMPLATES.iter().copied()).expect("embedded templates parse (checked by tests)");
         t
     })
 }
 
 /// Renders `spec` into a self-contained source (includes resolve to [`HEADERS`]).
 pub fn render(spec: &KernelSpec) -> Result<RenderedKernel, RenderError> {
-    let err = |detail: String| RenderError {
-        id: spec.id(),
-        template: spec.template(),
-        detail,
-    };
+    let err = |detail: String| RenderError { id: spec.id(), template: spec.template(), detail };
     let ctx = tera::Context::from_value(spec.context()).map_err(|e| err(chain(&e)))?;
-    let source = engine()
-        .render(spec.template(), &ctx)
-        .map_err(|e| err(chain(&e)))?;
-    Ok(RenderedKernel {
-        spec: *spec,
-        id: spec.id(),
-        symbol: spec.symbol(),
-        source_name: spec.source_name(),
-        source,
-    })
+    let source = engine().render(spec.template(), &ctx).map_err(|e| err(chain(&e)))?;
+    Ok(RenderedKernel { spec: *spec, id: spec.id(), symbol: spec.symbol(), source_name: spec.source_name(), source })
 }
 
 /// Renders template `name` of [`TEMPLATES`] with an arbitrary context, through the

@@ -127,12 +127,8 @@ impl KernelSpec {
     /// Every variant that exists for `target`, for id look-up and compile-all.
     pub fn all_for(target: Target) -> Vec<KernelSpec> {
         [
-            KernelFamily::KvStore {
-                format: KvCacheFormat::Bf16,
-            },
-            KernelFamily::KvStore {
-                format: KvCacheFormat::Fp8,
-            },
+            KernelFamily::KvStore { format: KvCacheFormat::Bf16 },
+            KernelFamily::KvStore { format: KvCacheFormat::Fp8 },
             KernelFamily::KvDequant,
             KernelFamily::IndexerKStore,
         ]
@@ -143,10 +139,7 @@ impl KernelSpec {
 
     /// The variant whose [`id`](Self::id) is `id`.
     pub fn from_id(id: &str) -> Option<KernelSpec> {
-        Target::ALL
-            .into_iter()
-            .flat_map(KernelSpec::all_for)
-            .find(|s| s.id() == id)
+        Target::ALL.into_iter().flat_map(KernelSpec::all_for).find(|s| s.id() == id)
     }
 }
 

@@ -109,9 +109,7 @@ impl Target {
     /// The NVIDIA target whose arch-specific (`a`) features match a device of
     /// compute capability `cc`, if we generate for it.
     pub fn from_compute_capability(cc: (u32, u32)) -> Option<Target> {
-        Target::NVIDIA
-            .into_iter()
-            .find(|t| t.compute_capability() == Some(cc))
+        Target::NVIDIA.into_iter().find(|t| t.compute_capability() == Some(cc))
     }
 
     /// Header directory under `include/nsa/` holding this target's arch layer.

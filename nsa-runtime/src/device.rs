@@ -60,11 +60,16 @@ impl Gpu {
         cudarc::driver::result::init().map_err(|e| Error::NoDevice(format!("cuInit failed: {e}")))?;
         let count = cudarc::driver::result::device::get_count().map_err(Error::driver("counting devices"))?;
         if ordinal >= count as usize {
-            return Err(Error::NoDevice(format!("device {ordinal} requested but the driver reports {count} device(s)")));
+            return Err(Error::NoDevice(format!(
+                "device {ordinal} requested but the driver reports {count} device(s)"
+            )));
         }
         let ctx = CudaContext::new(ordinal).map_err(Error::driver("creating a context"))?;
         let attr = |a: Attr| ctx.attribute(a).map(|v| v as u32).map_err(Error::driver("reading device attributes"));
-        let cc = (attr(Attr::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?, attr(Attr::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?);
+        let cc = (
+            attr(Attr::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
+            attr(Attr::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
+        );
         let caps = DeviceCaps {
             ordinal,
             name: ctx.name().map_err(Error::driver("reading the device name"))?,
@@ -106,7 +111,10 @@ impl Gpu {
         if let Some(f) = functions.get(key) {
             return Ok(f.clone());
         }
-        let module = self.ctx.load_module(Ptx::from_binary(image.to_vec())).map_err(Error::driver(format!("loading the CUBIN of {symbol}")))?;
+        let module = self
+            .ctx
+            .load_module(Ptx::from_binary(image.to_vec()))
+            .map_err(Error::driver(format!("loading the CUBIN of {symbol}")))?;
         let f = module.load_function(symbol).map_err(Error::driver(format!("finding {symbol} in its CUBIN")))?;
         functions.insert(key.to_string(), f.clone());
         Ok(f)

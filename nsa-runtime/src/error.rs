@@ -18,13 +18,7 @@ pub enum Error {
 
     /// The compiler rejected a kernel.
     #[error("compiling `{id}` failed ({compiler}).\noptions: {options}\nsource dumped to: {source_path}\n--- compiler log ---\n{log}")]
-    Compile {
-        id: String,
-        compiler: String,
-        options: String,
-        source_path: String,
-        log: String,
-    },
+    Compile { id: String, compiler: String, options: String, source_path: String, log: String },
 
     /// `NSA_JIT=off` and the disk cache had no entry for this kernel.
     #[error("kernel `{id}` is not in the disk cache at {cache_dir} and NSA_JIT=off forbids compiling it; run `nsa compile` for this config (same nsa version, compiler and options) to bake the cache, or unset NSA_JIT")]
@@ -35,34 +29,18 @@ pub enum Error {
     NoDevice(String),
 
     #[error("CUDA driver call failed while {context}: {source}")]
-    Driver {
-        context: String,
-        source: cudarc::driver::DriverError,
-    },
+    Driver { context: String, source: cudarc::driver::DriverError },
 
     /// A launcher argument is wrong; checked on the host before any launch.
     #[error("invalid argument `{field}` = {value}: {expected}")]
-    InvalidArgument {
-        field: &'static str,
-        value: String,
-        expected: String,
-    },
+    InvalidArgument { field: &'static str, value: String, expected: String },
 
     /// A kernel counted rejected entries (e.g. a slot outside the pool).
     #[error("kernel `{id}` rejected {count} entr{} of `{field}` (one of them at position {example}): {expected}", if *count == 1 { "y" } else { "ies" })]
-    DeviceRejected {
-        id: String,
-        field: &'static str,
-        count: u32,
-        example: u32,
-        expected: String,
-    },
+    DeviceRejected { id: String, field: &'static str, count: u32, example: u32, expected: String },
 
     #[error("I/O on {path}: {source}")]
-    Io {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    Io { path: PathBuf, source: std::io::Error },
 
     #[error("{0}")]
     Other(String),

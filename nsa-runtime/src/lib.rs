@@ -17,5 +17,5 @@ pub mod testdata;
 pub mod verify;
 
 pub use error::{Error, Result};
-pub use runtime::{DeviceChecks, Runtime};
 pub use nsa_kernels as kernels;
+pub use runtime::{DeviceChecks, Runtime};

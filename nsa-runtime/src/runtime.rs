@@ -134,7 +134,13 @@ impl Runtime {
         if count == 0 {
             return Ok(());
         }
-        Err(Error::DeviceRejected { id: kernel.cached.id.clone(), field, count, example: s[1], expected: expected.to_string() })
+        Err(Error::DeviceRejected {
+            id: kernel.cached.id.clone(),
+            field,
+            count,
+            example: s[1],
+            expected: expected.to_string(),
+        })
     }
 }
 

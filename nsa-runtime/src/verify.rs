@@ -31,7 +31,11 @@ impl Check {
 impl std::fmt::Display for Check {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let verdict = if self.passed() { "ok" } else { "FAILED" };
-        write!(f, "{verdict:6} {:40} {:28} {:>8} items, {} mismatches", self.kernel, self.case, self.items, self.mismatches)?;
+        write!(
+            f,
+            "{verdict:6} {:40} {:28} {:>8} items, {} mismatches",
+            self.kernel, self.case, self.items, self.mismatches
+        )?;
         if let Some(m) = &self.first_mismatch {
             write!(f, " (first: {m})")?;
         }
@@ -52,13 +56,22 @@ pub fn upload<T: DeviceRepr + Copy + Default>(stream: &Arc<CudaStream>, data: &[
     stream.clone_htod(src).map_err(Error::driver("uploading test data"))
 }
 
-pub fn download<T: DeviceRepr + Default + Copy>(stream: &Arc<CudaStream>, data: &CudaSlice<T>, len: usize) -> Result<Vec<T>> {
+pub fn download<T: DeviceRepr + Default + Copy>(
+    stream: &Arc<CudaStream>,
+    data: &CudaSlice<T>,
+    len: usize,
+) -> Result<Vec<T>> {
     let mut v = stream.clone_dtoh(data).map_err(Error::driver("downloading results"))?;
     v.truncate(len);
     Ok(v)
 }
 
-fn compare_rows<T: PartialEq + std::fmt::Debug>(got: &[T], want: &[T], row_len: usize, what: &str) -> (usize, Option<String>) {
+fn compare_rows<T: PartialEq + std::fmt::Debug>(
+    got: &[T],
+    want: &[T],
+    row_len: usize,
+    what: &str,
+) -> (usize, Option<String>) {
     let mut bad = 0;
     let mut first = None;
     for (r, (g, w)) in got.chunks(row_len).zip(want.chunks(row_len)).enumerate() {
@@ -92,7 +105,12 @@ pub fn store_mla(rt: &Runtime, format: KvCacheFormat, n: usize, seed: u64) -> Re
     let d_rows = upload(stream, &rows)?;
     let d_loc = upload(stream, &loc)?;
     let nope = Rows { data: d_rows.slice(0..), count: n, width: KV_LORA_RANK, stride: BF16_TOKEN_ELEMS };
-    let rope = Rows { data: d_rows.slice(KV_LORA_RANK.min(d_rows.len())..), count: n, width: ROPE_DIM, stride: BF16_TOKEN_ELEMS };
+    let rope = Rows {
+        data: d_rows.slice(KV_LORA_RANK.min(d_rows.len())..),
+        count: n,
+        width: ROPE_DIM,
+        stride: BF16_TOKEN_ELEMS,
+    };
     let (nope_h, rope_h) = split_rows(&rows);
     let loc_view = d_loc.slice(0..n);
     let (mismatches, first_mismatch) = match format {
@@ -110,7 +128,8 @@ pub fn store_mla(rt: &Runtime, format: KvCacheFormat, n: usize, seed: u64) -> Re
             kv_cache::store_mla(rt, &nope, &rope, &loc_view, &mut MlaCacheMut::Bf16(d_cache.slice_mut(0..)))?;
             reference::store_bf16(&nope_h, &rope_h, &loc, &mut want);
             let got = download(stream, &d_cache, want.len())?;
-            let (g, w): (Vec<u16>, Vec<u16>) = (got.iter().map(|v| v.to_bits()).collect(), want.iter().map(|v| v.to_bits()).collect());
+            let (g, w): (Vec<u16>, Vec<u16>) =
+                (got.iter().map(|v| v.to_bits()).collect(), want.iter().map(|v| v.to_bits()).collect());
             compare_rows(&g, &w, BF16_TOKEN_ELEMS, "slot")
         }
     };

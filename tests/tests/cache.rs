@@ -3,8 +3,8 @@
 
 use nsa_kernels::{render, KernelSpec, RenderedKernel, Target};
 use nsa_runtime::cache::{
-    dump_source, CacheConfig, CacheKey, CachedKernel, EntryMeta, JitPolicy, KernelCache, Origin,
-    CACHE_SCHEMA, FAILED_DIR, IMAGE_FILE, META_FILE, QUARANTINE_DIR, SOURCE_FILE,
+    dump_source, CacheConfig, CacheKey, CachedKernel, EntryMeta, JitPolicy, KernelCache, Origin, CACHE_SCHEMA,
+    FAILED_DIR, IMAGE_FILE, META_FILE, QUARANTINE_DIR, SOURCE_FILE,
 };
 use nsa_runtime::jit::{CompiledImage, Compiler, CompilerIdentity, ResourceUsage};
 use nsa_runtime::{Error, Result};
@@ -36,10 +36,7 @@ impl Fake {
 
     fn with(name: &str, version: &str, options: &[&str]) -> Fake {
         Fake {
-            identity: CompilerIdentity {
-                name: name.into(),
-                version: version.into(),
-            },
+            identity: CompilerIdentity { name: name.into(), version: version.into() },
             options: options.iter().map(|s| s.to_string()).collect(),
             calls: AtomicUsize::new(0),
             fail_next: AtomicUsize::new(0),
@@ -85,10 +82,7 @@ impl Compiler for Fake {
         if !self.sleep.is_zero() {
             std::thread::sleep(self.sleep);
         }
-        let fail = self
-            .fail_next
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-            .is_ok();
+        let fail = self.fail_next.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok();
         if fail {
             return Err(Error::Compile {
                 id: kernel.id.clone(),
@@ -137,16 +131,12 @@ fn entry_dir(cache: &KernelCache, spec: &KernelSpec) -> PathBuf {
 }
 
 fn is_hex(s: &str, len: usize) -> bool {
-    s.len() == len
-        && s.bytes()
-            .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
+    s.len() == len && s.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
 }
 
 fn names_in(dir: &Path) -> Vec<String> {
     let mut v: Vec<String> = match fs::read_dir(dir) {
-        Ok(rd) => rd
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect(),
+        Ok(rd) => rd.map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect(),
         Err(_) => vec![],
     };
     v.sort();
@@ -154,19 +144,11 @@ fn names_in(dir: &Path) -> Vec<String> {
 }
 
 fn assert_compiled(k: &CachedKernel) {
-    assert!(
-        matches!(k.origin, Origin::Compiled { .. }),
-        "expected a compile, got {:?}",
-        k.origin
-    );
+    assert!(matches!(k.origin, Origin::Compiled { .. }), "expected a compile, got {:?}", k.origin);
 }
 
 fn assert_from_disk(k: &CachedKernel) {
-    assert!(
-        matches!(k.origin, Origin::Disk { .. }),
-        "expected a disk hit, got {:?}",
-        k.origin
-    );
+    assert!(matches!(k.origin, Origin::Disk { .. }), "expected a disk hit, got {:?}", k.origin);
 }
 
 // ---------------------------------------------------------------- keys
@@ -199,10 +181,7 @@ fn key_json_has_the_fixed_structure() {
     assert_eq!(sorted, expected_fields);
 
     assert!(is_hex(obj["source_blake3"].as_str().unwrap(), 64));
-    assert_eq!(
-        obj["headers_blake3"].as_str().unwrap(),
-        nsa_kernels::render::headers_digest()
-    );
+    assert_eq!(obj["headers_blake3"].as_str().unwrap(), nsa_kernels::render::headers_digest());
     v["source_blake3"] = json!("<blake3>");
     v["headers_blake3"] = json!("<blake3>");
     assert_eq!(
@@ -236,10 +215,7 @@ fn digest_of_a_literal_key_never_changes() {
         kernel_id: "kv_store.bf16.sm_90a".into(),
         target: "sm_90a".into(),
         output_kind: nsa_kernels::OutputKind::Cubin,
-        compiler: CompilerIdentity {
-            name: "nvrtc".into(),
-            version: "13.0".into(),
-        },
+        compiler: CompilerIdentity { name: "nvrtc".into(), version: "13.0".into() },
         options: vec!["--gpu-architecture=sm_90a".into(), "-std=c++17".into()],
         source_blake3: "0".repeat(64),
         headers_blake3: "f".repeat(64),
@@ -259,10 +235,7 @@ fn digest_of_a_literal_key_never_changes() {
     let digest = key.digest();
     assert!(is_hex(&digest, 64));
     assert_eq!(digest, LITERAL_KEY_DIGEST);
-    assert_eq!(
-        key.entry_name(),
-        format!("kv_store.bf16.sm_90a-{}", &digest[..32])
-    );
+    assert_eq!(key.entry_name(), format!("kv_store.bf16.sm_90a-{}", &digest[..32]));
 }
 
 const LITERAL_KEY_DIGEST: &str = "8b3db7d3ad7b15cdc8aaf6646ef41b9f9e6c0fce86df03ffc294f1d3ee1d92c3";
@@ -287,58 +260,19 @@ fn every_input_of_the_key_changes_the_digest() {
     let kernel = render(&spec).unwrap();
     let base = mem_cache(&Arc::new(Fake::new())).key(&kernel).digest();
 
-    let other_option = mem_cache(&Arc::new(Fake::with(
-        "fake",
-        "1.0",
-        &["-O2", "--std=c++17"],
-    )))
-    .key(&kernel)
-    .digest();
-    let extra_option = mem_cache(&Arc::new(Fake::with(
-        "fake",
-        "1.0",
-        &["-O3", "--std=c++17", "-lineinfo"],
-    )))
-    .key(&kernel)
-    .digest();
-    let reordered = mem_cache(&Arc::new(Fake::with(
-        "fake",
-        "1.0",
-        &["--std=c++17", "-O3"],
-    )))
-    .key(&kernel)
-    .digest();
-    let version = mem_cache(&Arc::new(Fake::with(
-        "fake",
-        "1.1",
-        &["-O3", "--std=c++17"],
-    )))
-    .key(&kernel)
-    .digest();
-    let name = mem_cache(&Arc::new(Fake::with(
-        "other",
-        "1.0",
-        &["-O3", "--std=c++17"],
-    )))
-    .key(&kernel)
-    .digest();
+    let other_option = mem_cache(&Arc::new(Fake::with("fake", "1.0", &["-O2", "--std=c++17"]))).key(&kernel).digest();
+    let extra_option =
+        mem_cache(&Arc::new(Fake::with("fake", "1.0", &["-O3", "--std=c++17", "-lineinfo"]))).key(&kernel).digest();
+    let reordered = mem_cache(&Arc::new(Fake::with("fake", "1.0", &["--std=c++17", "-O3"]))).key(&kernel).digest();
+    let version = mem_cache(&Arc::new(Fake::with("fake", "1.1", &["-O3", "--std=c++17"]))).key(&kernel).digest();
+    let name = mem_cache(&Arc::new(Fake::with("other", "1.0", &["-O3", "--std=c++17"]))).key(&kernel).digest();
     let mut edited = kernel.clone();
     edited.source.push_str("\n// one more line\n");
     let source = mem_cache(&Arc::new(Fake::new())).key(&edited).digest();
-    let other_target = mem_cache(&Arc::new(Fake::new()))
-        .key(&render(&KernelSpec::new(spec.family, Target::Sm100a)).unwrap())
-        .digest();
+    let other_target =
+        mem_cache(&Arc::new(Fake::new())).key(&render(&KernelSpec::new(spec.family, Target::Sm100a)).unwrap()).digest();
 
-    let all = [
-        &base,
-        &other_option,
-        &extra_option,
-        &reordered,
-        &version,
-        &name,
-        &source,
-        &other_target,
-    ];
+    let all = [&base, &other_option, &extra_option, &reordered, &version, &name, &source, &other_target];
     for (i, a) in all.iter().enumerate() {
         for b in &all[i + 1..] {
             assert_ne!(a, b, "two different inputs gave one digest");
@@ -445,20 +379,11 @@ fn a_failed_compile_is_not_cached() {
     let spec = spec();
     let err = cache.get(&spec).unwrap_err();
     match &err {
-        Error::Compile {
-            id, source_path, ..
-        } => {
+        Error::Compile { id, source_path, .. } => {
             assert_eq!(id, &spec.id());
             let path = PathBuf::from(source_path);
-            assert!(
-                path.starts_with(dir.path().join(FAILED_DIR)),
-                "{}",
-                path.display()
-            );
-            assert_eq!(
-                fs::read_to_string(&path).unwrap(),
-                render(&spec).unwrap().source
-            );
+            assert!(path.starts_with(dir.path().join(FAILED_DIR)), "{}", path.display());
+            assert_eq!(fs::read_to_string(&path).unwrap(), render(&spec).unwrap().source);
         }
         other => panic!("expected a compile error, got {other}"),
     }
@@ -503,12 +428,7 @@ fn disk_entry_layout_and_reload() {
     assert_compiled(&first);
 
     let entry = cache.entry_dir(&key).unwrap();
-    assert_eq!(
-        entry,
-        dir.path()
-            .join(format!("v{CACHE_SCHEMA}"))
-            .join(key.entry_name())
-    );
+    assert_eq!(entry, dir.path().join(format!("v{CACHE_SCHEMA}")).join(key.entry_name()));
     assert!(key.entry_name().starts_with(&format!("{}-", spec.id())));
     assert_eq!(names_in(&entry), vec![IMAGE_FILE, META_FILE, SOURCE_FILE]);
     assert_eq!(
@@ -517,14 +437,10 @@ fn disk_entry_layout_and_reload() {
         "no temporary directories are left behind"
     );
     assert_eq!(first.source_path, Some(entry.join(SOURCE_FILE)));
-    assert_eq!(
-        fs::read_to_string(entry.join(SOURCE_FILE)).unwrap(),
-        kernel.source
-    );
+    assert_eq!(fs::read_to_string(entry.join(SOURCE_FILE)).unwrap(), kernel.source);
     assert_eq!(fs::read(entry.join(IMAGE_FILE)).unwrap(), first.image.bytes);
 
-    let meta: EntryMeta =
-        serde_json::from_slice(&fs::read(entry.join(META_FILE)).unwrap()).unwrap();
+    let meta: EntryMeta = serde_json::from_slice(&fs::read(entry.join(META_FILE)).unwrap()).unwrap();
     assert_eq!(meta.key, serde_json::to_value(&key).unwrap());
     assert_eq!(meta.key_digest, key.digest());
     assert_eq!(meta.symbol, spec.symbol());
@@ -558,16 +474,9 @@ fn another_compiler_version_gets_its_own_entry() {
     disk_cache(&old, dir.path()).get(&spec).unwrap();
     assert_compiled(&disk_cache(&new, dir.path()).get(&spec).unwrap());
     assert_eq!((old.calls(), new.calls()), (1, 1));
-    assert_eq!(
-        names_in(&dir.path().join(format!("v{CACHE_SCHEMA}"))).len(),
-        2
-    );
+    assert_eq!(names_in(&dir.path().join(format!("v{CACHE_SCHEMA}"))).len(), 2);
     // Both stay valid.
-    assert_from_disk(
-        &disk_cache(&Arc::new(Fake::with("fake", "1.0", &["-O3"])), dir.path())
-            .get(&spec)
-            .unwrap(),
-    );
+    assert_from_disk(&disk_cache(&Arc::new(Fake::with("fake", "1.0", &["-O3"])), dir.path()).get(&spec).unwrap());
 }
 
 /// Bakes one entry, damages it with `corrupt`, and checks that a fresh cache
@@ -589,18 +498,11 @@ fn heals_after(what: &str, corrupt: impl FnOnce(&Path)) {
     assert_eq!(fake.calls(), 1, "{what}: recompiled once");
     assert_eq!(healed.image, baked.image, "{what}");
     let s = cache.stats();
-    assert_eq!(
-        (s.quarantined, s.disk_hits, s.compiles),
-        (1, 0, 1),
-        "{what}"
-    );
+    assert_eq!((s.quarantined, s.disk_hits, s.compiles), (1, 0, 1), "{what}");
 
     let quarantined = names_in(&dir.path().join(QUARANTINE_DIR));
     assert_eq!(quarantined.len(), 1, "{what}: {quarantined:?}");
-    assert!(
-        quarantined[0].starts_with(&format!("{entry_name}-")),
-        "{what}: {quarantined:?}"
-    );
+    assert!(quarantined[0].starts_with(&format!("{entry_name}-")), "{what}: {quarantined:?}");
 
     // The entry was republished and is good again.
     let fake3 = Arc::new(Fake::new());
@@ -627,9 +529,7 @@ fn flipped_image_byte_is_quarantined_and_recompiled() {
     let mut bad = good.clone();
     bad[0] ^= 1;
     fs::write(&path, &bad).unwrap();
-    disk_cache(&Arc::new(Fake::new()), dir.path())
-        .get(&spec)
-        .unwrap();
+    disk_cache(&Arc::new(Fake::new()), dir.path()).get(&spec).unwrap();
     let q = dir.path().join(QUARANTINE_DIR);
     let name = &names_in(&q)[0];
     assert_eq!(fs::read(q.join(name).join(IMAGE_FILE)).unwrap(), bad);
@@ -647,23 +547,17 @@ fn truncated_meta_heals() {
 
 #[test]
 fn empty_meta_heals() {
-    heals_after("empty meta.json", |entry| {
-        fs::write(entry.join(META_FILE), b"").unwrap()
-    });
+    heals_after("empty meta.json", |entry| fs::write(entry.join(META_FILE), b"").unwrap());
 }
 
 #[test]
 fn missing_image_heals() {
-    heals_after("missing image.bin", |entry| {
-        fs::remove_file(entry.join(IMAGE_FILE)).unwrap()
-    });
+    heals_after("missing image.bin", |entry| fs::remove_file(entry.join(IMAGE_FILE)).unwrap());
 }
 
 #[test]
 fn missing_meta_heals() {
-    heals_after("missing meta.json", |entry| {
-        fs::remove_file(entry.join(META_FILE)).unwrap()
-    });
+    heals_after("missing meta.json", |entry| fs::remove_file(entry.join(META_FILE)).unwrap());
 }
 
 #[test]
@@ -679,8 +573,7 @@ fn truncated_image_heals() {
 fn meta_with_another_key_heals() {
     heals_after("key mismatch", |entry| {
         let path = entry.join(META_FILE);
-        let mut meta: serde_json::Value =
-            serde_json::from_slice(&fs::read(&path).unwrap()).unwrap();
+        let mut meta: serde_json::Value = serde_json::from_slice(&fs::read(&path).unwrap()).unwrap();
         meta["key"]["options"] = json!(["-O0"]);
         fs::write(&path, serde_json::to_vec(&meta).unwrap()).unwrap();
     });
@@ -728,10 +621,7 @@ fn jit_off_miss_is_a_clear_error_and_never_compiles() {
     let dir = tempfile::tempdir().unwrap();
     let spec = spec();
     let fake = Arc::new(Fake::new());
-    let cache = KernelCache::new(
-        fake.clone(),
-        CacheConfig::at(dir.path()).with_jit(JitPolicy::Off),
-    );
+    let cache = KernelCache::new(fake.clone(), CacheConfig::at(dir.path()).with_jit(JitPolicy::Off));
     assert_eq!(cache.jit_policy(), JitPolicy::Off);
     let err = cache.get(&spec).unwrap_err();
     match &err {
@@ -747,16 +637,10 @@ fn jit_off_miss_is_a_clear_error_and_never_compiles() {
     // A failed look-up writes nothing.
     assert!(names_in(dir.path()).is_empty());
     // Still a miss the second time (errors are not cached as successes).
-    assert!(matches!(
-        cache.get(&spec),
-        Err(Error::JitDisabledMiss { .. })
-    ));
+    assert!(matches!(cache.get(&spec), Err(Error::JitDisabledMiss { .. })));
 
     // Memory only: same error, no compile.
-    let mem = KernelCache::new(
-        fake.clone(),
-        CacheConfig::memory_only().with_jit(JitPolicy::Off),
-    );
+    let mem = KernelCache::new(fake.clone(), CacheConfig::memory_only().with_jit(JitPolicy::Off));
     assert!(matches!(mem.get(&spec), Err(Error::JitDisabledMiss { id, .. }) if id == spec.id()));
     assert_eq!(fake.calls(), 0);
 }
@@ -770,10 +654,7 @@ fn jit_off_hit_after_a_bake() {
         bake.get(&spec).unwrap();
     }
     let fake = Arc::new(Fake::new());
-    let cache = KernelCache::new(
-        fake.clone(),
-        CacheConfig::at(dir.path()).with_jit(JitPolicy::Off),
-    );
+    let cache = KernelCache::new(fake.clone(), CacheConfig::at(dir.path()).with_jit(JitPolicy::Off));
     for spec in specs() {
         let k = cache.get(&spec).unwrap();
         assert_from_disk(&k);
@@ -784,14 +665,8 @@ fn jit_off_hit_after_a_bake() {
 
     // A bake by another compiler version does not count.
     let newer = Arc::new(Fake::with("fake", "9.9", &["-O3", "--std=c++17"]));
-    let cache = KernelCache::new(
-        newer.clone(),
-        CacheConfig::at(dir.path()).with_jit(JitPolicy::Off),
-    );
-    assert!(matches!(
-        cache.get(&spec()),
-        Err(Error::JitDisabledMiss { .. })
-    ));
+    let cache = KernelCache::new(newer.clone(), CacheConfig::at(dir.path()).with_jit(JitPolicy::Off));
+    assert!(matches!(cache.get(&spec()), Err(Error::JitDisabledMiss { .. })));
     assert_eq!(newer.calls(), 0);
 }
 
@@ -803,14 +678,8 @@ fn jit_off_with_a_corrupt_entry_quarantines_then_misses() {
     bake.get(&spec).unwrap();
     fs::write(entry_dir(&bake, &spec).join(IMAGE_FILE), b"garbage").unwrap();
     let fake = Arc::new(Fake::new());
-    let cache = KernelCache::new(
-        fake.clone(),
-        CacheConfig::at(dir.path()).with_jit(JitPolicy::Off),
-    );
-    assert!(matches!(
-        cache.get(&spec),
-        Err(Error::JitDisabledMiss { .. })
-    ));
+    let cache = KernelCache::new(fake.clone(), CacheConfig::at(dir.path()).with_jit(JitPolicy::Off));
+    assert!(matches!(cache.get(&spec), Err(Error::JitDisabledMiss { .. })));
     assert_eq!(fake.calls(), 0);
     assert_eq!(cache.stats().quarantined, 1);
     assert_eq!(names_in(&dir.path().join(QUARANTINE_DIR)).len(), 1);
@@ -852,9 +721,7 @@ fn read_only_root_still_compiles_and_serves_reads() {
     let spec = spec();
     let specs = specs();
     // Bake one kernel, then make everything read-only.
-    disk_cache(&Arc::new(Fake::new()), dir.path())
-        .get(&spec)
-        .unwrap();
+    disk_cache(&Arc::new(Fake::new()), dir.path()).get(&spec).unwrap();
     let set_mode = |mode: u32| {
         let mut dirs = vec![dir.path().to_path_buf()];
         while let Some(d) = dirs.pop() {
@@ -893,12 +760,7 @@ fn read_only_root_still_compiles_and_serves_reads() {
 #[test]
 fn config_from_vars() {
     let vars = |pairs: &'static [(&'static str, &'static str)]| {
-        move |name: &str| {
-            pairs
-                .iter()
-                .find(|(k, _)| *k == name)
-                .map(|(_, v)| OsString::from(v))
-        }
+        move |name: &str| pairs.iter().find(|(k, _)| *k == name).map(|(_, v)| OsString::from(v))
     };
     let c = CacheConfig::from_vars(vars(&[("NSA_CACHE_DIR", "/x/y"), ("NSA_JIT", "off")]));
     assert_eq!(c.root, Some(PathBuf::from("/x/y")));
@@ -931,10 +793,7 @@ fn dump_source_writes_under_the_root_or_temp() {
     let p = dump_source(&kernel, Some(dir.path()));
     assert_eq!(p.parent().unwrap(), dir.path().join(FAILED_DIR));
     let name = p.file_name().unwrap().to_string_lossy().into_owned();
-    assert!(
-        name.starts_with(&format!("{}-", kernel.id)) && name.ends_with(".cu"),
-        "{name}"
-    );
+    assert!(name.starts_with(&format!("{}-", kernel.id)) && name.ends_with(".cu"), "{name}");
     assert_eq!(fs::read_to_string(&p).unwrap(), kernel.source);
     // Same source, same name.
     assert_eq!(dump_source(&kernel, Some(dir.path())), p);

@@ -1,9 +1,7 @@
 //! Table tests of `NsaConfig` validation, presets, parsing (JSON / TOML) and the
 //! `FromStr` impls of `Target` and `KvCacheFormat`.
 
-use nsa_kernels::config::{
-    ALLOWED_HEADS, ALLOWED_INDEX_HEADS, PAGE_SIZE_RANGE, TOPK_MULTIPLE, TOPK_RANGE,
-};
+use nsa_kernels::config::{ALLOWED_HEADS, ALLOWED_INDEX_HEADS, PAGE_SIZE_RANGE, TOPK_MULTIPLE, TOPK_RANGE};
 use nsa_kernels::{ConfigError, ConfigIssue, KvCacheFormat, NsaConfig, Target, PRESETS};
 
 /// The fields of `NsaConfig` in declaration order; validation reports in this order.
@@ -37,10 +35,7 @@ fn issues_of(cfg: &NsaConfig) -> Vec<ConfigIssue> {
 }
 
 fn field_rank(field: &str) -> usize {
-    FIELD_ORDER
-        .iter()
-        .position(|f| *f == field)
-        .unwrap_or_else(|| panic!("`{field}` is not a field of NsaConfig"))
+    FIELD_ORDER.iter().position(|f| *f == field).unwrap_or_else(|| panic!("`{field}` is not a field of NsaConfig"))
 }
 
 // ---------------------------------------------------------------- validate: one error
@@ -279,22 +274,14 @@ fn display_names_field_value_allowed_set_and_nearest() {
     for case in CASES {
         let err = with(case.mutate).validate().unwrap_err();
         let text = err.to_string();
-        assert!(
-            text.starts_with("invalid NSA config (1 problem):"),
-            "case `{}`: {text}",
-            case.what
-        );
+        assert!(text.starts_with("invalid NSA config (1 problem):"), "case `{}`: {text}", case.what);
         for part in [
             format!("`{}`", case.field),
             format!("= {} is not allowed", case.value),
             format!("(allowed: {})", case.allowed),
             format!("nearest valid: {}", case.nearest),
         ] {
-            assert!(
-                text.contains(&part),
-                "case `{}`: {text:?} lacks {part:?}",
-                case.what
-            );
+            assert!(text.contains(&part), "case `{}`: {text:?} lacks {part:?}", case.what);
         }
     }
 }
@@ -335,9 +322,7 @@ fn nearest_of_every_reported_value_is_itself_valid() {
 #[test]
 fn topk_nearest_is_the_closest_multiple_for_every_value() {
     // Brute force against the definition: the closest valid value, exact halves up.
-    let valid: Vec<u32> = (TOPK_RANGE.0..=TOPK_RANGE.1)
-        .filter(|v| v % TOPK_MULTIPLE == 0)
-        .collect();
+    let valid: Vec<u32> = (TOPK_RANGE.0..=TOPK_RANGE.1).filter(|v| v % TOPK_MULTIPLE == 0).collect();
     for topk in 0..=TOPK_RANGE.1 + 200 {
         let cfg = NsaConfig { topk, ..base() };
         let expected_ok = valid.contains(&topk);
@@ -345,16 +330,8 @@ fn topk_nearest_is_the_closest_multiple_for_every_value() {
             Ok(()) => assert!(expected_ok, "topk {topk} accepted"),
             Err(e) => {
                 assert!(!expected_ok, "topk {topk} rejected: {e}");
-                let best = valid
-                    .iter()
-                    .copied()
-                    .min_by_key(|v| (v.abs_diff(topk), std::cmp::Reverse(*v)))
-                    .unwrap();
-                assert_eq!(
-                    e.issues[0].nearest.as_deref(),
-                    Some(best.to_string().as_str()),
-                    "topk {topk}"
-                );
+                let best = valid.iter().copied().min_by_key(|v| (v.abs_diff(topk), std::cmp::Reverse(*v))).unwrap();
+                assert_eq!(e.issues[0].nearest.as_deref(), Some(best.to_string().as_str()), "topk {topk}");
             }
         }
     }
@@ -363,25 +340,14 @@ fn topk_nearest_is_the_closest_multiple_for_every_value() {
 #[test]
 fn heads_nearest_is_the_closest_allowed_with_ties_to_the_smaller() {
     for heads in 0..=300u32 {
-        let cfg = NsaConfig {
-            num_q_heads: heads,
-            ..base()
-        };
+        let cfg = NsaConfig { num_q_heads: heads, ..base() };
         if ALLOWED_HEADS.contains(&heads) {
             assert_eq!(cfg.validate(), Ok(()), "heads {heads}");
             continue;
         }
-        let best = ALLOWED_HEADS
-            .iter()
-            .copied()
-            .min_by_key(|a| (a.abs_diff(heads), *a))
-            .unwrap();
+        let best = ALLOWED_HEADS.iter().copied().min_by_key(|a| (a.abs_diff(heads), *a)).unwrap();
         let issues = issues_of(&cfg);
-        assert_eq!(
-            issues[0].nearest.as_deref(),
-            Some(best.to_string().as_str()),
-            "heads {heads}"
-        );
+        assert_eq!(issues[0].nearest.as_deref(), Some(best.to_string().as_str()), "heads {heads}");
     }
 }
 
@@ -399,15 +365,11 @@ fn boundary_values_are_accepted() {
         ("heads 32", |c| c.num_q_heads = 32),
         ("heads 64", |c| c.num_q_heads = 64),
         ("heads 128", |c| c.num_q_heads = 128),
-        ("index heads 64", |c| {
-            c.index_n_heads = ALLOWED_INDEX_HEADS[0]
-        }),
+        ("index heads 64", |c| c.index_n_heads = ALLOWED_INDEX_HEADS[0]),
         ("bf16 cache", |c| c.kv_cache = KvCacheFormat::Bf16),
         ("one target", |c| c.targets = vec![Target::Gfx942]),
         ("all targets", |c| c.targets = Target::ALL.to_vec()),
-        ("targets in any order", |c| {
-            c.targets = vec![Target::Gfx942, Target::Sm100a, Target::Sm90a]
-        }),
+        ("targets in any order", |c| c.targets = vec![Target::Gfx942, Target::Sm100a, Target::Sm90a]),
     ];
     for (what, mutate) in ok {
         assert_eq!(with(*mutate).validate(), Ok(()), "{what}");
@@ -444,21 +406,11 @@ fn several_errors_are_all_reported_in_field_order() {
             "targets"
         ]
     );
-    let nearest: Vec<&str> = err
-        .issues
-        .iter()
-        .map(|i| i.nearest.as_deref().unwrap())
-        .collect();
-    assert_eq!(
-        nearest,
-        ["1", "1984", "8", "512", "64", "64", "128", "[\"sm_90a\"]"]
-    );
+    let nearest: Vec<&str> = err.issues.iter().map(|i| i.nearest.as_deref().unwrap()).collect();
+    assert_eq!(nearest, ["1", "1984", "8", "512", "64", "64", "128", "[\"sm_90a\"]"]);
 
     let text = err.to_string();
-    assert!(
-        text.starts_with("invalid NSA config (8 problems):"),
-        "{text}"
-    );
+    assert!(text.starts_with("invalid NSA config (8 problems):"), "{text}");
     assert_eq!(text.lines().count(), 9, "{text}");
     // One line per issue, in the same order.
     for (line, issue) in text.lines().skip(1).zip(&err.issues) {
@@ -490,34 +442,18 @@ fn any_subset_of_errors_keeps_field_order() {
         let issues = issues_of(&cfg);
         assert_eq!(issues.len(), mask.count_ones() as usize, "mask {mask:#b}");
         let ranks: Vec<usize> = issues.iter().map(|i| field_rank(i.field)).collect();
-        assert!(
-            ranks.windows(2).all(|w| w[0] < w[1]),
-            "mask {mask:#b}: {ranks:?}"
-        );
+        assert!(ranks.windows(2).all(|w| w[0] < w[1]), "mask {mask:#b}: {ranks:?}");
     }
 }
 
 #[test]
 fn every_repeat_of_a_target_is_reported() {
     let cfg = NsaConfig {
-        targets: vec![
-            Target::Sm90a,
-            Target::Gfx942,
-            Target::Sm90a,
-            Target::Gfx942,
-            Target::Sm90a,
-        ],
+        targets: vec![Target::Sm90a, Target::Gfx942, Target::Sm90a, Target::Gfx942, Target::Sm90a],
         ..base()
     };
     let values: Vec<String> = issues_of(&cfg).into_iter().map(|i| i.value).collect();
-    assert_eq!(
-        values,
-        [
-            "sm_90a listed twice",
-            "gfx942 listed twice",
-            "sm_90a listed twice"
-        ]
-    );
+    assert_eq!(values, ["sm_90a listed twice", "gfx942 listed twice", "sm_90a listed twice"]);
 }
 
 #[test]
@@ -558,19 +494,14 @@ fn every_preset_validates_with_its_head_count() {
             "{name}: description {description:?} disagrees with {heads} heads"
         );
         // Head count = 128 / TP.
-        let tp = name
-            .strip_prefix("deepseek-v3.2-tp")
-            .map_or(1, |t| t.parse::<u32>().unwrap());
+        let tp = name.strip_prefix("deepseek-v3.2-tp").map_or(1, |t| t.parse::<u32>().unwrap());
         assert_eq!(128 / tp, *heads, "{name}");
     }
 }
 
 #[test]
 fn tp1_alias_equals_the_base_preset() {
-    assert_eq!(
-        NsaConfig::preset("deepseek-v3.2-tp1").unwrap(),
-        NsaConfig::preset("deepseek-v3.2").unwrap()
-    );
+    assert_eq!(NsaConfig::preset("deepseek-v3.2-tp1").unwrap(), NsaConfig::preset("deepseek-v3.2").unwrap());
 }
 
 #[test]
@@ -652,10 +583,7 @@ fn json_round_trip() {
     let mut all = vec![custom()];
     all.extend(PRESETS.iter().map(|p| NsaConfig::preset(p.0).unwrap()));
     for cfg in all {
-        for text in [
-            serde_json::to_string(&cfg).unwrap(),
-            serde_json::to_string_pretty(&cfg).unwrap(),
-        ] {
+        for text in [serde_json::to_string(&cfg).unwrap(), serde_json::to_string_pretty(&cfg).unwrap()] {
             assert_eq!(NsaConfig::from_text(&text), Ok(cfg.clone()), "{text}");
             assert_eq!(serde_json::from_str::<NsaConfig>(&text).unwrap(), cfg);
         }
@@ -787,9 +715,7 @@ fn target_from_str() {
     for (text, t) in ok {
         assert_eq!(text.parse::<Target>(), Ok(*t), "{text:?}");
     }
-    let bad = [
-        "", "sm_90", "sm_100", "sm_80", "sm_89", "sm_120a", "gfx90a", "gfx950", "h100", "cuda",
-    ];
+    let bad = ["", "sm_90", "sm_100", "sm_80", "sm_89", "sm_120a", "gfx90a", "gfx950", "h100", "cuda"];
     for text in bad {
         let err = text.parse::<Target>().unwrap_err();
         assert_eq!(err.0, text);
@@ -805,10 +731,7 @@ fn target_names_round_trip() {
         assert_eq!(t.arch().parse::<Target>(), Ok(t));
         assert_eq!(t.to_string(), t.arch());
         assert_eq!(serde_json::to_value(t).unwrap(), t.arch());
-        assert_eq!(
-            serde_json::from_value::<Target>(serde_json::json!(t.arch())).unwrap(),
-            t
-        );
+        assert_eq!(serde_json::from_value::<Target>(serde_json::json!(t.arch())).unwrap(), t);
     }
 }
 
@@ -836,10 +759,9 @@ fn kv_cache_format_from_str() {
 
 #[test]
 fn kv_cache_format_names_and_sizes() {
-    for (f, serde_name, tag, bytes) in [
-        (KvCacheFormat::Bf16, "bf16", "bf16_576", 1152),
-        (KvCacheFormat::Fp8, "fp8", "fp8_656", 656),
-    ] {
+    for (f, serde_name, tag, bytes) in
+        [(KvCacheFormat::Bf16, "bf16", "bf16_576", 1152), (KvCacheFormat::Fp8, "fp8", "fp8_656", 656)]
+    {
         assert_eq!(serde_json::to_value(f).unwrap(), serde_name);
         assert_eq!(tag.parse::<KvCacheFormat>(), Ok(f));
         assert_eq!(serde_name.parse::<KvCacheFormat>(), Ok(f));

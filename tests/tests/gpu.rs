@@ -8,7 +8,7 @@ use nsa_kernels::KvCacheFormat;
 use nsa_runtime::ops::kv_cache::{self, MlaCacheMut};
 use nsa_runtime::ops::Rows;
 use nsa_runtime::reference::{fp8::e4m3_to_f32, kv_cache as reference};
-use nsa_runtime::verify::{self, upload, download, Check};
+use nsa_runtime::verify::{self, download, upload, Check};
 use nsa_runtime::{DeviceChecks, Error, Runtime};
 use std::sync::{Mutex, OnceLock};
 
@@ -37,14 +37,16 @@ const SIZES: [usize; 6] = [0, 1, 7, 9, 1000, 70_001];
 #[test]
 fn fp8_store_is_bit_exact() {
     let rt = rt();
-    let checks: Vec<Check> = SIZES.iter().map(|&n| verify::store_mla(&rt, KvCacheFormat::Fp8, n, 11 + n as u64).unwrap()).collect();
+    let checks: Vec<Check> =
+        SIZES.iter().map(|&n| verify::store_mla(&rt, KvCacheFormat::Fp8, n, 11 + n as u64).unwrap()).collect();
     assert_all(&checks);
 }
 
 #[test]
 fn bf16_store_is_bit_exact() {
     let rt = rt();
-    let checks: Vec<Check> = SIZES.iter().map(|&n| verify::store_mla(&rt, KvCacheFormat::Bf16, n, 21 + n as u64).unwrap()).collect();
+    let checks: Vec<Check> =
+        SIZES.iter().map(|&n| verify::store_mla(&rt, KvCacheFormat::Bf16, n, 21 + n as u64).unwrap()).collect();
     assert_all(&checks);
 }
 
@@ -58,7 +60,8 @@ fn indexer_store_is_bit_exact() {
 #[test]
 fn dequant_is_bit_exact_with_repeats_and_rejects() {
     let rt = rt();
-    let mut checks: Vec<Check> = SIZES.iter().map(|&n| verify::dequant(&rt, n, 41 + n as u64, false).unwrap()).collect();
+    let mut checks: Vec<Check> =
+        SIZES.iter().map(|&n| verify::dequant(&rt, n, 41 + n as u64, false).unwrap()).collect();
     checks.push(verify::dequant(&rt, 513, 47, true).unwrap());
     assert_all(&checks);
 }
@@ -73,7 +76,12 @@ fn dequant_of_quant_within_e4m3_bound() {
     let rows: Vec<bf16> = {
         let mut r = nsa_runtime::testdata::rng(5);
         (0..n * BF16_TOKEN_ELEMS)
-            .map(|_| bf16::from_f32(rand::Rng::random_range(&mut r, -20.0f32..20.0) * rand::Rng::random_range(&mut r, 0.0f32..1.0).powi(4)))
+            .map(|_| {
+                bf16::from_f32(
+                    rand::Rng::random_range(&mut r, -20.0f32..20.0)
+                        * rand::Rng::random_range(&mut r, 0.0f32..1.0).powi(4),
+                )
+            })
             .collect()
     };
     let loc: Vec<i32> = (0..n as i32).collect();
@@ -129,7 +137,8 @@ fn rejected_slots_are_skipped_and_reported() {
         let mut d_cache = upload(&stream, &sentinel).unwrap();
         let nope = Rows { data: d_rows.slice(0..), count: n, width: KV_LORA_RANK, stride: BF16_TOKEN_ELEMS };
         let rope = Rows { data: d_rows.slice(KV_LORA_RANK..), count: n, width: ROPE_DIM, stride: BF16_TOKEN_ELEMS };
-        let r = kv_cache::store_mla(&rt, &nope, &rope, &d_loc.slice(0..), &mut MlaCacheMut::Fp8(d_cache.slice_mut(0..)));
+        let r =
+            kv_cache::store_mla(&rt, &nope, &rope, &d_loc.slice(0..), &mut MlaCacheMut::Fp8(d_cache.slice_mut(0..)));
         match (checks, r) {
             (DeviceChecks::Skip, Ok(())) => {}
             (DeviceChecks::Report, Err(Error::DeviceRejected { count: 2, field: "loc", example, .. })) => {
@@ -161,13 +170,17 @@ fn host_checks_reject_bad_views_before_launch() {
         (Rows { data: d_rows.slice(4..), count: 4, width: KV_LORA_RANK, stride: BF16_TOKEN_ELEMS }, "k_nope"),
     ];
     for (nope, field) in cases {
-        let err = kv_cache::store_mla(&rt, &nope, &rope, &d_loc.slice(0..), &mut MlaCacheMut::Fp8(d_cache.slice_mut(0..))).unwrap_err();
+        let err =
+            kv_cache::store_mla(&rt, &nope, &rope, &d_loc.slice(0..), &mut MlaCacheMut::Fp8(d_cache.slice_mut(0..)))
+                .unwrap_err();
         match &err {
             Error::InvalidArgument { field: f, .. } => assert_eq!(*f, field, "{err}"),
             other => panic!("expected InvalidArgument for {field}, got {other}"),
         }
     }
     let nope = Rows { data: d_rows.slice(0..), count: 4, width: KV_LORA_RANK, stride: BF16_TOKEN_ELEMS };
-    let err = kv_cache::store_mla(&rt, &nope, &rope, &d_loc.slice(0..), &mut MlaCacheMut::Fp8(d_cache.slice_mut(0..1000))).unwrap_err();
+    let err =
+        kv_cache::store_mla(&rt, &nope, &rope, &d_loc.slice(0..), &mut MlaCacheMut::Fp8(d_cache.slice_mut(0..1000)))
+            .unwrap_err();
     assert!(err.to_string().contains("656-byte"), "{err}");
 }

@@ -8,9 +8,7 @@
 
 use nsa_kernels::layout;
 use nsa_kernels::render::{render_with_context, TEMPLATES};
-use nsa_kernels::{
-    kernel_set, render, KernelFamily, KernelSpec, KvCacheFormat, NsaConfig, Target, HEADERS,
-};
+use nsa_kernels::{kernel_set, render, KernelFamily, KernelSpec, KvCacheFormat, NsaConfig, Target, HEADERS};
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -40,10 +38,7 @@ fn matrix_specs() -> BTreeSet<KernelSpec> {
 
 /// Every variant that exists.
 fn all_specs() -> Vec<KernelSpec> {
-    Target::ALL
-        .into_iter()
-        .flat_map(KernelSpec::all_for)
-        .collect()
+    Target::ALL.into_iter().flat_map(KernelSpec::all_for).collect()
 }
 
 fn sorted_maps(f: impl FnOnce()) {
@@ -73,26 +68,16 @@ fn kernel_set_ids() {
 fn kernel_set_is_sorted_unique_and_covers_each_target() {
     for (name, cfg) in matrix() {
         let set = kernel_set(&cfg);
-        assert!(
-            set.windows(2).all(|w| w[0] < w[1]),
-            "{name}: not sorted/unique"
-        );
+        assert!(set.windows(2).all(|w| w[0] < w[1]), "{name}: not sorted/unique");
         for t in &cfg.targets {
-            let families: BTreeSet<&str> = set
-                .iter()
-                .filter(|s| s.target == *t)
-                .map(|s| s.family_name())
-                .collect();
+            let families: BTreeSet<&str> = set.iter().filter(|s| s.target == *t).map(|s| s.family_name()).collect();
             let mut expected = BTreeSet::from(["kv_store", "indexer_k_store"]);
             if cfg.kv_cache == KvCacheFormat::Fp8 {
                 expected.insert("kv_dequant");
             }
             assert_eq!(families, expected, "{name} on {t}");
         }
-        assert!(
-            set.iter().all(|s| cfg.targets.contains(&s.target)),
-            "{name}"
-        );
+        assert!(set.iter().all(|s| cfg.targets.contains(&s.target)), "{name}");
         // A repeated target does not repeat kernels.
         let mut twice = cfg.clone();
         twice.targets.extend(cfg.targets.iter().copied());
@@ -165,9 +150,7 @@ fn includes(text: &str, what: &str) -> Vec<String> {
         let name = rest
             .strip_prefix('"')
             .and_then(|r| r.split('"').next())
-            .unwrap_or_else(|| {
-                panic!("{what}: `{line}` is not a quoted include of an embedded header")
-            });
+            .unwrap_or_else(|| panic!("{what}: `{line}` is not a quoted include of an embedded header"));
         out.push(name.to_string());
     }
     out
@@ -185,8 +168,7 @@ fn included_closure(source: &str, what: &str) -> BTreeSet<String> {
         if !seen.insert(name.clone()) {
             continue;
         }
-        let text = header(&name)
-            .unwrap_or_else(|| panic!("{what} includes `{name}`, which is not in render::HEADERS"));
+        let text = header(&name).unwrap_or_else(|| panic!("{what} includes `{name}`, which is not in render::HEADERS"));
         todo.extend(includes(text, &name));
     }
     seen
@@ -196,10 +178,7 @@ fn included_closure(source: &str, what: &str) -> BTreeSet<String> {
 fn every_template_is_used_by_some_spec() {
     let used: BTreeSet<&str> = all_specs().iter().map(KernelSpec::template).collect();
     let embedded: BTreeSet<&str> = TEMPLATES.iter().map(|(n, _)| *n).collect();
-    assert_eq!(
-        used, embedded,
-        "templates used by specs vs embedded templates"
-    );
+    assert_eq!(used, embedded, "templates used by specs vs embedded templates");
 }
 
 #[test]
@@ -210,10 +189,7 @@ fn every_header_is_included_by_some_source() {
         reached.extend(included_closure(&r.source, &r.id));
     }
     let embedded: BTreeSet<String> = HEADERS.iter().map(|(n, _)| n.to_string()).collect();
-    assert_eq!(
-        reached, embedded,
-        "headers reached from sources vs embedded headers"
-    );
+    assert_eq!(reached, embedded, "headers reached from sources vs embedded headers");
 }
 
 #[test]
@@ -231,10 +207,7 @@ fn files_under(dir: &Path, suffix: &str) -> BTreeSet<String> {
                 walk(root, &path, suffix, out);
             } else if path.to_string_lossy().ends_with(suffix) {
                 let rel = path.strip_prefix(root).unwrap();
-                let rel: Vec<String> = rel
-                    .components()
-                    .map(|c| c.as_os_str().to_string_lossy().into_owned())
-                    .collect();
+                let rel: Vec<String> = rel.components().map(|c| c.as_os_str().to_string_lossy().into_owned()).collect();
                 out.insert(rel.join("/"));
             }
         }
@@ -245,10 +218,7 @@ fn files_under(dir: &Path, suffix: &str) -> BTreeSet<String> {
 }
 
 fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
 }
 
 #[test]
@@ -259,11 +229,7 @@ fn every_file_on_disk_is_embedded_and_identical() {
     let embedded: BTreeSet<String> = TEMPLATES.iter().map(|(n, _)| n.to_string()).collect();
     assert_eq!(on_disk, embedded, "templates/ vs render::TEMPLATES");
     for (name, text) in TEMPLATES {
-        assert_eq!(
-            std::fs::read_to_string(template_dir.join(name)).unwrap(),
-            *text,
-            "{name}"
-        );
+        assert_eq!(std::fs::read_to_string(template_dir.join(name)).unwrap(), *text, "{name}");
     }
 
     let include_dir = root.join("kernels/include");
@@ -271,11 +237,7 @@ fn every_file_on_disk_is_embedded_and_identical() {
     let embedded: BTreeSet<String> = HEADERS.iter().map(|(n, _)| n.to_string()).collect();
     assert_eq!(on_disk, embedded, "kernels/include/ vs render::HEADERS");
     for (name, text) in HEADERS {
-        assert_eq!(
-            std::fs::read_to_string(include_dir.join(name)).unwrap(),
-            *text,
-            "{name}"
-        );
+        assert_eq!(std::fs::read_to_string(include_dir.join(name)).unwrap(), *text, "{name}");
     }
 }
 
@@ -305,21 +267,14 @@ fn template_vars(text: &str) -> BTreeSet<String> {
 fn an_empty_context_fails_every_template() {
     for (name, _) in TEMPLATES {
         let err = render_with_context(name, json!({})).unwrap_err();
-        assert!(
-            err.contains("not found in context"),
-            "{name}: unexpected error {err}"
-        );
+        assert!(err.contains("not found in context"), "{name}: unexpected error {err}");
     }
 }
 
 #[test]
 fn a_context_missing_any_variable_fails() {
     for spec in all_specs() {
-        let text = TEMPLATES
-            .iter()
-            .find(|(n, _)| *n == spec.template())
-            .unwrap()
-            .1;
+        let text = TEMPLATES.iter().find(|(n, _)| *n == spec.template()).unwrap().1;
         let full = spec.context();
         // The engine renders the same text as `render`.
         assert_eq!(
@@ -332,10 +287,7 @@ fn a_context_missing_any_variable_fails() {
         for var in &vars {
             let mut ctx = full.clone();
             let removed = ctx.as_object_mut().unwrap().remove(var);
-            assert!(
-                removed.is_some(),
-                "{spec}: context lacks `{var}` the template reads"
-            );
+            assert!(removed.is_some(), "{spec}: context lacks `{var}` the template reads");
             let err = render_with_context(spec.template(), ctx).unwrap_err();
             assert!(
                 err.contains(&format!("`{var}`")) && err.contains("not found in context"),
@@ -370,18 +322,11 @@ fn ids_and_symbols_are_unique_and_round_trip() {
         assert!(ids.insert(id.clone(), *spec).is_none(), "id {id} repeats");
         assert_eq!(KernelSpec::from_id(&id), Some(*spec), "from_id({id})");
         assert_eq!(spec.to_string(), id);
-        assert!(
-            id.starts_with(&format!("{}.", spec.family_name())),
-            "{id} does not start with its family"
-        );
-        assert!(
-            id.ends_with(&format!(".{}", spec.target.arch())),
-            "{id} does not end with its target"
-        );
+        assert!(id.starts_with(&format!("{}.", spec.family_name())), "{id} does not start with its family");
+        assert!(id.ends_with(&format!(".{}", spec.target.arch())), "{id} does not end with its target");
         assert!(!id.contains("__"), "{id} holds `__`");
         assert!(
-            id.chars()
-                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '.'),
+            id.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '.'),
             "{id} holds characters unsafe in file names"
         );
 
@@ -393,10 +338,7 @@ fn ids_and_symbols_are_unique_and_round_trip() {
             Some(id.clone()),
             "{symbol} does not map back to {id}"
         );
-        assert!(
-            symbols.insert(symbol.clone(), *spec).is_none(),
-            "symbol {symbol} repeats"
-        );
+        assert!(symbols.insert(symbol.clone(), *spec).is_none(), "symbol {symbol} repeats");
         assert!(sources.insert(spec.source_name()), "source name repeats");
         assert_eq!(spec.source_name(), format!("{id}.cu"));
 
@@ -404,13 +346,7 @@ fn ids_and_symbols_are_unique_and_round_trip() {
         let v = serde_json::to_value(spec).unwrap();
         assert_eq!(serde_json::from_value::<KernelSpec>(v).unwrap(), *spec);
     }
-    for bad in [
-        "",
-        "kv_store",
-        "kv_store.fp8_656",
-        "kv_store.fp8_656.sm_80",
-        "kv_dequant.bf16_576.sm_90a",
-    ] {
+    for bad in ["", "kv_store", "kv_store.fp8_656", "kv_store.fp8_656.sm_80", "kv_dequant.bf16_576.sm_90a"] {
         assert_eq!(KernelSpec::from_id(bad), None, "{bad:?}");
     }
 }
@@ -422,19 +358,13 @@ fn each_source_defines_its_symbol_once() {
         let def = format!(" {}(", r.symbol);
         assert_eq!(r.source.matches(&def).count(), 1, "{}", r.id);
         assert_eq!(r.source.matches("NSA_KERNEL").count(), 1, "{}", r.id);
-        assert!(r
-            .source
-            .contains(&format!("#include \"{}\"", spec.target.arch_header())));
+        assert!(r.source.contains(&format!("#include \"{}\"", spec.target.arch_header())));
         // The header of another vendor is never pulled in.
         let other = match spec.target.arch_header() {
             "nsa/cuda/arch.cuh" => "nsa/rocm/arch.cuh",
             _ => "nsa/cuda/arch.cuh",
         };
-        assert!(
-            !included_closure(&r.source, &r.id).contains(other),
-            "{} includes {other}",
-            r.id
-        );
+        assert!(!included_closure(&r.source, &r.id).contains(other), "{} includes {other}", r.id);
     }
 }
 
@@ -493,24 +423,15 @@ fn eval_product(t: &[String], pos: &mut usize, env: &BTreeMap<String, i64>, line
 }
 
 fn eval_atom(t: &[String], pos: &mut usize, env: &BTreeMap<String, i64>, line: &str) -> i64 {
-    let tok = t
-        .get(*pos)
-        .unwrap_or_else(|| panic!("cannot evaluate `{line}`"));
+    let tok = t.get(*pos).unwrap_or_else(|| panic!("cannot evaluate `{line}`"));
     *pos += 1;
     if tok == "(" {
         let v = eval_sum(t, pos, env, line);
-        assert_eq!(
-            t.get(*pos).map(String::as_str),
-            Some(")"),
-            "cannot evaluate `{line}`"
-        );
+        assert_eq!(t.get(*pos).map(String::as_str), Some(")"), "cannot evaluate `{line}`");
         *pos += 1;
         return v;
     }
-    tok.parse()
-        .ok()
-        .or_else(|| env.get(tok).copied())
-        .unwrap_or_else(|| panic!("cannot evaluate `{tok}` in `{line}`"))
+    tok.parse().ok().or_else(|| env.get(tok).copied()).unwrap_or_else(|| panic!("cannot evaluate `{tok}` in `{line}`"))
 }
 
 #[test]
@@ -532,10 +453,7 @@ fn device_constants_agree_with_the_host_layout() {
         assert_eq!(k.get(name).copied(), Some(value as i64), "{name}");
     }
     assert_eq!(KvCacheFormat::Fp8.token_bytes() as i64, k["kFp8TokenBytes"]);
-    assert_eq!(
-        KvCacheFormat::Bf16.token_bytes() as i64,
-        2 * k["kBf16TokenElems"]
-    );
+    assert_eq!(KvCacheFormat::Bf16.token_bytes() as i64, 2 * k["kBf16TokenElems"]);
 }
 
 #[test]
@@ -554,19 +472,12 @@ fn launch_geometry_matches_the_device_code() {
         assert_eq!(threads as i64 % lanes, 0, "{spec}");
         // Indexer lane groups store several tokens each; the template passes the count.
         let rounds = spec.context()["tokens_per_lane_group"].as_i64().unwrap_or(1);
-        assert_eq!(
-            spec.tokens_per_block() as i64,
-            threads as i64 / lanes * rounds,
-            "{spec}"
-        );
+        assert_eq!(spec.tokens_per_block() as i64, threads as i64 / lanes * rounds, "{spec}");
         // A token's lane group never straddles a warp (its shuffles stay inside one).
         assert_eq!(32 % lanes, 0, "{spec}");
 
         let r = render(&spec).unwrap();
-        assert!(
-            r.source.contains(&format!("NSA_LAUNCH_BOUNDS({threads})")),
-            "{spec}"
-        );
+        assert!(r.source.contains(&format!("NSA_LAUNCH_BOUNDS({threads})")), "{spec}");
         let instantiation = match rounds {
             1 => format!("<{threads}>("),
             n => format!("<{threads}, {n}>("),

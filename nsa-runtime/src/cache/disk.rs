@@ -72,10 +72,7 @@ pub(crate) struct DiskStore {
 
 impl DiskStore {
     pub fn new(root: PathBuf) -> Self {
-        DiskStore {
-            root,
-            write_warned: AtomicBool::new(false),
-        }
+        DiskStore { root, write_warned: AtomicBool::new(false) }
     }
 
     pub fn root(&self) -> &Path {
@@ -114,9 +111,7 @@ impl DiskStore {
             Err(e) => return Load::Bad(format!("{META_FILE} does not parse: {e}")),
         };
         if &meta.key != key_json {
-            return Load::Bad(format!(
-                "the key in {META_FILE} differs from the looked-up key"
-            ));
+            return Load::Bad(format!("the key in {META_FILE} differs from the looked-up key"));
         }
         let image_path = dir.join(IMAGE_FILE);
         let bytes = match fs::read(&image_path) {
@@ -124,26 +119,14 @@ impl DiskStore {
             Err(e) => return Load::Bad(format!("{IMAGE_FILE} unreadable: {e}")),
         };
         if bytes.len() as u64 != meta.image_size {
-            return Load::Bad(format!(
-                "{IMAGE_FILE} has {} bytes, {META_FILE} says {}",
-                bytes.len(),
-                meta.image_size
-            ));
+            return Load::Bad(format!("{IMAGE_FILE} has {} bytes, {META_FILE} says {}", bytes.len(), meta.image_size));
         }
         let hash = blake3::hash(&bytes).to_hex();
         if hash.as_str() != meta.image_blake3 {
-            return Load::Bad(format!(
-                "{IMAGE_FILE} hashes to {hash}, {META_FILE} says {}",
-                meta.image_blake3
-            ));
+            return Load::Bad(format!("{IMAGE_FILE} hashes to {hash}, {META_FILE} says {}", meta.image_blake3));
         }
         Load::Hit(Loaded {
-            image: CompiledImage {
-                kind: key.output_kind,
-                bytes,
-                log: meta.log,
-                resources: meta.resources,
-            },
+            image: CompiledImage { kind: key.output_kind, bytes, log: meta.log, resources: meta.resources },
             source_path: dir.join(SOURCE_FILE),
         })
     }
@@ -156,11 +139,7 @@ impl DiskStore {
             let stamp = unix_ms();
             let mut last = io::Error::other("no free quarantine name");
             for n in 0..16 {
-                let name = if n == 0 {
-                    format!("{entry}-{stamp}")
-                } else {
-                    format!("{entry}-{stamp}-{n}")
-                };
+                let name = if n == 0 { format!("{entry}-{stamp}") } else { format!("{entry}-{stamp}-{n}") };
                 let dest = qdir.join(name);
                 if dest.exists() {
                     continue;
@@ -180,11 +159,7 @@ impl DiskStore {
                 "bad kernel cache entry quarantined; recompiling"
             ),
             Err(move_err) => {
-                let removed = if src.is_dir() {
-                    fs::remove_dir_all(&src)
-                } else {
-                    fs::remove_file(&src)
-                };
+                let removed = if src.is_dir() { fs::remove_dir_all(&src) } else { fs::remove_file(&src) };
                 match removed {
                     Ok(()) => tracing::warn!(
                         entry,
@@ -218,11 +193,7 @@ impl DiskStore {
         let schema_dir = self.schema_dir();
         let final_dir = schema_dir.join(entry);
         let staged = fs::create_dir_all(&schema_dir)
-            .and_then(|()| {
-                tempfile::Builder::new()
-                    .prefix(&format!(".tmp-{entry}-"))
-                    .tempdir_in(&schema_dir)
-            })
+            .and_then(|()| tempfile::Builder::new().prefix(&format!(".tmp-{entry}-")).tempdir_in(&schema_dir))
             .and_then(|tmp| {
                 let meta = EntryMeta {
                     key: key_json.clone(),
@@ -258,10 +229,7 @@ impl DiskStore {
             // Another process published the same key first: keep theirs (same key,
             // same content); ours is removed when `tmp` drops.
             Err(_) if final_dir.is_dir() => {
-                tracing::debug!(
-                    entry,
-                    "kernel cache entry published concurrently by another process; keeping theirs"
-                );
+                tracing::debug!(entry, "kernel cache entry published concurrently by another process; keeping theirs");
                 Some(final_dir.join(SOURCE_FILE))
             }
             Err(e) => {
@@ -298,10 +266,7 @@ pub fn dump_source(kernel: &RenderedKernel, root: Option<&Path>) -> PathBuf {
     let hash = blake3::hash(kernel.source.as_bytes()).to_hex();
     let name = format!("{}-{}.cu", kernel.id, &hash.as_str()[..16]);
     let tmp_dir = std::env::temp_dir().join("nsa-failed");
-    let dirs = root
-        .map(|r| r.join(FAILED_DIR))
-        .into_iter()
-        .chain(std::iter::once(tmp_dir.clone()));
+    let dirs = root.map(|r| r.join(FAILED_DIR)).into_iter().chain(std::iter::once(tmp_dir.clone()));
     let mut last_err = None;
     for dir in dirs {
         let path = dir.join(&name);
@@ -317,8 +282,5 @@ pub fn dump_source(kernel: &RenderedKernel, root: Option<&Path>) -> PathBuf {
 }
 
 fn unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }

@@ -67,9 +67,7 @@ impl CacheKey {
 
     /// blake3 (64 hex digits) of [`canonical_json`](Self::canonical_json).
     pub fn digest(&self) -> String {
-        blake3::hash(self.canonical_json().as_bytes())
-            .to_hex()
-            .to_string()
+        blake3::hash(self.canonical_json().as_bytes()).to_hex().to_string()
     }
 
     /// Directory name of the disk entry: `<kernel id>-<first 32 hex of the digest>`.

@@ -23,9 +23,7 @@
 mod disk;
 mod key;
 
-pub use disk::{
-    dump_source, EntryMeta, FAILED_DIR, IMAGE_FILE, META_FILE, QUARANTINE_DIR, SOURCE_FILE,
-};
+pub use disk::{dump_source, EntryMeta, FAILED_DIR, IMAGE_FILE, META_FILE, QUARANTINE_DIR, SOURCE_FILE};
 pub use key::{CacheKey, CACHE_SCHEMA, ENTRY_DIGEST_HEX};
 
 use crate::jit::{CompiledImage, Compiler};
@@ -89,10 +87,7 @@ impl CacheConfig {
     /// and embedders that keep their own environment). An empty `NSA_CACHE_DIR`
     /// counts as unset; an unrecognised `NSA_JIT` is logged and means enabled.
     pub fn from_vars(var: impl Fn(&str) -> Option<OsString>) -> Self {
-        let root = var(ENV_CACHE_DIR)
-            .filter(|v| !v.is_empty())
-            .map(PathBuf::from)
-            .or_else(Self::default_root);
+        let root = var(ENV_CACHE_DIR).filter(|v| !v.is_empty()).map(PathBuf::from).or_else(Self::default_root);
         let jit = match var(ENV_JIT) {
             None => JitPolicy::Enabled,
             Some(v) => {
@@ -118,10 +113,7 @@ impl CacheConfig {
 
     /// Disk cache at `root`, JIT enabled.
     pub fn at(root: impl Into<PathBuf>) -> Self {
-        CacheConfig {
-            root: Some(root.into()),
-            jit: JitPolicy::Enabled,
-        }
+        CacheConfig { root: Some(root.into()), jit: JitPolicy::Enabled }
     }
 
     /// The same config with `jit` as policy.
@@ -245,22 +237,12 @@ impl KernelCache {
     /// The compiled kernel for `spec`: from memory, else from disk, else compiled
     /// (and published to disk). Renders `spec` only the first time.
     pub fn get(&self, spec: &KernelSpec) -> Result<Arc<CachedKernel>> {
-        let slot = self
-            .by_spec
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(spec)
-            .cloned();
+        let slot = self.by_spec.read().unwrap_or_else(PoisonError::into_inner).get(spec).cloned();
         let slot = match slot {
             Some(slot) => slot,
             None => {
                 let slot = self.slot_for(nsa_kernels::render(spec)?);
-                self.by_spec
-                    .write()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .entry(*spec)
-                    .or_insert(slot)
-                    .clone()
+                self.by_spec.write().unwrap_or_else(PoisonError::into_inner).entry(*spec).or_insert(slot).clone()
             }
         };
         self.resolve(&slot)
@@ -366,11 +348,7 @@ impl KernelCache {
                     bump(&self.counters.disk_hits);
                     let elapsed = t.elapsed();
                     tracing::debug!(id = %kernel.id, ?elapsed, "kernel loaded from the disk cache");
-                    return Ok(made(
-                        loaded.image,
-                        Some(loaded.source_path),
-                        Origin::Disk { elapsed },
-                    ));
+                    return Ok(made(loaded.image, Some(loaded.source_path), Origin::Disk { elapsed }));
                 }
                 Load::Miss => {}
                 Load::Bad(reason) => {
@@ -407,23 +385,15 @@ impl KernelCache {
             bytes = image.bytes.len(),
             "kernel compiled"
         );
-        let source_path = self
-            .disk
-            .as_ref()
-            .and_then(|disk| disk.store(&slot.key_json, &slot.digest, &slot.entry, kernel, &image));
+        let source_path =
+            self.disk.as_ref().and_then(|disk| disk.store(&slot.key_json, &slot.digest, &slot.entry, kernel, &image));
         Ok(made(image, source_path, Origin::Compiled { elapsed }))
     }
 
     /// Fills in an empty `source_path` of a compile error with a dumped copy.
     fn with_source_path(&self, e: Error, kernel: &RenderedKernel) -> Error {
         match e {
-            Error::Compile {
-                id,
-                compiler,
-                options,
-                source_path,
-                log,
-            } if source_path.is_empty() => Error::Compile {
+            Error::Compile { id, compiler, options, source_path, log } if source_path.is_empty() => Error::Compile {
                 id,
                 compiler,
                 options,

@@ -39,13 +39,8 @@ const EF_AMDGPU_MACH: u32 = 0x0ff;
 const ET_DYN: u16 = 3;
 
 /// Environment variables that would silently add include paths or driver arguments.
-const SCRUBBED_ENV: &[&str] = &[
-    "CPATH",
-    "C_INCLUDE_PATH",
-    "CPLUS_INCLUDE_PATH",
-    "OBJC_INCLUDE_PATH",
-    "CCC_OVERRIDE_OPTIONS",
-];
+const SCRUBBED_ENV: &[&str] =
+    &["CPATH", "C_INCLUDE_PATH", "CPLUS_INCLUDE_PATH", "OBJC_INCLUDE_PATH", "CCC_OVERRIDE_OPTIONS"];
 
 /// Kernel used to check, once, that the located clang can produce a gfx942 code object.
 const PROBE_SYMBOL: &str = "nsa_clang_hip_probe";
@@ -72,9 +67,8 @@ impl ClangHipCompiler {
                     Path::new(&v).display()
                 ))
             })?;
-            return Self::with_clang(&path).map_err(|e| {
-                Error::Other(format!("{CLANG_ENV}={}: {e}", Path::new(&v).display()))
-            });
+            return Self::with_clang(&path)
+                .map_err(|e| Error::Other(format!("{CLANG_ENV}={}: {e}", Path::new(&v).display())));
         }
         let mut tried = Vec::new();
         let mut candidates: Vec<PathBuf> = CLANG_NAMES.iter().map(PathBuf::from).collect();
@@ -106,16 +100,12 @@ impl ClangHipCompiler {
     /// a gfx942 code object (this catches a missing `ld.lld`).
     pub fn with_clang(clang: impl AsRef<Path>) -> Result<Self> {
         let clang = clang.as_ref().to_path_buf();
-        let out = run_capture(Command::new(&clang).arg("--version")).map_err(|e| {
-            Error::Other(format!("cannot run `{} --version`: {e}", clang.display()))
-        })?;
+        let out = run_capture(Command::new(&clang).arg("--version"))
+            .map_err(|e| Error::Other(format!("cannot run `{} --version`: {e}", clang.display())))?;
         let text = String::from_utf8_lossy(&out.stdout);
         let first = text.lines().next().unwrap_or("").trim().to_string();
         let major = parse_clang_major(&first).ok_or_else(|| {
-            Error::Other(format!(
-                "`{} --version` does not look like clang (first line: {first:?})",
-                clang.display()
-            ))
+            Error::Other(format!("`{} --version` does not look like clang (first line: {first:?})", clang.display()))
         })?;
         if major < MIN_CLANG_MAJOR {
             return Err(Error::Other(format!(
@@ -123,26 +113,16 @@ impl ClangHipCompiler {
                 clang.display()
             )));
         }
-        let targets = run_capture(Command::new(&clang).arg("--print-targets")).map_err(|e| {
-            Error::Other(format!(
-                "cannot run `{} --print-targets`: {e}",
-                clang.display()
-            ))
-        })?;
+        let targets = run_capture(Command::new(&clang).arg("--print-targets"))
+            .map_err(|e| Error::Other(format!("cannot run `{} --print-targets`: {e}", clang.display())))?;
         if !String::from_utf8_lossy(&targets.stdout).contains("amdgcn") {
             return Err(Error::Other(format!(
                 "{} was built without the AMDGPU (amdgcn) backend; {INSTALL_HINT}",
                 clang.display()
             )));
         }
-        let compiler = ClangHipCompiler {
-            clang,
-            major,
-            identity: CompilerIdentity {
-                name: "clang-hip".into(),
-                version: first,
-            },
-        };
+        let compiler =
+            ClangHipCompiler { clang, major, identity: CompilerIdentity { name: "clang-hip".into(), version: first } };
         compiler.probe()?;
         Ok(compiler)
     }
@@ -187,14 +167,7 @@ impl ClangHipCompiler {
     }
 
     /// Runs clang on `src` with the options of `target`, writing `out`.
-    fn run(
-        &self,
-        target: Target,
-        cwd: &Path,
-        include: &Path,
-        src: &Path,
-        out: &Path,
-    ) -> std::io::Result<Output> {
+    fn run(&self, target: Target, cwd: &Path, include: &Path, src: &Path, out: &Path) -> std::io::Result<Output> {
         let mut cmd = Command::new(&self.clang);
         cmd.args(self.options(target))
             .arg(format!("-I{}", include.display()))
@@ -229,10 +202,7 @@ impl ClangHipCompiler {
         let dumped = write_tree(&include, &src, &kernel.source);
         let options = self.command_line(kernel.spec.target, &include, &src, &out);
         let (source_path, log) = match dumped {
-            Ok(()) => (
-                src.display().to_string(),
-                relocate_log(log, tmp, &include, &kernel.source_name, &src),
-            ),
+            Ok(()) => (src.display().to_string(), relocate_log(log, tmp, &include, &kernel.source_name, &src)),
             Err(e) => (format!("<could not dump the source: {e}>"), log.to_string()),
         };
         Error::Compile {
@@ -306,10 +276,7 @@ impl Compiler for ClangHipCompiler {
         let bytes = match std::fs::read(&out) {
             Ok(b) => b,
             Err(e) => {
-                let log = format!(
-                    "clang exited 0 but {} is unreadable: {e}\n{raw_log}",
-                    out.display()
-                );
+                let log = format!("clang exited 0 but {} is unreadable: {e}\n{raw_log}", out.display());
                 return Err(self.compile_error(kernel, dir.path(), &log));
             }
         };
@@ -326,12 +293,7 @@ impl Compiler for ClangHipCompiler {
             Path::new(&kernel.source_name),
         );
         let resources = parse_resource_usage(&log, &kernel.symbol);
-        Ok(CompiledImage {
-            kind: OutputKind::HsaCodeObject,
-            bytes,
-            log,
-            resources,
-        })
+        Ok(CompiledImage { kind: OutputKind::HsaCodeObject, bytes, log, resources })
     }
 }
 
@@ -365,11 +327,7 @@ impl CodeObjectInfo {
     /// Whether `symbol` is exported as a function together with its kernel descriptor
     /// `symbol.kd`, i.e. `hipModuleGetFunction(symbol)` will find it.
     pub fn exports_kernel(&self, symbol: &str) -> bool {
-        let has = |name: &str, kind: u8| {
-            self.exports
-                .iter()
-                .any(|s| s.name == name && s.kind == kind)
-        };
+        let has = |name: &str, kind: u8| self.exports.iter().any(|s| s.name == name && s.kind == kind);
         has(symbol, 2) && has(&format!("{symbol}.kd"), 1)
     }
 }
@@ -379,16 +337,8 @@ pub fn inspect_code_object(bytes: &[u8]) -> std::result::Result<CodeObjectInfo, 
     let rd = |off: usize, n: usize| -> std::result::Result<u64, String> {
         let s = bytes
             .get(off..off.checked_add(n).ok_or("offset overflow")?)
-            .ok_or_else(|| {
-                format!(
-                    "truncated ELF: need bytes {off}..{} of {}",
-                    off + n,
-                    bytes.len()
-                )
-            })?;
-        Ok(s.iter()
-            .rev()
-            .fold(0u64, |acc, &b| (acc << 8) | u64::from(b)))
+            .ok_or_else(|| format!("truncated ELF: need bytes {off}..{} of {}", off + n, bytes.len()))?;
+        Ok(s.iter().rev().fold(0u64, |acc, &b| (acc << 8) | u64::from(b)))
     };
     let us = |v: u64| usize::try_from(v).map_err(|_| "ELF offset does not fit usize".to_string());
     if bytes.get(..4) != Some(b"\x7fELF".as_slice()) {
@@ -423,9 +373,7 @@ pub fn inspect_code_object(bytes: &[u8]) -> std::result::Result<CodeObjectInfo, 
             continue; // SHT_DYNSYM
         }
         let (_, str_off, str_size, _, _) = section(link)?;
-        let strtab = bytes
-            .get(str_off..str_off + str_size)
-            .ok_or("truncated .dynstr")?;
+        let strtab = bytes.get(str_off..str_off + str_size).ok_or("truncated .dynstr")?;
         let entsize = if entsize == 0 { 24 } else { entsize };
         for k in 0..size / entsize {
             let base = off + k * entsize;
@@ -442,32 +390,17 @@ pub fn inspect_code_object(bytes: &[u8]) -> std::result::Result<CodeObjectInfo, 
                 .get(name_off..)
                 .and_then(|s| s.split(|&b| b == 0).next())
                 .ok_or("symbol name outside .dynstr")?;
-            exports.push(ExportedSymbol {
-                name: String::from_utf8_lossy(name).into_owned(),
-                kind,
-            });
+            exports.push(ExportedSymbol { name: String::from_utf8_lossy(name).into_owned(), kind });
         }
     }
-    Ok(CodeObjectInfo {
-        elf_type,
-        machine,
-        flags,
-        exports,
-    })
+    Ok(CodeObjectInfo { elf_type, machine, flags, exports })
 }
 
 /// Checks that `bytes` is a linked AMDGPU code object for `target` exporting `symbol`.
-pub fn check_code_object(
-    bytes: &[u8],
-    target: Target,
-    symbol: &str,
-) -> std::result::Result<CodeObjectInfo, String> {
+pub fn check_code_object(bytes: &[u8], target: Target, symbol: &str) -> std::result::Result<CodeObjectInfo, String> {
     let info = inspect_code_object(bytes)?;
     if info.machine != EM_AMDGPU {
-        return Err(format!(
-            "ELF machine is {} (expected EM_AMDGPU = {EM_AMDGPU})",
-            info.machine
-        ));
+        return Err(format!("ELF machine is {} (expected EM_AMDGPU = {EM_AMDGPU})", info.machine));
     }
     if info.elf_type != ET_DYN {
         return Err(format!(
@@ -480,16 +413,11 @@ pub fn check_code_object(
         other => return Err(format!("{other} is not an AMDGPU target")),
     };
     if info.mach() != want {
-        return Err(format!(
-            "AMDGPU mach is {:#x} (expected {want:#x} for {target})",
-            info.mach()
-        ));
+        return Err(format!("AMDGPU mach is {:#x} (expected {want:#x} for {target})", info.mach()));
     }
     if !info.exports_kernel(symbol) {
         let names: Vec<&str> = info.exports.iter().map(|s| s.name.as_str()).collect();
-        return Err(format!(
-            "kernel `{symbol}` (function + `{symbol}.kd`) is not exported; exports: {names:?}"
-        ));
+        return Err(format!("kernel `{symbol}` (function + `{symbol}.kd`) is not exported; exports: {names:?}"));
     }
     Ok(info)
 }
@@ -517,10 +445,7 @@ pub fn parse_resource_usage(log: &str, symbol: &str) -> ResourceUsage {
         if !current {
             continue;
         }
-        let value = |prefix: &str| {
-            text.strip_prefix(prefix)
-                .and_then(|v| v.trim().parse::<u32>().ok())
-        };
+        let value = |prefix: &str| text.strip_prefix(prefix).and_then(|v| v.trim().parse::<u32>().ok());
         if let Some(v) = value("VGPRs: ") {
             usage.registers = Some(v);
         } else if let Some(v) = value("LDS Size [bytes/block]: ") {
@@ -537,10 +462,7 @@ pub fn parse_resource_usage(log: &str, symbol: &str) -> ResourceUsage {
 /// `AMD clang version 17.0.0 (…)`, `clang version 18.1.3`).
 fn parse_clang_major(first_line: &str) -> Option<u32> {
     let rest = &first_line[first_line.find("clang version ")? + "clang version ".len()..];
-    rest.split(|c: char| !c.is_ascii_digit())
-        .next()?
-        .parse()
-        .ok()
+    rest.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
 }
 
 /// `p` itself if it names a file (has a directory part), else its first match on `PATH`.
@@ -549,9 +471,7 @@ fn resolve(p: &Path) -> Option<PathBuf> {
         return is_executable(p).then(|| p.to_path_buf());
     }
     let path: OsString = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .map(|dir| dir.join(p))
-        .find(|c| is_executable(c))
+    std::env::split_paths(&path).map(|dir| dir.join(p)).find(|c| is_executable(c))
 }
 
 fn is_executable(p: &Path) -> bool {
@@ -593,10 +513,7 @@ fn relocate_log(log: &str, tmp: &Path, include: &Path, source_name: &str, src: &
 }
 
 fn scratch_dir() -> Result<tempfile::TempDir> {
-    tempfile::Builder::new()
-        .prefix("nsa-hip-")
-        .tempdir()
-        .map_err(Error::io(std::env::temp_dir()))
+    tempfile::Builder::new().prefix("nsa-hip-").tempdir().map_err(Error::io(std::env::temp_dir()))
 }
 
 fn write_file(path: &Path, text: &str) -> Result<()> {
@@ -620,10 +537,7 @@ mod tests {
 
     #[test]
     fn clang_major_from_version_lines() {
-        assert_eq!(
-            parse_clang_major("Debian clang version 19.1.7 (3~deb12u1)"),
-            Some(19)
-        );
+        assert_eq!(parse_clang_major("Debian clang version 19.1.7 (3~deb12u1)"), Some(19));
         assert_eq!(
             parse_clang_major("AMD clang version 17.0.0 (https://github.com/RadeonOpenCompute/llvm-project roc-6.0.0)"),
             Some(17)
@@ -650,10 +564,7 @@ k.cu:8:1: remark:     LDS Size [bytes/block]: 2048 [-Rpass-analysis=kernel-resou
         assert_eq!(u.smem_bytes, Some(2048));
         assert_eq!(u.spill_store_bytes, Some(16));
         assert_eq!(u.spill_load_bytes, Some(16));
-        assert_eq!(
-            parse_resource_usage(log, "missing"),
-            ResourceUsage::default()
-        );
+        assert_eq!(parse_resource_usage(log, "missing"), ResourceUsage::default());
     }
 
     #[test]

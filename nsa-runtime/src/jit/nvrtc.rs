@@ -38,7 +38,12 @@ impl NvrtcCompiler {
         Ok(String::from_utf8_lossy(&ptx).trim_end_matches('\0').to_string())
     }
 
-    fn compile_program(&self, kernel: &RenderedKernel, options: &[String], artifact: Artifact) -> Result<(Vec<u8>, String)> {
+    fn compile_program(
+        &self,
+        kernel: &RenderedKernel,
+        options: &[String],
+        artifact: Artifact,
+    ) -> Result<(Vec<u8>, String)> {
         let fail = |log: String| compile_error(kernel, &self.identity, options, log);
         let src = CString::new(kernel.source.as_str()).map_err(|e| fail(format!("source holds a NUL byte: {e}")))?;
         let name = CString::new(kernel.source_name.as_str()).map_err(|e| fail(e.to_string()))?;

@@ -109,16 +109,17 @@ fn finish(lib: Library, path: PathBuf, dir: Option<&Path>, rule: &str) -> Result
         f(&mut major, &mut minor)
     };
     if rc != 0 || major < 12 {
-        return Err(format!("nvrtcVersion returned {major}.{minor} (rc {rc}); nsa needs NVRTC 12.8 or newer (13.x preferred)"));
+        return Err(format!(
+            "nvrtcVersion returned {major}.{minor} (rc {rc}); nsa needs NVRTC 12.8 or newer (13.x preferred)"
+        ));
     }
     let builtins_name = format!("libnvrtc-builtins.so.{major}.{minor}");
     let builtins = match dir.map(|d| d.join(&builtins_name)).filter(|p| p.exists()) {
         Some(p) => p,
         None => PathBuf::from(&builtins_name),
     };
-    let builtins_lib = open_global(&builtins).map_err(|e| {
-        format!("found NVRTC {major}.{minor} but not {builtins_name}, which it loads to compile: {e}")
-    })?;
+    let builtins_lib = open_global(&builtins)
+        .map_err(|e| format!("found NVRTC {major}.{minor} but not {builtins_name}, which it loads to compile: {e}"))?;
     // Both stay loaded for the life of the process: cudarc resolves symbols from them.
     std::mem::forget(builtins_lib);
     std::mem::forget(lib);

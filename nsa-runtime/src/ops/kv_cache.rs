@@ -55,7 +55,11 @@ pub fn store_mla(
     let format = cache.format();
     let token_bytes = format.token_bytes();
     if cache.bytes() % token_bytes != 0 {
-        return Err(invalid("cache", format!("{} bytes", cache.bytes()), format!("a whole number of {token_bytes}-byte {} rows", format.tag())));
+        return Err(invalid(
+            "cache",
+            format!("{} bytes", cache.bytes()),
+            format!("a whole number of {token_bytes}-byte {} rows", format.tag()),
+        ));
     }
     let pool_slots = (cache.bytes() / token_bytes) as i64;
     let num = check_count_fits_i32("loc", n)?;
@@ -79,11 +83,20 @@ pub fn store_mla(
 
 /// Gathers FP8 cache rows `idx` and dequantizes them into `out` (`[idx.len(), 576]` bf16).
 /// A slot outside the pool yields a zero row.
-pub fn dequant_fp8(rt: &Runtime, cache: &CudaView<'_, u8>, idx: &CudaView<'_, i32>, out: &mut CudaViewMut<'_, bf16>) -> Result<()> {
+pub fn dequant_fp8(
+    rt: &Runtime,
+    cache: &CudaView<'_, u8>,
+    idx: &CudaView<'_, i32>,
+    out: &mut CudaViewMut<'_, bf16>,
+) -> Result<()> {
     let stream = rt.gpu().stream();
     let n = idx.len();
     if cache.len() % FP8_TOKEN_BYTES != 0 {
-        return Err(invalid("cache", format!("{} bytes", cache.len()), format!("a whole number of {FP8_TOKEN_BYTES}-byte rows")));
+        return Err(invalid(
+            "cache",
+            format!("{} bytes", cache.len()),
+            format!("a whole number of {FP8_TOKEN_BYTES}-byte rows"),
+        ));
     }
     check_len("out", out.len(), n * BF16_TOKEN_ELEMS, "idx.len() × 576")?;
     check_aligned("cache", cache, 16, stream)?;
@@ -98,14 +111,23 @@ pub fn dequant_fp8(rt: &Runtime, cache: &CudaView<'_, u8>, idx: &CudaView<'_, i3
 
 /// Quantizes indexer keys (`k` rows of 128 bf16) into the paged indexer cache
 /// (`[pages, 8448]` bytes) at slots `loc`.
-pub fn store_indexer_k(rt: &Runtime, k: &Rows<'_, bf16>, loc: &CudaView<'_, i32>, cache: &mut CudaViewMut<'_, u8>) -> Result<()> {
+pub fn store_indexer_k(
+    rt: &Runtime,
+    k: &Rows<'_, bf16>,
+    loc: &CudaView<'_, i32>,
+    cache: &mut CudaViewMut<'_, u8>,
+) -> Result<()> {
     let stream = rt.gpu().stream();
     let n = loc.len();
     check_len("k.width", k.width, INDEXER_HEAD_DIM, "index_head_dim")?;
     check_len("k.count", k.count, n, "one row per entry of loc")?;
     k.check("k", stream)?;
     if cache.len() % INDEXER_PAGE_BYTES != 0 {
-        return Err(invalid("cache", format!("{} bytes", cache.len()), format!("a whole number of {INDEXER_PAGE_BYTES}-byte pages (64 tokens × 132 bytes)")));
+        return Err(invalid(
+            "cache",
+            format!("{} bytes", cache.len()),
+            format!("a whole number of {INDEXER_PAGE_BYTES}-byte pages (64 tokens × 132 bytes)"),
+        ));
     }
     check_aligned("cache", cache, 16, stream)?;
     let pool_slots = (cache.len() / INDEXER_PAGE_BYTES * INDEXER_PAGE_TOKENS) as i64;

@@ -38,7 +38,10 @@ impl<'a, T> Rows<'a, T> {
             return Err(invalid(
                 field,
                 format!("{} elements", self.data.len()),
-                format!("at least {needed} elements for {} rows of {} with stride {}", self.count, self.width, self.stride),
+                format!(
+                    "at least {needed} elements for {} rows of {} with stride {}",
+                    self.count, self.width, self.stride
+                ),
             ));
         }
         if self.count == 0 {
@@ -52,10 +55,19 @@ pub(crate) fn invalid(field: &'static str, value: impl Into<String>, expected: i
     Error::InvalidArgument { field, value: value.into(), expected: expected.into() }
 }
 
-pub(crate) fn check_aligned<T, P: DevicePtr<T>>(field: &'static str, p: &P, align: u64, stream: &CudaStream) -> Result<()> {
+pub(crate) fn check_aligned<T, P: DevicePtr<T>>(
+    field: &'static str,
+    p: &P,
+    align: u64,
+    stream: &CudaStream,
+) -> Result<()> {
     let (ptr, _sync) = p.device_ptr(stream);
     if ptr % align != 0 {
-        return Err(invalid(field, format!("device address {ptr:#x}"), format!("a {align}-byte aligned start (slice at a multiple of {align} bytes)")));
+        return Err(invalid(
+            field,
+            format!("device address {ptr:#x}"),
+            format!("a {align}-byte aligned start (slice at a multiple of {align} bytes)"),
+        ));
     }
     Ok(())
 }

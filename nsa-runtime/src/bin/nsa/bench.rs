@@ -65,7 +65,9 @@ fn time_us(stream: &Arc<CudaStream>, reps: usize, mut f: impl FnMut() -> Result<
     for _ in 0..3 {
         f()?;
     }
-    let ev = |s: &Arc<CudaStream>| s.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).map_err(Error::driver("recording an event"));
+    let ev = |s: &Arc<CudaStream>| {
+        s.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).map_err(Error::driver("recording an event"))
+    };
     let start = ev(stream)?;
     for _ in 0..reps {
         f()?;
@@ -106,9 +108,12 @@ fn bandwidth(rt: &Runtime, tokens: &[usize], reps: usize) -> Result<Vec<Bandwidt
         let d_keys = upload(&stream, &tiled(&idx_keys, INDEXER_HEAD_DIM, n))?;
         let d_loc = upload(&stream, &paged_slots(n))?;
         let pages = n.div_ceil(64);
-        let mut fp8: CudaSlice<u8> = stream.alloc_zeros(pages * 64 * FP8_TOKEN_BYTES).map_err(Error::driver("alloc"))?;
-        let mut b16: CudaSlice<bf16> = stream.alloc_zeros(pages * 64 * BF16_TOKEN_ELEMS).map_err(Error::driver("alloc"))?;
-        let mut idx_cache: CudaSlice<u8> = stream.alloc_zeros(pages * INDEXER_PAGE_BYTES).map_err(Error::driver("alloc"))?;
+        let mut fp8: CudaSlice<u8> =
+            stream.alloc_zeros(pages * 64 * FP8_TOKEN_BYTES).map_err(Error::driver("alloc"))?;
+        let mut b16: CudaSlice<bf16> =
+            stream.alloc_zeros(pages * 64 * BF16_TOKEN_ELEMS).map_err(Error::driver("alloc"))?;
+        let mut idx_cache: CudaSlice<u8> =
+            stream.alloc_zeros(pages * INDEXER_PAGE_BYTES).map_err(Error::driver("alloc"))?;
         let mut deq: CudaSlice<bf16> = stream.alloc_zeros(n * BF16_TOKEN_ELEMS).map_err(Error::driver("alloc"))?;
         let nope = Rows { data: d_rows.slice(0..), count: n, width: KV_LORA_RANK, stride: BF16_TOKEN_ELEMS };
         let rope = Rows { data: d_rows.slice(KV_LORA_RANK..), count: n, width: ROPE_DIM, stride: BF16_TOKEN_ELEMS };
@@ -132,15 +137,32 @@ fn bandwidth(rt: &Runtime, tokens: &[usize], reps: usize) -> Result<Vec<Bandwidt
                 "kv_dequant.fp8_656" => time_us(&stream, reps, || {
                     kv_cache::dequant_fp8(rt, &fp8.slice(0..), &loc, &mut deq.slice_mut(0..))
                 })?,
-                _ => time_us(&stream, reps, || kv_cache::store_indexer_k(rt, &keys, &loc, &mut idx_cache.slice_mut(0..)))?,
+                _ => time_us(&stream, reps, || {
+                    kv_cache::store_indexer_k(rt, &keys, &loc, &mut idx_cache.slice_mut(0..))
+                })?,
             };
             let copy = copy_us(&stream, bytes, reps)?;
             let gbps = bytes as f64 / us / 1e3;
             let copy_gbps = bytes as f64 / copy / 1e3;
-            let row = BandwidthRow { kernel, tokens: n, bytes, us, gbps, copy_us: copy, copy_gbps, fraction_of_copy: gbps / copy_gbps };
+            let row = BandwidthRow {
+                kernel,
+                tokens: n,
+                bytes,
+                us,
+                gbps,
+                copy_us: copy,
+                copy_gbps,
+                fraction_of_copy: gbps / copy_gbps,
+            };
             println!(
                 "{:<26} {:>8} tokens {:>10.2} µs {:>7.0} GB/s | copy {:>9.2} µs {:>7.0} GB/s | {:>5.1}% of copy",
-                row.kernel, n, us, gbps, copy, copy_gbps, 100.0 * row.fraction_of_copy
+                row.kernel,
+                n,
+                us,
+                gbps,
+                copy,
+                copy_gbps,
+                100.0 * row.fraction_of_copy
             );
             rows.push(row);
         }
@@ -198,7 +220,15 @@ pub fn run(args: BenchArgs) -> Result<()> {
         .output()
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
         .unwrap_or_default();
-    let report = Report { device, date_utc, bandwidth, jit_cold, jit_disk_load_total_ms: disk_ms, jit_disk_load_kernels: kernels, jit_memory_hit_ns: hit_ns };
+    let report = Report {
+        device,
+        date_utc,
+        bandwidth,
+        jit_cold,
+        jit_disk_load_total_ms: disk_ms,
+        jit_disk_load_kernels: kernels,
+        jit_memory_hit_ns: hit_ns,
+    };
     if let Some(path) = args.json {
         let text = serde_json::to_string_pretty(&report).map_err(|e| Error::Other(e.to_string()))?;
         std::fs::write(&path, text).map_err(Error::io(&path))?;

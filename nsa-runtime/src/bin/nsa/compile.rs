@@ -47,7 +47,13 @@ pub fn parse_arch(arch: &str, cfg: &NsaConfig) -> Result<Vec<Target>> {
         "all" => Ok(Target::ALL.to_vec()),
         list => list
             .split(',')
-            .map(|a| a.parse::<Target>().map_err(|e| Error::InvalidArgument { field: "--arch", value: a.into(), expected: format!("{e}; or `all`, or `config`") }))
+            .map(|a| {
+                a.parse::<Target>().map_err(|e| Error::InvalidArgument {
+                    field: "--arch",
+                    value: a.into(),
+                    expected: format!("{e}; or `all`, or `config`"),
+                })
+            })
             .collect(),
     }
 }
@@ -132,7 +138,15 @@ fn print_summary(rows: &[Arc<CachedKernel>]) {
             (Some(s), Some(l)) => (s + l).to_string(),
             _ => "-".into(),
         };
-        println!("{:<40} {:>8} {:>10.2} {:>5} {:>6} {:>7}", k.id, from, ms, opt(r.registers), opt(r.smem_bytes), spills);
+        println!(
+            "{:<40} {:>8} {:>10.2} {:>5} {:>6} {:>7}",
+            k.id,
+            from,
+            ms,
+            opt(r.registers),
+            opt(r.smem_bytes),
+            spills
+        );
     }
     println!("{} kernels: {compiled} compiled, {loaded} from the disk cache, {total_ms:.1} ms in all", rows.len());
 }

@@ -57,7 +57,9 @@ pub fn run(args: InspectArgs) -> Result<()> {
                 let flag = if *tool == "cuobjdump" { "-sass" } else { "-c" };
                 std::process::Command::new(tool).arg(flag).arg(&cubin).output().ok().filter(|o| o.status.success())
             })
-            .ok_or_else(|| Error::Other("--sass needs cuobjdump or nvdisasm (CUDA toolkit) on PATH; neither ran".into()))?;
+            .ok_or_else(|| {
+                Error::Other("--sass needs cuobjdump or nvdisasm (CUDA toolkit) on PATH; neither ran".into())
+            })?;
         println!("\n{}", String::from_utf8_lossy(&out.stdout));
     }
     Ok(())
