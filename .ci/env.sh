@@ -23,8 +23,8 @@ export NSA_NVRTC_PATH="$nvrtc_lib"
 if [ -z "${NSA_HIP_CLANG:-}" ] && ! command -v clang-19 >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     echo "[nsa] installing clang-19 and lld-19 (Debian) for the gfx942 offline compile" >&2
-    apt-get update -qq >/dev/null
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq clang-19 lld-19 >/dev/null
+    { apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq clang-19 lld-19 >/dev/null; } ||
+      echo "[nsa] apt-get install clang-19 lld-19 failed: gfx942 tests will fail (NSA_SKIP_HIP=1 skips them knowingly)" >&2
   else
     echo "[nsa] clang-19 not found and cannot apt-get install it (not root): gfx942 tests will fail; set NSA_SKIP_HIP=1 to skip them knowingly" >&2
   fi
