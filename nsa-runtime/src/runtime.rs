@@ -36,7 +36,7 @@ impl Runtime {
     /// (`NSA_CACHE_DIR`, `NSA_JIT`, `NSA_CHECK_DEVICE_INPUTS`).
     pub fn new(ordinal: usize) -> Result<Runtime> {
         let gpu = Gpu::open(ordinal)?;
-        let cache = KernelCache::new(Arc::new(NvrtcCompiler::new()?), CacheConfig::from_env());
+        let cache = KernelCache::new(Arc::new(NvrtcCompiler::new()?), CacheConfig::from_env()?);
         let checks = match std::env::var("NSA_CHECK_DEVICE_INPUTS").as_deref() {
             Ok("1") | Ok("true") => DeviceChecks::Report,
             _ => DeviceChecks::Skip,

@@ -762,20 +762,23 @@ fn config_from_vars() {
     let vars = |pairs: &'static [(&'static str, &'static str)]| {
         move |name: &str| pairs.iter().find(|(k, _)| *k == name).map(|(_, v)| OsString::from(v))
     };
-    let c = CacheConfig::from_vars(vars(&[("NSA_CACHE_DIR", "/x/y"), ("NSA_JIT", "off")]));
+    let c = CacheConfig::from_vars(vars(&[("NSA_CACHE_DIR", "/x/y"), ("NSA_JIT", "off")])).unwrap();
     assert_eq!(c.root, Some(PathBuf::from("/x/y")));
     assert_eq!(c.jit, JitPolicy::Off);
 
-    let c = CacheConfig::from_vars(vars(&[]));
+    let c = CacheConfig::from_vars(vars(&[])).unwrap();
     assert_eq!(c.root, CacheConfig::default_root());
     assert_eq!(c.jit, JitPolicy::Enabled);
     if let Some(root) = &c.root {
         assert!(root.ends_with("nsa"));
     }
 
-    let c = CacheConfig::from_vars(vars(&[("NSA_CACHE_DIR", ""), ("NSA_JIT", "bogus")]));
+    let c = CacheConfig::from_vars(vars(&[("NSA_CACHE_DIR", "")])).unwrap();
     assert_eq!(c.root, CacheConfig::default_root());
-    assert_eq!(c.jit, JitPolicy::Enabled);
+
+    // A typo must not silently turn compiling back on in an offline image.
+    let err = CacheConfig::from_vars(vars(&[("NSA_JIT", "of")])).unwrap_err().to_string();
+    assert!(err.contains("NSA_JIT") && err.contains("\"of\"") && err.contains("`off`"), "{err}");
 
     for off in ["off", "OFF", "0", "false", "no", " off "] {
         assert_eq!(JitPolicy::parse(off), Some(JitPolicy::Off), "{off}");

@@ -79,26 +79,30 @@ pub struct CacheConfig {
 impl CacheConfig {
     /// From the process environment: `NSA_CACHE_DIR` (else `<user cache dir>/nsa`)
     /// and `NSA_JIT`.
-    pub fn from_env() -> Self {
+    pub fn from_env() -> Result<Self> {
         Self::from_vars(|name| std::env::var_os(name))
     }
 
     /// Like [`from_env`](Self::from_env), reading variables through `var` (for tests
     /// and embedders that keep their own environment). An empty `NSA_CACHE_DIR`
-    /// counts as unset; an unrecognised `NSA_JIT` is logged and means enabled.
-    pub fn from_vars(var: impl Fn(&str) -> Option<OsString>) -> Self {
+    /// counts as unset; an unrecognised `NSA_JIT` is an error (a typo in an offline
+    /// image must not silently turn compiling back on).
+    pub fn from_vars(var: impl Fn(&str) -> Option<OsString>) -> Result<Self> {
         let root = var(ENV_CACHE_DIR).filter(|v| !v.is_empty()).map(PathBuf::from).or_else(Self::default_root);
         let jit = match var(ENV_JIT) {
             None => JitPolicy::Enabled,
             Some(v) => {
                 let s = v.to_string_lossy();
-                JitPolicy::parse(&s).unwrap_or_else(|| {
-                    tracing::warn!(value = %s, "unrecognised {ENV_JIT} value (use `off` or `on`); JIT stays enabled");
-                    JitPolicy::Enabled
-                })
+                JitPolicy::parse(&s).ok_or_else(|| Error::InvalidArgument {
+                    field: ENV_JIT,
+                    value: format!("{s:?}"),
+                    expected: "`off` (never compile: misses are errors) or `on` (the default); \
+                               also accepted: 0/false/no/disabled and 1/true/yes/enabled"
+                        .into(),
+                })?
             }
         };
-        CacheConfig { root, jit }
+        Ok(CacheConfig { root, jit })
     }
 
     /// `<user cache dir>/nsa` (e.g. `~/.cache/nsa`), if the platform has one.

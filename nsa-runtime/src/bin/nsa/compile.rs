@@ -79,7 +79,7 @@ impl Caches {
                 Toolchain::Nvrtc => Arc::new(NvrtcCompiler::new()?),
                 Toolchain::Hip => Arc::new(ClangHipCompiler::new()?),
             };
-            *slot = Some(KernelCache::new(compiler, CacheConfig::from_env()));
+            *slot = Some(KernelCache::new(compiler, CacheConfig::from_env()?));
         }
         slot.as_ref().expect("set above").get(spec)
     }
