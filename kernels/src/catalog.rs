@@ -2,12 +2,18 @@
 //! sparse MLA, metadata) add their specs here.
 
 use crate::config::{KvCacheFormat, NsaConfig};
-use crate::spec::{KernelFamily, KernelSpec};
+use crate::spec::{KernelFamily, KernelSpec, TopkTransform};
 
 /// The kernel set of `cfg`, for every target it lists, sorted and without repeats.
 /// `cfg` should be validated first; this function does not re-check it.
 pub fn kernel_set(cfg: &NsaConfig) -> Vec<KernelSpec> {
     let mut families = vec![KernelFamily::KvStore { format: cfg.kv_cache }, KernelFamily::IndexerKStore];
+    // Top-k: fused PAGED (decode/verify/draft-extend, extend without prefix) and
+    // RAGGED (extend with prefix), plus the unfused path (plain + transform).
+    for transform in TopkTransform::ALL {
+        families.push(KernelFamily::TopK { k: cfg.topk, transform, deterministic: false });
+    }
+    families.push(KernelFamily::IndexTransform { k: cfg.topk });
     if cfg.kv_cache == KvCacheFormat::Fp8 {
         // Prefill with a prefix reads the FP8 cache back as bf16 (spec §8.4).
         families.push(KernelFamily::KvDequant);

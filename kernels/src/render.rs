@@ -16,6 +16,8 @@ pub const TEMPLATES: &[(&str, &str)] = embed! {
     "kv_store.cu.tera" => "../../templates/kv_store.cu.tera",
     "kv_dequant.cu.tera" => "../../templates/kv_dequant.cu.tera",
     "indexer_k_store.cu.tera" => "../../templates/indexer_k_store.cu.tera",
+    "topk.cu.tera" => "../../templates/topk.cu.tera",
+    "index_transform.cu.tera" => "../../templates/index_transform.cu.tera",
 };
 
 /// Device headers, by the include name sources use. Passed to the compiler as
@@ -24,9 +26,13 @@ pub const HEADERS: &[(&str, &str)] = embed! {
     "nsa/common/types.cuh" => "../include/nsa/common/types.cuh",
     "nsa/common/numeric_soft.cuh" => "../include/nsa/common/numeric_soft.cuh",
     "nsa/common/status.cuh" => "../include/nsa/common/status.cuh",
+    "nsa/common/block.cuh" => "../include/nsa/common/block.cuh",
+    "nsa/common/segments.cuh" => "../include/nsa/common/segments.cuh",
     "nsa/cuda/arch.cuh" => "../include/nsa/cuda/arch.cuh",
     "nsa/rocm/arch.cuh" => "../include/nsa/rocm/arch.cuh",
     "nsa/kv_cache.cuh" => "../include/nsa/kv_cache.cuh",
+    "nsa/topk.cuh" => "../include/nsa/topk.cuh",
+    "nsa/index_transform.cuh" => "../include/nsa/index_transform.cuh",
 };
 
 /// blake3 over every embedded header (name and bytes), part of every cache key.

@@ -20,6 +20,42 @@ pub enum KernelFamily {
     KvDequant,
     /// Quantize indexer keys into the 132-byte, 64-token-page indexer cache.
     IndexerKStore,
+    /// Exact top-k of f32 scores per row, with the output transform fused in.
+    TopK { k: u32, transform: TopkTransform, deterministic: bool },
+    /// Unfused page-table transform of top-k positions (spec §7.7).
+    IndexTransform { k: u32 },
+}
+
+/// What a top-k kernel writes for each chosen position p of row b.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TopkTransform {
+    /// p itself (relative to the row start).
+    Plain,
+    /// page_table[row of b, p]: a physical KV slot (spec §7.3).
+    Paged,
+    /// p + offsets[b] (spec §7.4).
+    Ragged,
+}
+
+impl TopkTransform {
+    pub const ALL: [TopkTransform; 3] = [TopkTransform::Plain, TopkTransform::Paged, TopkTransform::Ragged];
+
+    pub fn tag(self) -> &'static str {
+        match self {
+            TopkTransform::Plain => "plain",
+            TopkTransform::Paged => "paged",
+            TopkTransform::Ragged => "ragged",
+        }
+    }
+
+    fn device_enum(self) -> &'static str {
+        match self {
+            TopkTransform::Plain => "kPlain",
+            TopkTransform::Paged => "kPaged",
+            TopkTransform::Ragged => "kRagged",
+        }
+    }
 }
 
 /// One kernel variant for one target.
@@ -38,6 +74,18 @@ const MLA_LANES_PER_TOKEN: u32 = 32;
 const INDEXER_LANES_PER_TOKEN: u32 = 8;
 /// Indexer tokens each lane group stores (loads issued together for memory parallelism).
 const INDEXER_TOKENS_PER_LANE_GROUP: u32 = 2;
+/// Threads per top-k block (one block per row).
+const TOPK_BLOCK_THREADS: u32 = 1024;
+/// Shared words of the top-k kernel besides candidates and row cache: the 2048-bin
+/// histogram and 69 scalars, rounded up (`kFixedWords` in topk.cuh; static_assert there).
+const TOPK_FIXED_WORDS: u32 = 2048 + 72;
+/// Threshold-bin candidates (index + key) kept in shared memory before falling back
+/// to re-reading the row.
+const TOPK_CANDIDATES: u32 = 4096;
+/// Top-k rows up to this many keys are cached in shared memory (read from HBM once).
+const TOPK_ROW_CACHE_NVIDIA: u32 = 40960;
+/// Threads per block of the elementwise index transform.
+const TRANSFORM_BLOCK_THREADS: u32 = 256;
 
 impl KernelSpec {
     pub fn new(family: KernelFamily, target: Target) -> Self {
@@ -50,19 +98,29 @@ impl KernelSpec {
             KernelFamily::KvStore { .. } => "kv_store",
             KernelFamily::KvDequant => "kv_dequant",
             KernelFamily::IndexerKStore => "indexer_k_store",
+            KernelFamily::TopK { .. } => "topk",
+            KernelFamily::IndexTransform { .. } => "index_transform",
         }
     }
 
     /// Human-readable id, e.g. `kv_store.fp8_656.sm_90a`. Unique per variant.
     pub fn id(&self) -> String {
-        let knobs: Vec<&str> = match self.family {
-            KernelFamily::KvStore { format } => vec![format.tag()],
-            KernelFamily::KvDequant => vec![KvCacheFormat::Fp8.tag()],
-            KernelFamily::IndexerKStore => vec!["fp8_132", "p64"],
+        let knobs: Vec<String> = match self.family {
+            KernelFamily::KvStore { format } => vec![format.tag().into()],
+            KernelFamily::KvDequant => vec![KvCacheFormat::Fp8.tag().into()],
+            KernelFamily::IndexerKStore => vec!["fp8_132".into(), "p64".into()],
+            KernelFamily::TopK { k, transform, deterministic } => {
+                let mut v = vec![format!("k{k}"), transform.tag().into()];
+                if deterministic {
+                    v.push("det".into());
+                }
+                v
+            }
+            KernelFamily::IndexTransform { k } => vec![format!("k{k}")],
         };
-        let mut parts = vec![self.family_name()];
+        let mut parts = vec![self.family_name().to_string()];
         parts.extend(knobs);
-        parts.push(self.target.arch());
+        parts.push(self.target.arch().into());
         parts.join(".")
     }
 
@@ -82,17 +140,46 @@ impl KernelSpec {
             KernelFamily::KvStore { .. } => "kv_store.cu.tera",
             KernelFamily::KvDequant => "kv_dequant.cu.tera",
             KernelFamily::IndexerKStore => "indexer_k_store.cu.tera",
+            KernelFamily::TopK { .. } => "topk.cu.tera",
+            KernelFamily::IndexTransform { .. } => "index_transform.cu.tera",
         }
     }
 
     /// Threads per block the kernel is compiled for (`__launch_bounds__`) and launched with.
     pub fn block_threads(&self) -> u32 {
-        STORE_BLOCK_THREADS
+        match self.family {
+            KernelFamily::TopK { .. } => TOPK_BLOCK_THREADS,
+            KernelFamily::IndexTransform { .. } => TRANSFORM_BLOCK_THREADS,
+            _ => STORE_BLOCK_THREADS,
+        }
     }
 
-    /// Tokens one block handles; the launcher's grid is `ceil(tokens / tokens_per_block)`.
+    /// Dynamic shared memory per block, in bytes (0 for most families).
+    pub fn dynamic_smem_bytes(&self) -> u32 {
+        match self.family {
+            KernelFamily::TopK { .. } => 4 * self.topk_smem_words(),
+            _ => 0,
+        }
+    }
+
+    fn topk_row_cache(&self) -> u32 {
+        match self.target {
+            Target::Sm90a | Target::Sm100a => TOPK_ROW_CACHE_NVIDIA,
+            // 64 KiB of LDS: histogram and candidates only.
+            Target::Gfx942 => 0,
+        }
+    }
+
+    fn topk_smem_words(&self) -> u32 {
+        TOPK_FIXED_WORDS + 2 * TOPK_CANDIDATES + self.topk_row_cache()
+    }
+
+    /// Work items one block handles (tokens; top-k rows; transform elements); the
+    /// launcher's grid is `ceil(items / tokens_per_block)`.
     pub fn tokens_per_block(&self) -> u32 {
         match self.family {
+            KernelFamily::TopK { .. } => 1,
+            KernelFamily::IndexTransform { .. } => self.block_threads(),
             KernelFamily::KvStore { .. } | KernelFamily::KvDequant => self.block_threads() / MLA_LANES_PER_TOKEN,
             KernelFamily::IndexerKStore => {
                 self.block_threads() / INDEXER_LANES_PER_TOKEN * INDEXER_TOKENS_PER_LANE_GROUP
@@ -112,6 +199,18 @@ impl KernelSpec {
         if self.family == KernelFamily::IndexerKStore {
             ctx.insert("tokens_per_lane_group".into(), json!(INDEXER_TOKENS_PER_LANE_GROUP));
         }
+        if let KernelFamily::TopK { k, transform, deterministic } = self.family {
+            ctx.insert("k".into(), json!(k));
+            ctx.insert("transform".into(), json!(transform.tag()));
+            ctx.insert("transform_enum".into(), json!(transform.device_enum()));
+            ctx.insert("deterministic".into(), json!(deterministic));
+            ctx.insert("candidate_capacity".into(), json!(TOPK_CANDIDATES));
+            ctx.insert("row_cache_capacity".into(), json!(self.topk_row_cache()));
+            ctx.insert("smem_words".into(), json!(self.topk_smem_words()));
+        }
+        if let KernelFamily::IndexTransform { k } = self.family {
+            ctx.insert("k".into(), json!(k));
+        }
         if let KernelFamily::KvStore { format } = self.family {
             ctx.insert("format".into(), json!(format.tag()));
             let (func, elem) = match format {
@@ -124,22 +223,50 @@ impl KernelSpec {
         Value::Object(ctx)
     }
 
-    /// Every variant that exists for `target`, for id look-up and compile-all.
+    /// The representative variants of every family for `target` (compile-all and
+    /// snapshot matrix): each store kernel; top-k for k 512/1024/2048 with every
+    /// transform, plus the deterministic k 2048 ones; the index transform at 2048.
     pub fn all_for(target: Target) -> Vec<KernelSpec> {
-        [
+        let mut families = vec![
             KernelFamily::KvStore { format: KvCacheFormat::Bf16 },
             KernelFamily::KvStore { format: KvCacheFormat::Fp8 },
             KernelFamily::KvDequant,
             KernelFamily::IndexerKStore,
-        ]
-        .into_iter()
-        .map(|family| KernelSpec::new(family, target))
-        .collect()
+        ];
+        for k in [512, 1024, 2048] {
+            for transform in TopkTransform::ALL {
+                families.push(KernelFamily::TopK { k, transform, deterministic: false });
+                if k == 2048 {
+                    families.push(KernelFamily::TopK { k, transform, deterministic: true });
+                }
+            }
+        }
+        families.push(KernelFamily::IndexTransform { k: 2048 });
+        families.into_iter().map(|family| KernelSpec::new(family, target)).collect()
     }
 
-    /// The variant whose [`id`](Self::id) is `id`.
+    /// The variant whose [`id`](Self::id) is `id` (any knob values, not only
+    /// those of [`all_for`](Self::all_for)).
     pub fn from_id(id: &str) -> Option<KernelSpec> {
-        Target::ALL.into_iter().flat_map(KernelSpec::all_for).find(|s| s.id() == id)
+        let parts: Vec<&str> = id.split('.').collect();
+        let (&arch, rest) = parts.split_last()?;
+        let (&family, knobs) = rest.split_first()?;
+        let target: Target = arch.parse().ok()?;
+        let k_of = |s: &str| s.strip_prefix('k').and_then(|n| n.parse::<u32>().ok());
+        let family = match (family, knobs) {
+            ("kv_store", [fmt]) => KernelFamily::KvStore { format: fmt.parse().ok()? },
+            ("kv_dequant", _) => KernelFamily::KvDequant,
+            ("indexer_k_store", _) => KernelFamily::IndexerKStore,
+            ("topk", [k, t, det @ ..]) => KernelFamily::TopK {
+                k: k_of(k)?,
+                transform: TopkTransform::ALL.into_iter().find(|x| x.tag() == *t)?,
+                deterministic: det == ["det"],
+            },
+            ("index_transform", [k]) => KernelFamily::IndexTransform { k: k_of(k)? },
+            _ => return None,
+        };
+        let spec = KernelSpec::new(family, target);
+        (spec.id() == id).then_some(spec)
     }
 }
 

@@ -105,8 +105,9 @@ impl Gpu {
         })
     }
 
-    /// The function `symbol` of CUBIN `image`, loaded once per `key` (the cache digest).
-    pub fn function(&self, key: &str, symbol: &str, image: &[u8]) -> Result<CudaFunction> {
+    /// The function `symbol` of CUBIN `image`, loaded once per `key` (the cache digest),
+    /// allowed `dynamic_smem` bytes of dynamic shared memory.
+    pub fn function(&self, key: &str, symbol: &str, image: &[u8], dynamic_smem: u32) -> Result<CudaFunction> {
         let mut functions = self.functions.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(f) = functions.get(key) {
             return Ok(f.clone());
@@ -116,6 +117,19 @@ impl Gpu {
             .load_module(Ptx::from_binary(image.to_vec()))
             .map_err(Error::driver(format!("loading the CUBIN of {symbol}")))?;
         let f = module.load_function(symbol).map_err(Error::driver(format!("finding {symbol} in its CUBIN")))?;
+        if dynamic_smem > self.caps.max_smem_per_block {
+            return Err(Error::NoDevice(format!(
+                "{symbol} needs {dynamic_smem} bytes of shared memory per block; {} allows {}",
+                self.caps.name, self.caps.max_smem_per_block
+            )));
+        }
+        if dynamic_smem > 48 * 1024 {
+            f.set_attribute(
+                cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                dynamic_smem as i32,
+            )
+            .map_err(Error::driver(format!("allowing {symbol} {dynamic_smem} bytes of shared memory")))?;
+        }
         functions.insert(key.to_string(), f.clone());
         Ok(f)
     }

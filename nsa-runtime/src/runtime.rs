@@ -79,7 +79,8 @@ impl Runtime {
     /// The variant of `family` for this device, compiled (or loaded) and ready to launch.
     pub fn kernel(&self, family: KernelFamily) -> Result<LoadedKernel> {
         let cached = self.cache.get(&KernelSpec::new(family, self.target))?;
-        let function = self.gpu.function(&cached.key_digest, &cached.symbol, &cached.image.bytes)?;
+        let smem = cached.spec.dynamic_smem_bytes();
+        let function = self.gpu.function(&cached.key_digest, &cached.symbol, &cached.image.bytes, smem)?;
         Ok(LoadedKernel { cached, function })
     }
 
@@ -107,7 +108,7 @@ impl Runtime {
         let cfg = LaunchConfig {
             grid_dim: (items.div_ceil(per_block) as u32, 1, 1),
             block_dim: (spec.block_threads(), 1, 1),
-            shared_mem_bytes: 0,
+            shared_mem_bytes: spec.dynamic_smem_bytes(),
         };
         let stream = self.gpu.stream();
         let report = match (&self.status, self.checks) {

@@ -121,3 +121,55 @@ pub fn distinct_slots(n: usize, pool: usize, seed: u64) -> Vec<i32> {
     all.truncate(n);
     all
 }
+
+/// Score rows for top-k tests, including the adversarial ones of spec §7.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ScorePattern {
+    /// Independent N(0, 1).
+    Gaussian,
+    /// Every value equal.
+    AllEqual,
+    /// Values from {0, 1, 2, 3}: thousands tie with the k-th.
+    FewDistinct,
+    /// All values inside one top-11-bit bucket (1.0 .. 1.0 + 2^-5): the round-0
+    /// threshold bin holds the whole row (the candidate-overflow case).
+    OneBucket,
+    /// 1.0 + i·ulp: values differing only in the last mantissa bits.
+    LastBits,
+    /// Gaussian with NaN, +inf and −inf sprinkled in (1% each).
+    NonFinite,
+    /// Every value −inf.
+    AllNegInf,
+}
+
+pub const SCORE_PATTERNS: [ScorePattern; 7] = [
+    ScorePattern::Gaussian,
+    ScorePattern::AllEqual,
+    ScorePattern::FewDistinct,
+    ScorePattern::OneBucket,
+    ScorePattern::LastBits,
+    ScorePattern::NonFinite,
+    ScorePattern::AllNegInf,
+];
+
+/// `n` scores following `pattern`.
+pub fn score_row(pattern: ScorePattern, n: usize, rng: &mut StdRng) -> Vec<f32> {
+    match pattern {
+        ScorePattern::Gaussian => (0..n).map(|_| gaussian(rng)).collect(),
+        ScorePattern::AllEqual => vec![0.5; n],
+        ScorePattern::FewDistinct => (0..n).map(|_| rng.random_range(0..4) as f32).collect(),
+        ScorePattern::OneBucket => (0..n).map(|_| 1.0 + rng.random_range(0.0..1.0f32) / 32.0).collect(),
+        ScorePattern::LastBits => {
+            (0..n).map(|_| f32::from_bits(1.0f32.to_bits() + rng.random_range(0..4096))).collect()
+        }
+        ScorePattern::NonFinite => (0..n)
+            .map(|_| match rng.random_range(0..100) {
+                0 => f32::NAN,
+                1 => f32::INFINITY,
+                2 => f32::NEG_INFINITY,
+                _ => gaussian(rng),
+            })
+            .collect(),
+        ScorePattern::AllNegInf => vec![f32::NEG_INFINITY; n],
+    }
+}

@@ -12,8 +12,11 @@ use nsa_runtime::verify::{self, download, upload, Check};
 use nsa_runtime::{DeviceChecks, Error, Runtime};
 use std::sync::{Mutex, OnceLock};
 
+#[path = "gpu/topk.rs"]
+mod topk;
+
 /// One runtime for the whole binary (tests run on threads; launches serialise on its stream).
-fn rt() -> std::sync::MutexGuard<'static, Runtime> {
+pub(crate) fn rt() -> std::sync::MutexGuard<'static, Runtime> {
     static RT: OnceLock<Mutex<Runtime>> = OnceLock::new();
     RT.get_or_init(|| {
         let rt = Runtime::new(0).unwrap_or_else(|e| panic!("GPU tests need an NVIDIA GPU and NVRTC: {e}"));
@@ -24,7 +27,7 @@ fn rt() -> std::sync::MutexGuard<'static, Runtime> {
     .unwrap_or_else(|p| p.into_inner())
 }
 
-fn assert_all(checks: &[Check]) {
+pub(crate) fn assert_all(checks: &[Check]) {
     for c in checks {
         eprintln!("{c}");
     }

@@ -31,9 +31,9 @@ fn matrix() -> Vec<(String, NsaConfig)> {
     out
 }
 
-/// Every distinct spec the matrix needs, sorted.
+/// Every distinct spec the matrix needs, plus every representative variant, sorted.
 fn matrix_specs() -> BTreeSet<KernelSpec> {
-    matrix().iter().flat_map(|(_, c)| kernel_set(c)).collect()
+    matrix().iter().flat_map(|(_, c)| kernel_set(c)).chain(all_specs()).collect()
 }
 
 /// Every variant that exists.
@@ -71,7 +71,7 @@ fn kernel_set_is_sorted_unique_and_covers_each_target() {
         assert!(set.windows(2).all(|w| w[0] < w[1]), "{name}: not sorted/unique");
         for t in &cfg.targets {
             let families: BTreeSet<&str> = set.iter().filter(|s| s.target == *t).map(|s| s.family_name()).collect();
-            let mut expected = BTreeSet::from(["kv_store", "indexer_k_store"]);
+            let mut expected = BTreeSet::from(["kv_store", "indexer_k_store", "topk", "index_transform"]);
             if cfg.kv_cache == KvCacheFormat::Fp8 {
                 expected.insert("kv_dequant");
             }
@@ -86,10 +86,15 @@ fn kernel_set_is_sorted_unique_and_covers_each_target() {
 }
 
 #[test]
-fn matrix_covers_every_variant() {
-    // So that the source/spec snapshots below cover everything that can be emitted.
+fn config_kernel_sets_stay_within_the_representative_variants() {
+    // The snapshots below render matrix_specs(); the presets' sets are part of it,
+    // and for the default top-k (2048) they need nothing all_for() lacks.
     let all: BTreeSet<KernelSpec> = all_specs().into_iter().collect();
-    assert_eq!(matrix_specs(), all);
+    for (name, cfg) in matrix() {
+        for spec in kernel_set(&cfg) {
+            assert!(all.contains(&spec), "{name}: {spec} is not in KernelSpec::all_for");
+        }
+    }
 }
 
 #[test]
@@ -313,7 +318,8 @@ fn is_c_identifier(s: &str) -> bool {
 #[test]
 fn ids_and_symbols_are_unique_and_round_trip() {
     let specs = all_specs();
-    assert_eq!(specs.len(), 4 * Target::ALL.len());
+    // 4 store kernels + 9 top-k + 3 deterministic top-k + 1 index transform per target.
+    assert_eq!(specs.len(), 17 * Target::ALL.len());
     let mut ids = BTreeMap::new();
     let mut symbols = BTreeMap::new();
     let mut sources = BTreeSet::new();
@@ -456,6 +462,10 @@ fn device_constants_agree_with_the_host_layout() {
     assert_eq!(KvCacheFormat::Bf16.token_bytes() as i64, 2 * k["kBf16TokenElems"]);
 }
 
+fn r_has_bounds(spec: &KernelSpec, threads: u32) -> bool {
+    render(spec).unwrap().source.contains(&format!("NSA_LAUNCH_BOUNDS({threads})"))
+}
+
 #[test]
 fn launch_geometry_matches_the_device_code() {
     let k = int_constants(header("nsa/kv_cache.cuh").unwrap());
@@ -468,6 +478,18 @@ fn launch_geometry_matches_the_device_code() {
         let lanes = match spec.family {
             KernelFamily::KvStore { .. } | KernelFamily::KvDequant => k["kMlaLanes"],
             KernelFamily::IndexerKStore => k["kIdxLanes"],
+            // One row per block: the whole block cooperates.
+            KernelFamily::TopK { .. } => {
+                assert_eq!(spec.tokens_per_block(), 1, "{spec}");
+                assert!(r_has_bounds(&spec, threads), "{spec}");
+                continue;
+            }
+            // One output element per thread.
+            KernelFamily::IndexTransform { .. } => {
+                assert_eq!(spec.tokens_per_block(), threads, "{spec}");
+                assert!(r_has_bounds(&spec, threads), "{spec}");
+                continue;
+            }
         };
         assert_eq!(threads as i64 % lanes, 0, "{spec}");
         // Indexer lane groups store several tokens each; the template passes the count.

@@ -2,3 +2,4 @@
 
 pub mod fp8;
 pub mod kv_cache;
+pub mod topk;

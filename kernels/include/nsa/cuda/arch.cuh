@@ -4,12 +4,32 @@
 #define NSA_DEVICE __device__ __forceinline__
 #define NSA_KERNEL extern "C" __global__
 #define NSA_LAUNCH_BOUNDS(n) __launch_bounds__(n)
+#define NSA_SHARED __shared__
 #include "nsa/common/types.cuh"
 
 namespace nsa {
 
+constexpr int kWarpSize = 32;
+
 NSA_DEVICE u32 thread_x() { return threadIdx.x; }
 NSA_DEVICE u32 block_x() { return blockIdx.x; }
+NSA_DEVICE u32 lane_id() { return threadIdx.x % 32u; }
+
+NSA_DEVICE void sync_block() { __syncthreads(); }
+
+// Shared- or global-memory atomic add returning the old value.
+NSA_DEVICE u32 atomic_add_ret(u32* p, u32 v) { return atomicAdd(p, v); }
+
+// Inclusive prefix sum across the 32 lanes of a converged warp.
+NSA_DEVICE u32 warp_inclusive_scan(u32 v) {
+  const u32 lane = lane_id();
+#pragma unroll
+  for (int d = 1; d < 32; d <<= 1) {
+    const u32 o = __shfl_up_sync(0xffffffffu, v, d);
+    if (lane >= (u32)d) v += o;
+  }
+  return v;
+}
 
 // Butterfly exchange within the warp; callers keep `mask` inside a converged group.
 NSA_DEVICE float shfl_xor(float v, int mask) {

@@ -5,17 +5,41 @@
 #define NSA_DEVICE __attribute__((device)) __attribute__((always_inline)) inline
 #define NSA_KERNEL extern "C" __attribute__((global))
 #define NSA_LAUNCH_BOUNDS(n) __attribute__((amdgpu_flat_work_group_size(1, n)))
+#define NSA_SHARED __attribute__((shared))
 #define __restrict__ __restrict
 #include "nsa/common/types.cuh"
 #include "nsa/common/numeric_soft.cuh"
 
 namespace nsa {
 
+constexpr int kWarpSize = 64;
+
 NSA_DEVICE u32 thread_x() { return __builtin_amdgcn_workitem_id_x(); }
 NSA_DEVICE u32 block_x() { return __builtin_amdgcn_workgroup_id_x(); }
 
+NSA_DEVICE u32 lane_id() { return __builtin_amdgcn_mbcnt_hi(~0u, __builtin_amdgcn_mbcnt_lo(~0u, 0u)); }
+
+NSA_DEVICE void sync_block() {
+  __builtin_amdgcn_fence(__ATOMIC_RELEASE, "workgroup");
+  __builtin_amdgcn_s_barrier();
+  __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "workgroup");
+}
+
+NSA_DEVICE u32 atomic_add_ret(u32* p, u32 v) { return __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
+
+// Inclusive prefix sum across the 64 lanes of a converged wavefront.
+NSA_DEVICE u32 warp_inclusive_scan(u32 v) {
+  const u32 lane = lane_id();
+  for (int d = 1; d < 64; d <<= 1) {
+    const u32 src = lane >= (u32)d ? lane - (u32)d : lane;
+    const u32 o = (u32)__builtin_amdgcn_ds_bpermute((int)(src << 2), (int)v);
+    if (lane >= (u32)d) v += o;
+  }
+  return v;
+}
+
 NSA_DEVICE float shfl_xor(float v, int mask) {
-  const u32 lane = __builtin_amdgcn_mbcnt_hi(~0u, __builtin_amdgcn_mbcnt_lo(~0u, 0u));
+  const u32 lane = lane_id();
   const int r = __builtin_amdgcn_ds_bpermute((int)((lane ^ (u32)mask) << 2), __builtin_bit_cast(int, v));
   return __builtin_bit_cast(float, r);
 }

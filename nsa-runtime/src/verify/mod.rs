@@ -223,3 +223,4 @@ pub fn kv_cache_suite(rt: &Runtime, sizes: &[usize], seed: u64) -> Result<Vec<Ch
     }
     Ok(checks)
 }
+pub mod topk;

@@ -1,0 +1,272 @@
+// Exact top-k of f32 scores per row by radix select (spec §7), with the output
+// transformed in place: relative positions, page-table slots (PAGED) or positions
+// plus a per-row offset (RAGGED).
+//
+// One block per row. Keys are the scores mapped to order-preserving u32 (NaN maps
+// to 0, below -inf, so a NaN is never chosen ahead of any number). Round 0 builds
+// an 11-bit histogram of every key and finds the bin holding the k-th largest;
+// keys above it are winners. Rounds 1 and 2 refine the threshold bin (11 and 10
+// more bits) over a shared-memory candidate list, or, when that bin holds more
+// keys than the list can take, by re-reading the row: exact either way, never a
+// dropped candidate. Rows of up to kCacheCap keys are kept in shared memory so
+// the row is read from HBM once.
+#pragma once
+#ifndef NSA_DEVICE
+#error "include the arch header (nsa/cuda/arch.cuh or nsa/rocm/arch.cuh) first"
+#endif
+#include "nsa/common/block.cuh"
+#include "nsa/common/segments.cuh"
+#include "nsa/common/status.cuh"
+
+namespace nsa {
+namespace topk {
+
+enum Transform { kPlain = 0, kPaged = 1, kRagged = 2 };
+
+// Kernel parameters; the host mirrors this layout field for field.
+struct Params {
+  const float* scores;      // [rows, row_stride] f32; row r's candidates start at row_starts[r]
+  const i32* lengths;       // [rows] candidates per row (<= 0: none)
+  const i32* row_starts;    // [rows] or null (all 0)
+  const i32* page_table;    // PAGED: [table_rows, table_stride] slots
+  const i32* cu_seqlens_q;  // PAGED prefill: [table_rows + 1], row r uses table row i with cu[i] <= r < cu[i+1]; null: row r
+  const i32* offsets;       // RAGGED: [rows]
+  i32* out;                 // [rows, K]
+  i64 row_stride;           // elements between score rows
+  i64 table_stride;         // elements between page-table rows
+  i32 rows;
+  i32 row_capacity;         // readable elements per score row: row_starts[r] + lengths[r] must fit
+  i32 table_rows;
+  i32 table_width;          // PAGED: lengths[r] must be <= this
+};
+
+constexpr int kBins = 2048;
+constexpr int kRounds = 3;
+constexpr int kShift[kRounds] = {21, 10, 0};
+constexpr int kWidth[kRounds] = {11, 11, 10};
+
+// Scalars kept in shared memory after the scan scratch.
+enum Slot { kThrBin = kScanScratch, kAbove, kWinners, kTies, kCands, kScalarWords };
+
+struct alignas(16) F4 {
+  float v[4];
+};
+
+NSA_DEVICE u32 order_key(float f) {
+  const u32 b = f32_as_u32(f);
+  if ((b & 0x7fffffffu) > 0x7f800000u) return 0u;
+  return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+
+// Which page-table row serves score row `row` (-1: none).
+template <int kTransform>
+NSA_DEVICE i32 table_row_of(const Params& p, i32 row) {
+  return kTransform == kPaged ? segment_of(p.cu_seqlens_q, p.table_rows, row) : 0;
+}
+
+template <int kTransform>
+NSA_DEVICE i32 emit(const Params& p, i32 row, i32 trow, i32 pos) {
+  if (kTransform == kRagged) return pos + p.offsets[row];
+  if (kTransform == kPaged) return p.page_table[(i64)trow * p.table_stride + pos];
+  return pos;
+}
+
+// Finds the bin holding the r-th largest key (counting down from the top bin) in
+// hist[0, bins); stores it and the count of keys in higher bins in sm[kThrBin/kAbove].
+template <int kBlockThreads>
+NSA_DEVICE void find_threshold(const u32* hist, int bins, u32 r, u32* sm) {
+  constexpr int kPer = kBins / kBlockThreads;
+  static_assert(kPer * kBlockThreads == kBins, "bins split evenly over threads");
+  const u32 tid = thread_x();
+  u32 c[kPer];
+  u32 sum = 0;
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int bin = bins - 1 - (int)(tid * kPer + j);
+    c[j] = bin >= 0 ? hist[bin] : 0u;
+    sum += c[j];
+  }
+  u32 total;
+  u32 run = block_exclusive_scan<kBlockThreads>(sum, sm, total);
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    if (run < r && r <= run + c[j]) {
+      sm[kThrBin] = (u32)(bins - 1 - (int)(tid * kPer + j));
+      sm[kAbove] = run;
+    }
+    run += c[j];
+  }
+  sync_block();
+}
+
+// Shared-memory words the kernel needs beyond the candidate list and row cache.
+constexpr int kFixedWords = kBins + kScalarWords;
+
+template <int K, int kTransform, bool kDeterministic, int kBlockThreads, int kCandCap, int kCacheCap, int kSmemWords>
+NSA_DEVICE void select(const Params& p, u32* status) {
+  static_assert(kFixedWords + 2 * kCandCap + kCacheCap <= kSmemWords, "launch provides kSmemWords of shared memory");
+  extern NSA_SHARED u32 smem[];
+  u32* hist = smem;
+  u32* sm = hist + kBins;
+  u32* cand_idx = sm + kScalarWords;
+  u32* cand_key = cand_idx + kCandCap;
+  u32* cache = cand_key + kCandCap;
+
+  const i32 row = (i32)block_x();
+  const u32 tid = thread_x();
+  i32* out = p.out + (i64)row * K;
+  const i32 s0 = p.row_starts != nullptr ? p.row_starts[row] : 0;
+  const i32 n = p.lengths[row] > 0 ? p.lengths[row] : 0;
+  const i32 trow = table_row_of<kTransform>(p, row);
+  const bool row_ok = n == 0 || (s0 >= 0 && (i64)s0 + n <= p.row_capacity && trow >= 0 &&
+                                 (kTransform != kPaged || n <= p.table_width));
+  if (!row_ok) {
+    if (tid == 0) report_bad_entry(status, row);
+    for (int k = tid; k < K; k += kBlockThreads) out[k] = -1;
+    return;
+  }
+  if (n <= K) {  // short row: every position, in order, then -1
+    for (int k = tid; k < K; k += kBlockThreads) out[k] = k < n ? emit<kTransform>(p, row, trow, k) : -1;
+    return;
+  }
+
+  const float* src = p.scores + (i64)row * p.row_stride + s0;
+  const bool cached = kCacheCap > 0 && n <= kCacheCap;
+  auto key_at = [&](i32 i) -> u32 { return cached ? cache[i] : order_key(src[i]); };
+
+  // Round 0: histogram of the top 11 bits of every key (caching the keys).
+  for (int b = tid; b < kBins; b += kBlockThreads) hist[b] = 0u;
+  if (tid == 0) {
+    sm[kWinners] = 0u;
+    sm[kTies] = 0u;
+    sm[kCands] = 0u;
+  }
+  sync_block();
+  auto count = [&](i32 i, float f) {
+    const u32 key = order_key(f);
+    atomic_add_ret(&hist[key >> kShift[0]], 1u);
+    if (cached) cache[i] = key;
+  };
+  {
+    // Scalar head up to 16-byte alignment, float4 body, scalar tail.
+    const i32 to_align = (i32)(((16u - ((u32)(u64)src & 15u)) & 15u) / 4u);
+    const i32 head = to_align < n ? to_align : n;
+    for (i32 i = tid; i < head; i += kBlockThreads) count(i, src[i]);
+    const F4* body = reinterpret_cast<const F4*>(src + head);
+    const i32 vecs = (n - head) / 4;
+    for (i32 j = tid; j < vecs; j += kBlockThreads) {
+      const F4 f = body[j];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) count(head + 4 * j + e, f.v[e]);
+    }
+    for (i32 i = head + 4 * vecs + tid; i < n; i += kBlockThreads) count(i, src[i]);
+  }
+  sync_block();
+  find_threshold<kBlockThreads>(hist, kBins, (u32)K, sm);
+  const u32 bin0 = sm[kThrBin];
+  u32 prefix = bin0;
+  u32 r = (u32)K - sm[kAbove];  // still to take from the threshold bin
+  const u32 in_bin = hist[bin0];
+  const bool use_cands = in_bin <= (u32)kCandCap;
+  sync_block();
+
+  // The bin's keys become candidates; without ordering, winners above it go out now.
+  if (use_cands || !kDeterministic) {
+    for (i32 i = tid; i < n; i += kBlockThreads) {
+      const u32 key = key_at(i);
+      const u32 bin = key >> kShift[0];
+      if (!kDeterministic && bin > bin0) {
+        out[atomic_add_ret(&sm[kWinners], 1u)] = emit<kTransform>(p, row, trow, i);
+      } else if (bin == bin0 && use_cands) {
+        const u32 c = atomic_add_ret(&sm[kCands], 1u);
+        cand_idx[c] = (u32)i;
+        cand_key[c] = key;
+      }
+    }
+  }
+
+  // Rounds 1, 2: refine the threshold bin until the threshold key is exact, or until
+  // the whole bin is taken. Afterwards: winners are keys > thr, plus r keys == thr.
+  i64 thr = -1;
+  bool resolved = false;
+  if (in_bin == r) {  // the whole round-0 bin is taken
+    thr = ((i64)prefix << kShift[0]) - 1;
+    r = 0;
+    resolved = true;
+  }
+#pragma unroll
+  for (int round = 1; round < kRounds; ++round) {
+    if (resolved) break;
+    const int shift = kShift[round];
+    const u32 mask = (1u << kWidth[round]) - 1u;
+    const int up = kShift[round - 1];
+    for (int b = tid; b < kBins; b += kBlockThreads) hist[b] = 0u;
+    sync_block();
+    if (use_cands) {
+      for (u32 c = tid; c < in_bin; c += kBlockThreads) {
+        const u32 key = cand_key[c];
+        if ((key >> up) == prefix) atomic_add_ret(&hist[(key >> shift) & mask], 1u);
+      }
+    } else {
+      for (i32 i = tid; i < n; i += kBlockThreads) {
+        const u32 key = key_at(i);
+        if ((key >> up) == prefix) atomic_add_ret(&hist[(key >> shift) & mask], 1u);
+      }
+    }
+    sync_block();
+    find_threshold<kBlockThreads>(hist, 1 << kWidth[round], r, sm);
+    const u32 bin = sm[kThrBin];
+    r -= sm[kAbove];
+    prefix = (prefix << kWidth[round]) | bin;
+    const u32 count_here = hist[bin];
+    sync_block();
+    if (round == kRounds - 1) {
+      thr = (i64)prefix;
+      resolved = true;
+    } else if (count_here == r) {
+      thr = ((i64)prefix << shift) - 1;
+      r = 0;
+      resolved = true;
+    }
+  }
+
+  if (kDeterministic) {
+    // Ordered compaction over the row: output sorted by position, ties by lowest position.
+    u32 win_run = 0, tie_run = 0;
+    for (i32 base = 0; base < n; base += kBlockThreads) {
+      const i32 i = base + (i32)tid;
+      const u32 key = i < n ? key_at(i) : 0u;
+      const u32 w = (i < n && (i64)key > thr) ? 1u : 0u;
+      const u32 t = (i < n && (i64)key == thr) ? 1u : 0u;
+      u32 total;
+      const u32 before = block_exclusive_scan<kBlockThreads>(w | (t << 16), sm, total);
+      const u32 tb = tie_run + (before >> 16);
+      const u32 pos = win_run + (before & 0xffffu) + (tb < r ? tb : r);
+      if (w || (t && tb < r)) out[pos] = emit<kTransform>(p, row, trow, i);
+      win_run += total & 0xffffu;
+      tie_run += total >> 16;
+    }
+    return;
+  }
+  // Non-deterministic: the round-0 bin's winners and ties (any r of the ties).
+  const u32 taken = (u32)K - r;  // winners in total; ties fill [taken, K)
+  auto place = [&](i32 i, u32 key) {
+    if ((i64)key > thr) {
+      out[atomic_add_ret(&sm[kWinners], 1u)] = emit<kTransform>(p, row, trow, i);
+    } else if ((i64)key == thr) {
+      const u32 t = atomic_add_ret(&sm[kTies], 1u);
+      if (t < r) out[taken + t] = emit<kTransform>(p, row, trow, i);
+    }
+  };
+  if (use_cands) {
+    for (u32 c = tid; c < in_bin; c += kBlockThreads) place((i32)cand_idx[c], cand_key[c]);
+  } else {
+    for (i32 i = tid; i < n; i += kBlockThreads) {
+      const u32 key = key_at(i);
+      if ((key >> kShift[0]) == bin0) place(i, key);
+    }
+  }
+}
+
+}  // namespace topk
+}  // namespace nsa

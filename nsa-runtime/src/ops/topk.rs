@@ -1,0 +1,255 @@
+//! Launchers of exact top-k (fused PAGED / RAGGED / plain) and the unfused
+//! page-table transform (spec §7).
+
+use super::{check_count_fits_i32, invalid};
+use crate::runtime::Runtime;
+use crate::Result;
+use cudarc::driver::{CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr, PushKernelArg};
+use nsa_kernels::{KernelFamily, TopkTransform};
+
+/// Scores and per-row extents: row b's candidates are
+/// `scores[b * row_stride + row_starts[b] ..][.. lengths[b]]`.
+#[derive(Debug)]
+pub struct TopkScores<'a> {
+    pub scores: &'a CudaView<'a, f32>,
+    /// Elements between rows.
+    pub row_stride: usize,
+    /// Readable elements per row; `row_starts[b] + lengths[b]` beyond it rejects row b.
+    pub row_capacity: usize,
+    pub lengths: &'a CudaView<'a, i32>,
+    /// `None`: every row starts at 0.
+    pub row_starts: Option<&'a CudaView<'a, i32>>,
+}
+
+/// A page table `[rows, stride]` of which the first `width` columns are valid.
+#[derive(Debug)]
+pub struct PageTable<'a> {
+    pub table: &'a CudaView<'a, i32>,
+    pub rows: usize,
+    pub stride: usize,
+    pub width: usize,
+    /// `Some(cu)` (`rows + 1` entries): score/token row b uses table row i with
+    /// `cu[i] <= b < cu[i+1]` (prefill). `None`: row b uses table row b (decode).
+    pub cu_seqlens_q: Option<&'a CudaView<'a, i32>>,
+}
+
+/// What top-k writes for each chosen position.
+#[derive(Debug)]
+pub enum TopkOutput<'a> {
+    /// Relative positions.
+    Plain,
+    /// Physical slots from the page table (spec §7.3).
+    Paged(PageTable<'a>),
+    /// Positions plus `offsets[b]` (spec §7.4).
+    Ragged { offsets: &'a CudaView<'a, i32> },
+}
+
+impl TopkOutput<'_> {
+    fn transform(&self) -> TopkTransform {
+        match self {
+            TopkOutput::Plain => TopkTransform::Plain,
+            TopkOutput::Paged(_) => TopkTransform::Paged,
+            TopkOutput::Ragged { .. } => TopkTransform::Ragged,
+        }
+    }
+}
+
+/// Mirrors `nsa::topk::Params` (topk.cuh) field for field.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct TopkParams {
+    scores: u64,
+    lengths: u64,
+    row_starts: u64,
+    page_table: u64,
+    cu_seqlens_q: u64,
+    offsets: u64,
+    out: u64,
+    row_stride: i64,
+    table_stride: i64,
+    rows: i32,
+    row_capacity: i32,
+    table_rows: i32,
+    table_width: i32,
+}
+// SAFETY: plain old data with the C layout the kernel declares.
+unsafe impl DeviceRepr for TopkParams {}
+
+/// Mirrors `nsa::index_transform::Params` (index_transform.cuh).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct TransformParams {
+    idx: u64,
+    page_table: u64,
+    cu_seqlens_q: u64,
+    out: u64,
+    table_stride: i64,
+    rows: i32,
+    table_rows: i32,
+    table_width: i32,
+}
+// SAFETY: as above.
+unsafe impl DeviceRepr for TransformParams {}
+
+const ROW_EXPECTED: &str = "row_starts[b] + lengths[b] <= row_capacity, lengths[b] <= the page-table width (PAGED), \
+                            and b covered by cu_seqlens_q (PAGED prefill); the row was written as all -1";
+
+fn check_page_table(t: &PageTable<'_>) -> Result<()> {
+    if t.width > t.stride {
+        return Err(invalid("page_table.width", t.width.to_string(), format!("at most the stride {}", t.stride)));
+    }
+    let need = if t.rows == 0 { 0 } else { (t.rows - 1) * t.stride + t.width };
+    if t.table.len() < need {
+        return Err(invalid(
+            "page_table",
+            format!("{} elements", t.table.len()),
+            format!("at least {need} for {} rows of stride {}", t.rows, t.stride),
+        ));
+    }
+    if let Some(cu) = t.cu_seqlens_q {
+        if cu.len() != t.rows + 1 {
+            return Err(invalid("cu_seqlens_q", format!("length {}", cu.len()), format!("page_table.rows + 1 = {}", t.rows + 1)));
+        }
+    }
+    check_count_fits_i32("page_table.rows", t.rows)?;
+    check_count_fits_i32("page_table.width", t.width)?;
+    Ok(())
+}
+
+/// Exact top-`k` of every row into `out` (`[rows, k]`, −1 padded, valid entries
+/// first). `deterministic`: ties go to the lowest positions and each row is sorted.
+pub fn topk(
+    rt: &Runtime,
+    k: u32,
+    deterministic: bool,
+    scores: &TopkScores<'_>,
+    output: &TopkOutput<'_>,
+    out: &mut CudaViewMut<'_, i32>,
+) -> Result<()> {
+    let rows = scores.lengths.len();
+    if k == 0 {
+        return Err(invalid("k", "0", "at least 1"));
+    }
+    if out.len() != rows * k as usize {
+        return Err(invalid("out", format!("length {}", out.len()), format!("rows × k = {rows} × {k}")));
+    }
+    if scores.row_capacity > scores.row_stride && rows > 1 {
+        return Err(invalid("row_capacity", scores.row_capacity.to_string(), format!("at most row_stride {}", scores.row_stride)));
+    }
+    let need = if rows == 0 { 0 } else { (rows - 1) * scores.row_stride + scores.row_capacity };
+    if scores.scores.len() < need {
+        return Err(invalid(
+            "scores",
+            format!("{} elements", scores.scores.len()),
+            format!("at least {need} for {rows} rows (stride {}, capacity {})", scores.row_stride, scores.row_capacity),
+        ));
+    }
+    if let Some(s) = scores.row_starts {
+        if s.len() != rows {
+            return Err(invalid("row_starts", format!("length {}", s.len()), format!("one per row ({rows})")));
+        }
+    }
+    let (table_stride, table_rows, table_width) = match output {
+        TopkOutput::Paged(t) => {
+            check_page_table(t)?;
+            (t.stride as i64, t.rows as i32, t.width as i32)
+        }
+        TopkOutput::Ragged { offsets } => {
+            if offsets.len() != rows {
+                return Err(invalid("offsets", format!("length {}", offsets.len()), format!("one per row ({rows})")));
+            }
+            (0, 0, 0)
+        }
+        TopkOutput::Plain => (0, 0, 0),
+    };
+    let num_rows = check_count_fits_i32("lengths", rows)?;
+    let row_capacity = check_count_fits_i32("row_capacity", scores.row_capacity)?;
+    if rows == 0 {
+        return Ok(());
+    }
+    let kernel = rt.kernel(KernelFamily::TopK { k, transform: output.transform(), deterministic })?;
+    let stream = rt.gpu().stream();
+    let (scores_ptr, _s1) = scores.scores.device_ptr(stream);
+    let (lengths_ptr, _s2) = scores.lengths.device_ptr(stream);
+    let (starts_ptr, _s3) = match scores.row_starts {
+        Some(v) => {
+            let (p, s) = v.device_ptr(stream);
+            (p, Some(s))
+        }
+        None => (0, None),
+    };
+    let (table_ptr, cu_ptr, offsets_ptr, _s4) = match output {
+        TopkOutput::Paged(t) => {
+            let (tp, s) = t.table.device_ptr(stream);
+            let cu = t.cu_seqlens_q.map(|c| c.device_ptr(stream));
+            (tp, cu.as_ref().map_or(0, |c| c.0), 0, Some((s, cu.map(|c| c.1))))
+        }
+        TopkOutput::Ragged { offsets } => {
+            let (op, s) = offsets.device_ptr(stream);
+            (0, 0, op, Some((s, None)))
+        }
+        TopkOutput::Plain => (0, 0, 0, None),
+    };
+    let (out_ptr, _s5) = out.device_ptr_mut(stream);
+    let params = TopkParams {
+        scores: scores_ptr,
+        lengths: lengths_ptr,
+        row_starts: starts_ptr,
+        page_table: table_ptr,
+        cu_seqlens_q: cu_ptr,
+        offsets: offsets_ptr,
+        out: out_ptr,
+        row_stride: scores.row_stride as i64,
+        table_stride,
+        rows: num_rows,
+        row_capacity,
+        table_rows,
+        table_width,
+    };
+    let mut args = rt.args(&kernel);
+    args.arg(&params);
+    rt.launch(&kernel, args, rows, "lengths", ROW_EXPECTED)
+}
+
+/// Unfused transform (spec §7.7): `out[t, j] = table[row(t), idx[t, j]]` for
+/// `idx >= 0`, else −1; `idx` and `out` are `[rows, k]`. Positions at or past the
+/// table width are rejected (written as −1).
+pub fn page_table_transform(
+    rt: &Runtime,
+    k: u32,
+    idx: &CudaView<'_, i32>,
+    table: &PageTable<'_>,
+    out: &mut CudaViewMut<'_, i32>,
+) -> Result<()> {
+    if k == 0 || idx.len() % k as usize != 0 {
+        return Err(invalid("idx", format!("length {}", idx.len()), format!("a multiple of k = {k}")));
+    }
+    if out.len() != idx.len() {
+        return Err(invalid("out", format!("length {}", out.len()), format!("the length of idx ({})", idx.len())));
+    }
+    check_page_table(table)?;
+    let rows = idx.len() / k as usize;
+    let num_rows = check_count_fits_i32("idx rows", rows)?;
+    if rows == 0 {
+        return Ok(());
+    }
+    let kernel = rt.kernel(KernelFamily::IndexTransform { k })?;
+    let stream = rt.gpu().stream();
+    let (idx_ptr, _s1) = idx.device_ptr(stream);
+    let (table_ptr, _s2) = table.table.device_ptr(stream);
+    let cu = table.cu_seqlens_q.map(|c| c.device_ptr(stream));
+    let (out_ptr, _s3) = out.device_ptr_mut(stream);
+    let params = TransformParams {
+        idx: idx_ptr,
+        page_table: table_ptr,
+        cu_seqlens_q: cu.as_ref().map_or(0, |c| c.0),
+        out: out_ptr,
+        table_stride: table.stride as i64,
+        rows: num_rows,
+        table_rows: table.rows as i32,
+        table_width: table.width as i32,
+    };
+    let mut args = rt.args(&kernel);
+    args.arg(&params);
+    rt.launch(&kernel, args, rows * k as usize, "idx", "a position below the page-table width; written as -1")
+}

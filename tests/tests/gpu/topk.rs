@@ -1,0 +1,137 @@
+//! Top-k on the GPU against the CPU reference (included by gpu.rs).
+
+use super::{assert_all, rt};
+use nsa_kernels::TopkTransform;
+use nsa_runtime::ops::topk::{self, PageTable, TopkOutput, TopkScores};
+use nsa_runtime::testdata::{ScorePattern, SCORE_PATTERNS};
+use nsa_runtime::verify::topk::{run, TopkCase};
+use nsa_runtime::verify::{download, upload, Check};
+use nsa_runtime::{DeviceChecks, Error};
+
+/// Lengths around every boundary of k and of the kernel's shared-memory row cache.
+fn edge_lengths(k: i32) -> Vec<i32> {
+    vec![0, -3, 1, k - 1, k, k + 1, 2 * k + 7, 5000, 40_960, 40_961, 70_001]
+}
+
+fn case(k: u32, transform: TopkTransform, deterministic: bool, pattern: ScorePattern, lengths: Vec<i32>, seed: u64) -> TopkCase {
+    TopkCase { k, transform, deterministic, pattern, lengths, row_starts: true, grouped: false, seed }
+}
+
+#[test]
+fn every_variant_every_pattern_edge_lengths() {
+    let rt = rt();
+    let mut checks: Vec<Check> = Vec::new();
+    let mut seed = 100;
+    for k in [512u32, 1024, 2048] {
+        for transform in TopkTransform::ALL {
+            for deterministic in [false, true] {
+                for pattern in SCORE_PATTERNS {
+                    seed += 1;
+                    let c = case(k, transform, deterministic, pattern, edge_lengths(k as i32), seed);
+                    checks.push(run(&rt, &c).unwrap());
+                }
+            }
+        }
+    }
+    assert_all(&checks);
+}
+
+#[test]
+fn paged_prefill_form_groups_rows_by_request() {
+    let rt = rt();
+    let mut checks = Vec::new();
+    for (i, pattern) in SCORE_PATTERNS.into_iter().enumerate() {
+        let lengths: Vec<i32> = (0..37).map(|j| [5, 2047, 2048, 2049, 9000, 33_000][(i + j) % 6]).collect();
+        let mut c = case(2048, TopkTransform::Paged, i % 2 == 0, pattern, lengths, 900 + i as u64);
+        c.grouped = true;
+        checks.push(run(&rt, &c).unwrap());
+    }
+    assert_all(&checks);
+}
+
+#[test]
+fn many_rows_and_very_long_rows() {
+    let rt = rt();
+    let mut checks = Vec::new();
+    let mut rng = nsa_runtime::testdata::rng(5);
+    let many: Vec<i32> = (0..4096).map(|_| rand::Rng::random_range(&mut rng, 0..6000)).collect();
+    checks.push(run(&rt, &case(2048, TopkTransform::Ragged, false, ScorePattern::Gaussian, many.clone(), 1)).unwrap());
+    checks.push(run(&rt, &case(2048, TopkTransform::Paged, true, ScorePattern::FewDistinct, many, 2)).unwrap());
+    for (i, pattern) in [ScorePattern::Gaussian, ScorePattern::OneBucket, ScorePattern::FewDistinct, ScorePattern::NonFinite]
+        .into_iter()
+        .enumerate()
+    {
+        let long = vec![1 << 20, (1 << 20) + 13];
+        checks.push(run(&rt, &case(2048, TopkTransform::Plain, i % 2 == 1, pattern, long, 10 + i as u64)).unwrap());
+    }
+    checks.push(run(&rt, &case(1024, TopkTransform::Plain, false, ScorePattern::Gaussian, vec![131_072; 64], 3)).unwrap());
+    assert_all(&checks);
+}
+
+#[test]
+fn out_of_window_rows_are_rejected_not_read() {
+    let mut rt = rt();
+    let stream = rt.gpu().stream().clone();
+    let scores = upload(&stream, &vec![1.0f32; 4 * 100]).unwrap();
+    // Row 1 asks for 50 values from start 60 of a 100-wide row; row 3 has a negative start.
+    let lengths = upload(&stream, &[30i32, 50, 3000, 10]).unwrap();
+    let starts = upload(&stream, &[0i32, 60, 0, -1]).unwrap();
+    for checks in [DeviceChecks::Skip, DeviceChecks::Report] {
+        rt.set_checks(checks).unwrap();
+        let mut out = upload(&stream, &vec![7i32; 4 * 512]).unwrap();
+        let (sv, lv, st) = (scores.slice(0..), lengths.slice(0..), starts.slice(0..));
+        let input = TopkScores { scores: &sv, row_stride: 100, row_capacity: 100, lengths: &lv, row_starts: Some(&st) };
+        let r = topk::topk(&rt, 512, false, &input, &TopkOutput::Plain, &mut out.slice_mut(0..));
+        match (checks, r) {
+            (DeviceChecks::Skip, Ok(())) => {}
+            (DeviceChecks::Report, Err(Error::DeviceRejected { count: 3, field: "lengths", .. })) => {}
+            (c, other) => panic!("{c:?}: unexpected {other:?}"),
+        }
+        let got = download(&stream, &out, 4 * 512).unwrap();
+        assert_eq!(&got[..30], &(0..30).collect::<Vec<i32>>()[..]);
+        for row in 1..4 {
+            assert!(got[row * 512..][..512].iter().all(|&v| v == -1), "row {row} must be all -1");
+        }
+    }
+    rt.set_checks(DeviceChecks::Skip).unwrap();
+}
+
+#[test]
+fn unfused_page_table_transform_decode_and_prefill() {
+    let rt = rt();
+    let stream = rt.gpu().stream().clone();
+    let k = 2048usize;
+    let width = 3000usize;
+    let table_rows = 3usize;
+    let table: Vec<i32> = (0..table_rows * width).map(|i| (i as i32) * 7 + 1).collect();
+    let mut rng = nsa_runtime::testdata::rng(77);
+    for prefill in [false, true] {
+        let rows = if prefill { 5 } else { table_rows };
+        let cu: Vec<i32> = vec![0, 2, 4, 4]; // prefill: rows 0-1 → request 0, 2-3 → 1, row 4 past the end
+        let idx: Vec<i32> = (0..rows * k)
+            .map(|_| match rand::Rng::random_range(&mut rng, 0..10) {
+                0 => -1,
+                _ => rand::Rng::random_range(&mut rng, 0..width as i32),
+            })
+            .collect();
+        let d_idx = upload(&stream, &idx).unwrap();
+        let d_table = upload(&stream, &table).unwrap();
+        let d_cu = upload(&stream, &cu).unwrap();
+        let mut d_out = upload(&stream, &vec![i32::MIN; rows * k]).unwrap();
+        let (tv, cv) = (d_table.slice(0..), d_cu.slice(0..));
+        let pt = PageTable { table: &tv, rows: table_rows, stride: width, width, cu_seqlens_q: prefill.then_some(&cv) };
+        topk::page_table_transform(&rt, k as u32, &d_idx.slice(0..), &pt, &mut d_out.slice_mut(0..)).unwrap();
+        let got = download(&stream, &d_out, rows * k).unwrap();
+        for t in 0..rows {
+            let trow = if prefill { cu.windows(2).position(|w| w[0] <= t as i32 && (t as i32) < w[1]) } else { Some(t) };
+            for j in 0..k {
+                let p = idx[t * k + j];
+                let want = match trow {
+                    Some(r) if p >= 0 => table[r * width + p as usize],
+                    _ => -1,
+                };
+                assert_eq!(got[t * k + j], want, "prefill={prefill} row {t} entry {j}");
+            }
+        }
+    }
+}
