@@ -29,6 +29,29 @@ pub struct BenchArgs {
     /// Write all results as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// Which benchmarks: kv (store/dequant + JIT), topk, or all.
+    #[arg(long, value_enum, default_value_t = Suite::All)]
+    pub suite: Suite,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Suite {
+    Kv,
+    Topk,
+    All,
+}
+
+#[derive(Serialize, Debug)]
+struct TopkRow {
+    rows: usize,
+    n: usize,
+    k: u32,
+    transform: &'static str,
+    us: f64,
+    /// Score bytes read once, per µs.
+    gbps: f64,
+    /// Time to read the scores once at the copy rate measured in this run.
+    roofline_us: f64,
 }
 
 #[derive(Serialize, Debug)]
@@ -53,6 +76,7 @@ struct JitRow {
 struct Report {
     device: String,
     date_utc: String,
+    topk: Vec<TopkRow>,
     bandwidth: Vec<BandwidthRow>,
     jit_cold: Vec<JitRow>,
     jit_disk_load_total_ms: f64,
@@ -205,16 +229,71 @@ fn jit(rt: &Runtime) -> Result<(Vec<JitRow>, f64, usize, f64)> {
     Ok((rows, disk_ms, specs.len(), hit_ns))
 }
 
+/// Top-k of f32 rows (Gaussian scores, every row full length) for each transform.
+fn topk_bench(rt: &Runtime, reps: usize) -> Result<Vec<TopkRow>> {
+    use nsa_kernels::TopkTransform;
+    use nsa_runtime::ops::topk::{topk, PageTable, TopkOutput, TopkScores};
+    let stream = rt.gpu().stream().clone();
+    let k = 2048u32;
+    let copy_gbps = {
+        let bytes = 512 << 20;
+        bytes as f64 / copy_us(&stream, bytes, 20)? / 1e3
+    };
+    let mut out_rows = Vec::new();
+    for (rows, n) in [(64usize, 131_072usize), (1, 131_072), (2048, 32_768)] {
+        let mut rng = testdata::rng(rows as u64 ^ n as u64);
+        let scores: Vec<f32> = (0..rows * n).map(|_| rand::Rng::random::<f32>(&mut rng)).collect();
+        let d_scores = upload(&stream, &scores)?;
+        let d_lengths = upload(&stream, &vec![n as i32; rows])?;
+        let table: Vec<i32> = (0..(rows * n) as i32).collect();
+        let d_table = upload(&stream, &table)?;
+        let d_offsets = upload(&stream, &vec![17i32; rows])?;
+        let mut d_out: CudaSlice<i32> = stream.alloc_zeros(rows * k as usize).map_err(Error::driver("alloc"))?;
+        let (sv, lv, tv, ov) = (d_scores.slice(0..), d_lengths.slice(0..), d_table.slice(0..), d_offsets.slice(0..));
+        let input = TopkScores { scores: &sv, row_stride: n, row_capacity: n, lengths: &lv, row_starts: None };
+        for transform in TopkTransform::ALL {
+            let output = match transform {
+                TopkTransform::Plain => TopkOutput::Plain,
+                TopkTransform::Ragged => TopkOutput::Ragged { offsets: &ov },
+                TopkTransform::Paged => {
+                    TopkOutput::Paged(PageTable { table: &tv, rows, stride: n, width: n, cu_seqlens_q: None })
+                }
+            };
+            let us = time_us(&stream, reps, || topk(rt, k, false, &input, &output, &mut d_out.slice_mut(0..)))?;
+            let bytes = (rows * n * 4) as f64;
+            let row = TopkRow {
+                rows,
+                n,
+                k,
+                transform: transform.tag(),
+                us,
+                gbps: bytes / us / 1e3,
+                roofline_us: bytes / copy_gbps / 1e3,
+            };
+            println!(
+                "topk k{k} {:<7} {rows:>5} rows × {n:>7}: {us:>9.2} µs  {:>6.0} GB/s  (read-once roofline {:.2} µs at {copy_gbps:.0} GB/s)",
+                row.transform, row.gbps, row.roofline_us
+            );
+            out_rows.push(row);
+        }
+    }
+    Ok(out_rows)
+}
+
 pub fn run(args: BenchArgs) -> Result<()> {
     let rt = Runtime::new(0)?;
     let device = format!("{} ({} SMs)", rt.gpu().caps().name, rt.gpu().caps().sm_count);
     println!("bench on {device}");
-    let bandwidth = bandwidth(&rt, &args.tokens, args.reps)?;
-    let (jit_cold, disk_ms, kernels, hit_ns) = jit(&rt)?;
+    let want = |s: Suite| args.suite == s || args.suite == Suite::All;
+    let topk = if want(Suite::Topk) { topk_bench(&rt, args.reps)? } else { vec![] };
+    let bandwidth = if want(Suite::Kv) { bandwidth(&rt, &args.tokens, args.reps)? } else { vec![] };
+    let (jit_cold, disk_ms, kernels, hit_ns) = if want(Suite::Kv) { jit(&rt)? } else { (vec![], 0.0, 0, 0.0) };
     for r in &jit_cold {
         println!("cold compile {:<40} {:>8.1} ms", r.id, r.cold_compile_ms);
     }
-    println!("disk-cache load of {kernels} kernels: {disk_ms:.2} ms total; memory hit: {hit_ns:.1} ns");
+    if want(Suite::Kv) {
+        println!("disk-cache load of {kernels} kernels: {disk_ms:.2} ms total; memory hit: {hit_ns:.1} ns");
+    }
     let date_utc = std::process::Command::new("date")
         .args(["-u", "+%Y-%m-%dT%H:%M:%SZ"])
         .output()
@@ -223,6 +302,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let report = Report {
         device,
         date_utc,
+        topk,
         bandwidth,
         jit_cold,
         jit_disk_load_total_ms: disk_ms,
