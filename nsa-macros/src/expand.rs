@@ -1,7 +1,7 @@
 //! From `#[nsa(...)]` to a validated [`NsaConfig`] (or every error at once), then to
 //! the `NsaModel` impl.
 
-use crate::attrs::{IndexerOpts, Lenient, LenientOpts, Opts, TargetList};
+use crate::attrs::{IndexerOpts, Lenient, LenientOpts, Opts, Quoted, TargetList, U32};
 use darling::FromDeriveInput;
 use nsa_kernels::{KvCacheFormat, NsaConfig, Target};
 use proc_macro2::{Literal, TokenStream};
@@ -19,12 +19,13 @@ pub fn derive(input: &DeriveInput) -> TokenStream {
 
 /// Fields of [`NsaConfig`] that have no serde default: a config without a preset
 /// must give each of them.
-const REQUIRED: [(&str, &str); 5] = [
-    ("page_size", "page_size = 64"),
-    ("topk", "topk = 2048"),
-    ("num_q_heads", "heads = 128"),
-    ("kv_cache", "kv_cache = \"fp8\""),
-    ("targets", "targets(\"sm_90a\", \"sm_100a\")"),
+/// (field, attribute key, example).
+const REQUIRED: [(&str, &str, &str); 5] = [
+    ("page_size", "page_size", "page_size = 64"),
+    ("topk", "topk", "topk = 2048"),
+    ("num_q_heads", "heads", "heads = 128"),
+    ("kv_cache", "kv_cache", "kv_cache = \"fp8\""),
+    ("targets", "targets", "targets(\"sm_90a\", \"sm_100a\")"),
 ];
 
 /// The preset that stands in for fields that could not be read, so that the
@@ -105,15 +106,6 @@ impl Model {
             },
         };
 
-        let krate = match opts.krate {
-            Some(Lenient::Ok(path, _)) => path,
-            Some(Lenient::Err(e)) => {
-                errors.push(e);
-                syn::parse_quote!(::nsa_runtime)
-            }
-            None => syn::parse_quote!(::nsa_runtime),
-        };
-
         let mut src = Sources {
             explicit: HashMap::new(),
             target_lits: Vec::new(),
@@ -122,7 +114,7 @@ impl Model {
         };
         // The base every key overrides; `complete` says whether it holds every field.
         let (mut config, complete) = match opts.preset {
-            Some(Lenient::Ok(lit, tokens)) => match NsaConfig::preset(&lit.value()) {
+            Some(Lenient::Ok(Quoted(lit), tokens)) => match NsaConfig::preset(&lit.value()) {
                 Ok(config) => {
                     src.preset = Some(tokens);
                     (config, true)
@@ -142,9 +134,9 @@ impl Model {
         };
 
         let mut given: Vec<&'static str> = Vec::new();
-        let mut scalar = |field: &'static str, value: Option<Lenient<u32>>, slot: &mut u32, errors: &mut Errors| {
+        let mut scalar = |field: &'static str, value: Option<Lenient<U32>>, slot: &mut u32, errors: &mut Errors| {
             match value {
-                Some(Lenient::Ok(v, tokens)) => {
+                Some(Lenient::Ok(U32(v), tokens)) => {
                     *slot = v;
                     src.explicit.insert(field, tokens);
                 }
@@ -168,7 +160,7 @@ impl Model {
         }
 
         match opts.kv_cache {
-            Some(Lenient::Ok(lit, tokens)) => {
+            Some(Lenient::Ok(Quoted(lit), tokens)) => {
                 match lit.value().parse::<KvCacheFormat>() {
                     Ok(format) => config.kv_cache = format,
                     Err(msg) => errors.at(&lit, msg),
@@ -216,12 +208,12 @@ impl Model {
         // Without a preset, the fields that have no default must be given. After an
         // unknown key, a "missing" error would mostly repeat the misspelt key's.
         if !complete && keys_ok {
-            for (field, example) in REQUIRED {
+            for (field, key, example) in REQUIRED {
                 if !given.contains(&field) {
                     errors.at(
                         &opts.ident,
                         format!(
-                            "missing `{field}`: add `#[nsa({example})]`, or start from a preset: \
+                            "missing `{key}`: add `#[nsa({example})]`, or start from a preset: \
                              `#[nsa(preset = \"{PLACEHOLDER_PRESET}\")]`"
                         ),
                     );
@@ -243,6 +235,14 @@ impl Model {
             }
         }
 
+        let krate = match opts.krate {
+            Some(Lenient::Ok(path, _)) => path,
+            Some(Lenient::Err(e)) => {
+                errors.push(e);
+                syn::parse_quote!(::nsa_runtime)
+            }
+            None => syn::parse_quote!(::nsa_runtime),
+        };
         let embed_sources = opts.embed_sources.is_present();
         errors.finish()?;
         Ok(Model { ident: opts.ident, generics: opts.generics, krate, config, embed_sources })
@@ -332,6 +332,6 @@ fn placeholder() -> NsaConfig {
 fn serde_defaults() -> NsaConfig {
     let full = serde_json::to_value(placeholder()).expect("NsaConfig serializes");
     let required: serde_json::Map<String, serde_json::Value> =
-        REQUIRED.iter().map(|(field, _)| (field.to_string(), full[*field].clone())).collect();
+        REQUIRED.iter().map(|(field, _, _)| (field.to_string(), full[*field].clone())).collect();
     serde_json::from_value(serde_json::Value::Object(required)).expect("required fields suffice")
 }

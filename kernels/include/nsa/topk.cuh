@@ -58,6 +58,47 @@ NSA_DEVICE u32 order_key(float f) {
   return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
 }
 
+// Calls f(i, key) for every i in [0, n) of `src`, the block's threads striding over
+// the row: a scalar head up to 16-byte alignment, then kUnroll float4 loads issued
+// before any is used (keeps ~64 B per thread in flight), then a scalar tail.
+template <int kBlockThreads, typename F>
+NSA_DEVICE void scan_global(const float* src, i32 n, F&& f) {
+  constexpr int kUnroll = 4;
+  const i32 tid = (i32)thread_x();
+  const i32 to_align = (i32)(((16u - ((u32)(u64)src & 15u)) & 15u) / 4u);
+  const i32 head = to_align < n ? to_align : n;
+  for (i32 i = tid; i < head; i += kBlockThreads) f(i, order_key(src[i]));
+  const F4* body = reinterpret_cast<const F4*>(src + head);
+  const i32 vecs = (n - head) / 4;
+  i32 j = tid;
+  for (; j + (kUnroll - 1) * kBlockThreads < vecs; j += kUnroll * kBlockThreads) {
+    F4 v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) v[u] = body[j + u * kBlockThreads];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) f(head + 4 * (j + u * kBlockThreads) + e, order_key(v[u].v[e]));
+    }
+  }
+  for (; j < vecs; j += kBlockThreads) {
+    const F4 v = body[j];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) f(head + 4 * j + e, order_key(v.v[e]));
+  }
+  for (i32 i = head + 4 * vecs + tid; i < n; i += kBlockThreads) f(i, order_key(src[i]));
+}
+
+// Every (position, key) of the row, from the shared-memory copy when there is one.
+template <int kBlockThreads, typename F>
+NSA_DEVICE void for_each_key(bool cached, const u32* cache, const float* src, i32 n, F&& f) {
+  if (cached) {
+    for (i32 i = (i32)thread_x(); i < n; i += kBlockThreads) f(i, cache[i]);
+  } else {
+    scan_global<kBlockThreads>(src, n, f);
+  }
+}
+
 // Which page-table row serves score row `row` (-1: none).
 template <int kTransform>
 NSA_DEVICE i32 table_row_of(const Params& p, i32 row) {
@@ -132,7 +173,7 @@ NSA_DEVICE void select(const Params& p, u32* status) {
 
   const float* src = p.scores + (i64)row * p.row_stride + s0;
   const bool cached = kCacheCap > 0 && n <= kCacheCap;
-  auto key_at = [&](i32 i) -> u32 { return cached ? cache[i] : order_key(src[i]); };
+
 
   // Round 0: histogram of the top 11 bits of every key (caching the keys).
   for (int b = tid; b < kBins; b += kBlockThreads) hist[b] = 0u;
@@ -142,25 +183,10 @@ NSA_DEVICE void select(const Params& p, u32* status) {
     sm[kCands] = 0u;
   }
   sync_block();
-  auto count = [&](i32 i, float f) {
-    const u32 key = order_key(f);
+  scan_global<kBlockThreads>(src, n, [&](i32 i, u32 key) {
     atomic_add_ret(&hist[key >> kShift[0]], 1u);
     if (cached) cache[i] = key;
-  };
-  {
-    // Scalar head up to 16-byte alignment, float4 body, scalar tail.
-    const i32 to_align = (i32)(((16u - ((u32)(u64)src & 15u)) & 15u) / 4u);
-    const i32 head = to_align < n ? to_align : n;
-    for (i32 i = tid; i < head; i += kBlockThreads) count(i, src[i]);
-    const F4* body = reinterpret_cast<const F4*>(src + head);
-    const i32 vecs = (n - head) / 4;
-    for (i32 j = tid; j < vecs; j += kBlockThreads) {
-      const F4 f = body[j];
-#pragma unroll
-      for (int e = 0; e < 4; ++e) count(head + 4 * j + e, f.v[e]);
-    }
-    for (i32 i = head + 4 * vecs + tid; i < n; i += kBlockThreads) count(i, src[i]);
-  }
+  });
   sync_block();
   find_threshold<kBlockThreads>(hist, kBins, (u32)K, sm);
   const u32 bin0 = sm[kThrBin];
@@ -172,8 +198,7 @@ NSA_DEVICE void select(const Params& p, u32* status) {
 
   // The bin's keys become candidates; without ordering, winners above it go out now.
   if (use_cands || !kDeterministic) {
-    for (i32 i = tid; i < n; i += kBlockThreads) {
-      const u32 key = key_at(i);
+    for_each_key<kBlockThreads>(cached, cache, src, n, [&](i32 i, u32 key) {
       const u32 bin = key >> kShift[0];
       if (!kDeterministic && bin > bin0) {
         out[atomic_add_ret(&sm[kWinners], 1u)] = emit<kTransform>(p, row, trow, i);
@@ -182,8 +207,9 @@ NSA_DEVICE void select(const Params& p, u32* status) {
         cand_idx[c] = (u32)i;
         cand_key[c] = key;
       }
-    }
+    });
   }
+  sync_block();  // candidates are read by other threads below
 
   // Rounds 1, 2: refine the threshold bin until the threshold key is exact, or until
   // the whole bin is taken. Afterwards: winners are keys > thr, plus r keys == thr.
@@ -208,10 +234,9 @@ NSA_DEVICE void select(const Params& p, u32* status) {
         if ((key >> up) == prefix) atomic_add_ret(&hist[(key >> shift) & mask], 1u);
       }
     } else {
-      for (i32 i = tid; i < n; i += kBlockThreads) {
-        const u32 key = key_at(i);
+      for_each_key<kBlockThreads>(cached, cache, src, n, [&](i32, u32 key) {
         if ((key >> up) == prefix) atomic_add_ret(&hist[(key >> shift) & mask], 1u);
-      }
+      });
     }
     sync_block();
     find_threshold<kBlockThreads>(hist, 1 << kWidth[round], r, sm);
@@ -235,7 +260,7 @@ NSA_DEVICE void select(const Params& p, u32* status) {
     u32 win_run = 0, tie_run = 0;
     for (i32 base = 0; base < n; base += kBlockThreads) {
       const i32 i = base + (i32)tid;
-      const u32 key = i < n ? key_at(i) : 0u;
+      const u32 key = i < n ? (cached ? cache[i] : order_key(src[i])) : 0u;
       const u32 w = (i < n && (i64)key > thr) ? 1u : 0u;
       const u32 t = (i < n && (i64)key == thr) ? 1u : 0u;
       u32 total;
@@ -261,10 +286,9 @@ NSA_DEVICE void select(const Params& p, u32* status) {
   if (use_cands) {
     for (u32 c = tid; c < in_bin; c += kBlockThreads) place((i32)cand_idx[c], cand_key[c]);
   } else {
-    for (i32 i = tid; i < n; i += kBlockThreads) {
-      const u32 key = key_at(i);
+    for_each_key<kBlockThreads>(cached, cache, src, n, [&](i32 i, u32 key) {
       if ((key >> kShift[0]) == bin0) place(i, key);
-    }
+    });
   }
 }
 

@@ -7,7 +7,7 @@
 
 use super::check::{self, invalid};
 use super::cp::{self, CpRank};
-use super::host::{IndexerRanges, NsaMetadata, PageTable, RealPageTable};
+use super::host::{NsaMetadata, PageTable, RealPageTable};
 use super::seq;
 use super::{ExtendBatch, ForwardMode, ReqToToken, Requests, TransformMethod};
 use crate::Result;
@@ -124,12 +124,7 @@ impl MetadataBuilder {
 
     /// DRAFT_EXTEND v1 (§4.4): request i extends by `extend_lens[i]` (accepted + 1),
     /// already counted in `seq_lens[i]`; rows repeat `extend_lens[i]` times.
-    pub fn draft_extend(
-        &self,
-        table: &ReqToToken<'_>,
-        reqs: Requests<'_>,
-        extend_lens: &[i32],
-    ) -> Result<NsaMetadata> {
+    pub fn draft_extend(&self, table: &ReqToToken<'_>, reqs: Requests<'_>, extend_lens: &[i32]) -> Result<NsaMetadata> {
         let mut out = NsaMetadata::default();
         self.draft_extend_into(&mut out, table, reqs, extend_lens)?;
         Ok(out)
@@ -155,7 +150,12 @@ impl MetadataBuilder {
         Ok(out)
     }
 
-    pub fn draft_extend_v2_into(&self, out: &mut NsaMetadata, table: &ReqToToken<'_>, reqs: Requests<'_>) -> Result<()> {
+    pub fn draft_extend_v2_into(
+        &self,
+        out: &mut NsaMetadata,
+        table: &ReqToToken<'_>,
+        reqs: Requests<'_>,
+    ) -> Result<()> {
         let d = self.draft_tokens("draft-extend v2")?;
         self.decode_like_into(out, ForwardMode::DraftExtendV2, table, reqs, QRows::Fixed(d))
     }
@@ -192,13 +192,17 @@ impl MetadataBuilder {
         check::non_negative("seq_lens", seq_lens)?;
         let d_eff = if mode == ForwardMode::TargetVerify { p.draft_tokens as i32 } else { 0 };
         match (mode, q) {
-            (ForwardMode::DraftExtend, QRows::PerRequest(e)) => check::q_within_kv("extend_lens", e, "seq_lens", seq_lens)?,
+            (ForwardMode::DraftExtend, QRows::PerRequest(e)) => {
+                check::q_within_kv("extend_lens", e, "seq_lens", seq_lens)?
+            }
             (ForwardMode::DraftExtendV2, QRows::Fixed(d)) => {
                 if let Some(i) = seq_lens.iter().position(|&l| l < d) {
                     return Err(invalid(
                         "seq_lens",
                         format!("seq_lens[{i}] = {}", seq_lens[i]),
-                        format!("at least D = {d}: draft-extend v2 extends every request by D tokens, counted in seq_lens"),
+                        format!(
+                            "at least D = {d}: draft-extend v2 extends every request by D tokens, counted in seq_lens"
+                        ),
                     ));
                 }
             }
@@ -232,9 +236,9 @@ impl MetadataBuilder {
         out.page_table_1.clear(max_k);
         out.nsa_seqlens_expanded.clear();
         out.nsa_extend_seq_lens.clear();
-        for i in 0..bs {
+        for (i, &r) in rpi.iter().enumerate() {
             let n = q.get(i);
-            let row = &table.row(rpi[i] as usize)[..max_k];
+            let row = &table.row(r as usize)[..max_k];
             for _ in 0..n {
                 out.page_table_1.push_row(row);
             }
@@ -377,16 +381,16 @@ impl MetadataBuilder {
         out.indexer = Some(ranges);
 
         let mut flat = out.page_table_1_flattened.take().unwrap_or_default();
-        out.page_table_1_flattened = if has_prefix && (plan.transform == TransformMethod::Ragged || plan.mha_fp8_dequant)
-        {
-            flat.clear();
-            for k in 0..nsel {
-                flat.extend_from_slice(&out.page_table_1.row(k)[..out.cache_seqlens[k] as usize]);
-            }
-            Some(flat)
-        } else {
-            None
-        };
+        out.page_table_1_flattened =
+            if has_prefix && (plan.transform == TransformMethod::Ragged || plan.mha_fp8_dequant) {
+                flat.clear();
+                for k in 0..nsel {
+                    flat.extend_from_slice(&out.page_table_1.row(k)[..out.cache_seqlens[k] as usize]);
+                }
+                Some(flat)
+            } else {
+                None
+            };
         let mut offsets = out.topk_indices_offset.take().unwrap_or_default();
         out.topk_indices_offset = if plan.transform == TransformMethod::Ragged {
             offsets.clear();

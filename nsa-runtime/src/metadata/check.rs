@@ -11,11 +11,7 @@ pub(crate) fn invalid(field: &'static str, value: impl Into<String>, expected: i
 /// `field` must have one entry per request, like `like`.
 pub(crate) fn same_len(field: &'static str, got: usize, like: &str, want: usize) -> Result<()> {
     if got != want {
-        return Err(invalid(
-            field,
-            format!("{got} entries"),
-            format!("{want} entries (one per request, as `{like}`)"),
-        ));
+        return Err(invalid(field, format!("{got} entries"), format!("{want} entries (one per request, as `{like}`)")));
     }
     Ok(())
 }

@@ -14,11 +14,7 @@ pub struct CpRank {
 impl CpRank {
     pub fn new(rank: u32, size: u32) -> Result<Self> {
         if size == 0 || rank >= size {
-            return Err(invalid(
-                "cp",
-                format!("rank {rank} of size {size}"),
-                "a size ≥ 1 and a rank in 0..size",
-            ));
+            return Err(invalid("cp", format!("rank {rank} of size {size}"), "a size ≥ 1 and a rank in 0..size"));
         }
         Ok(CpRank { rank, size })
     }

@@ -185,9 +185,15 @@ fn auto_impl(policy: &DispatchPolicy, batch: Option<&BatchSummary<'_>>) -> (Attn
             let kv: usize = b.seq_lens.iter().map(|&l| l.max(0) as usize).sum();
             let q512 = b.extend_num_tokens * 512;
             if kv < q512 {
-                (AttnImpl::FlashMlaSparse, format!("fp8 on Blackwell, Σ seq lens {kv} < 512 × {} query tokens", b.extend_num_tokens))
+                (
+                    AttnImpl::FlashMlaSparse,
+                    format!("fp8 on Blackwell, Σ seq lens {kv} < 512 × {} query tokens", b.extend_num_tokens),
+                )
             } else {
-                (AttnImpl::FlashMlaKv, format!("fp8 on Blackwell, Σ seq lens {kv} ≥ 512 × {} query tokens", b.extend_num_tokens))
+                (
+                    AttnImpl::FlashMlaKv,
+                    format!("fp8 on Blackwell, Σ seq lens {kv} ≥ 512 × {} query tokens", b.extend_num_tokens),
+                )
             }
         }
         Some(b) if blackwell => (AttnImpl::FlashMlaKv, format!("fp8, {} batch", b.mode.name())),

@@ -45,10 +45,11 @@ impl PageTable {
 }
 
 /// `real_page_table` (spec §2.2): page ids, or the page-size-1 table itself.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub enum RealPageTable {
     /// page_size == 1: the real table IS `page_table_1` (same tensor; CUDA graphs
     /// rely on the aliasing, so replay writes it once).
+    #[default]
     Aliased,
     /// page_size > 1: `[rows, ceil(width / page_size)]`, entry (r, c) =
     /// `page_table_1[r, c * page_size] / page_size` (floor division).

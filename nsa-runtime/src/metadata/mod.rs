@@ -26,7 +26,7 @@ pub use build::{ExtendPlan, MetadataBuilder, MetadataParams};
 pub use cp::CpRank;
 pub use dispatch::{decide, AttnImpl, BatchSummary, Dispatch, DispatchPolicy, PrefillBackend};
 pub use graph::{GraphCapacity, GraphMode, GraphShape, GraphState, MultiStepGraphs, ReplayExtent};
-pub use host::{IndexerRanges, NsaMetadata, PageTable, RealPageTable};
+pub use host::{dp_padded_tokens, DpPadding, IndexerRanges, NsaMetadata, PageTable, RealPageTable};
 
 use crate::{Error, Result};
 
