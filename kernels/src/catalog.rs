@@ -2,7 +2,7 @@
 //! sparse MLA, metadata) add their specs here.
 
 use crate::config::{KvCacheFormat, NsaConfig};
-use crate::spec::{KernelFamily, KernelSpec, TopkTransform};
+use crate::spec::{KernelFamily, KernelSpec, TopkLayout, TopkTransform};
 
 /// The kernel set of `cfg`, for every target it lists, sorted and without repeats.
 /// `cfg` should be validated first; this function does not re-check it.
@@ -11,7 +11,9 @@ pub fn kernel_set(cfg: &NsaConfig) -> Vec<KernelSpec> {
     // Top-k: fused PAGED (decode/verify/draft-extend, extend without prefix) and
     // RAGGED (extend with prefix), plus the unfused path (plain + transform).
     for transform in TopkTransform::ALL {
-        families.push(KernelFamily::TopK { k: cfg.topk, transform, deterministic: false });
+        for layout in [TopkLayout::Latency, TopkLayout::Throughput] {
+            families.push(KernelFamily::TopK { k: cfg.topk, transform, deterministic: false, layout });
+        }
     }
     families.push(KernelFamily::IndexTransform { k: cfg.topk });
     if cfg.kv_cache == KvCacheFormat::Fp8 {

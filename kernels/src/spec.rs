@@ -21,9 +21,19 @@ pub enum KernelFamily {
     /// Quantize indexer keys into the 132-byte, 64-token-page indexer cache.
     IndexerKStore,
     /// Exact top-k of f32 scores per row, with the output transform fused in.
-    TopK { k: u32, transform: TopkTransform, deterministic: bool },
+    TopK { k: u32, transform: TopkTransform, deterministic: bool, layout: TopkLayout },
     /// Unfused page-table transform of top-k positions (spec §7.7).
     IndexTransform { k: u32 },
+}
+
+/// How a top-k kernel spends one SM: one big block per row with the row cached in
+/// shared memory (few rows: latency), or half-size blocks without a row cache so
+/// two rows share an SM (many rows: throughput).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TopkLayout {
+    Latency,
+    Throughput,
 }
 
 /// What a top-k kernel writes for each chosen position p of row b.
@@ -109,10 +119,13 @@ impl KernelSpec {
             KernelFamily::KvStore { format } => vec![format.tag().into()],
             KernelFamily::KvDequant => vec![KvCacheFormat::Fp8.tag().into()],
             KernelFamily::IndexerKStore => vec!["fp8_132".into(), "p64".into()],
-            KernelFamily::TopK { k, transform, deterministic } => {
+            KernelFamily::TopK { k, transform, deterministic, layout } => {
                 let mut v = vec![format!("k{k}"), transform.tag().into()];
                 if deterministic {
                     v.push("det".into());
+                }
+                if layout == TopkLayout::Throughput {
+                    v.push("tput".into());
                 }
                 v
             }
@@ -148,7 +161,8 @@ impl KernelSpec {
     /// Threads per block the kernel is compiled for (`__launch_bounds__`) and launched with.
     pub fn block_threads(&self) -> u32 {
         match self.family {
-            KernelFamily::TopK { .. } => TOPK_BLOCK_THREADS,
+            KernelFamily::TopK { layout: TopkLayout::Latency, .. } => TOPK_BLOCK_THREADS,
+            KernelFamily::TopK { layout: TopkLayout::Throughput, .. } => TOPK_BLOCK_THREADS / 2,
             KernelFamily::IndexTransform { .. } => TRANSFORM_BLOCK_THREADS,
             _ => STORE_BLOCK_THREADS,
         }
@@ -163,10 +177,11 @@ impl KernelSpec {
     }
 
     fn topk_row_cache(&self) -> u32 {
-        match self.target {
-            Target::Sm90a | Target::Sm100a => TOPK_ROW_CACHE_NVIDIA,
+        match (self.family, self.target) {
+            (KernelFamily::TopK { layout: TopkLayout::Throughput, .. }, _) => 0,
+            (_, Target::Sm90a | Target::Sm100a) => TOPK_ROW_CACHE_NVIDIA,
             // 64 KiB of LDS: histogram and candidates only.
-            Target::Gfx942 => 0,
+            (_, Target::Gfx942) => 0,
         }
     }
 
@@ -199,7 +214,7 @@ impl KernelSpec {
         if self.family == KernelFamily::IndexerKStore {
             ctx.insert("tokens_per_lane_group".into(), json!(INDEXER_TOKENS_PER_LANE_GROUP));
         }
-        if let KernelFamily::TopK { k, transform, deterministic } = self.family {
+        if let KernelFamily::TopK { k, transform, deterministic, .. } = self.family {
             ctx.insert("k".into(), json!(k));
             ctx.insert("transform".into(), json!(transform.tag()));
             ctx.insert("transform_enum".into(), json!(transform.device_enum()));
@@ -225,7 +240,8 @@ impl KernelSpec {
 
     /// The representative variants of every family for `target` (compile-all and
     /// snapshot matrix): each store kernel; top-k for k 512/1024/2048 with every
-    /// transform, plus the deterministic k 2048 ones; the index transform at 2048.
+    /// transform, plus the deterministic and throughput k 2048 ones; the index
+    /// transform at 2048.
     pub fn all_for(target: Target) -> Vec<KernelSpec> {
         let mut families = vec![
             KernelFamily::KvStore { format: KvCacheFormat::Bf16 },
@@ -235,9 +251,11 @@ impl KernelSpec {
         ];
         for k in [512, 1024, 2048] {
             for transform in TopkTransform::ALL {
-                families.push(KernelFamily::TopK { k, transform, deterministic: false });
+                let topk = |deterministic, layout| KernelFamily::TopK { k, transform, deterministic, layout };
+                families.push(topk(false, TopkLayout::Latency));
                 if k == 2048 {
-                    families.push(KernelFamily::TopK { k, transform, deterministic: true });
+                    families.push(topk(true, TopkLayout::Latency));
+                    families.push(topk(false, TopkLayout::Throughput));
                 }
             }
         }
@@ -257,10 +275,11 @@ impl KernelSpec {
             ("kv_store", [fmt]) => KernelFamily::KvStore { format: fmt.parse().ok()? },
             ("kv_dequant", _) => KernelFamily::KvDequant,
             ("indexer_k_store", _) => KernelFamily::IndexerKStore,
-            ("topk", [k, t, det @ ..]) => KernelFamily::TopK {
+            ("topk", [k, t, flags @ ..]) => KernelFamily::TopK {
                 k: k_of(k)?,
                 transform: TopkTransform::ALL.into_iter().find(|x| x.tag() == *t)?,
-                deterministic: det == ["det"],
+                deterministic: flags.contains(&"det"),
+                layout: if flags.contains(&"tput") { TopkLayout::Throughput } else { TopkLayout::Latency },
             },
             ("index_transform", [k]) => KernelFamily::IndexTransform { k: k_of(k)? },
             _ => return None,

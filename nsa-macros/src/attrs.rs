@@ -43,8 +43,9 @@ impl FromMeta for U32 {
                 .base10_parse::<u32>()
                 .map(U32)
                 .map_err(|_| darling::Error::custom(format!("`{i}` does not fit in a u32")).with_span(i)),
-            other => Err(darling::Error::custom(format!("expected an integer, found {}", lit_kind(other)))
-                .with_span(other)),
+            other => {
+                Err(darling::Error::custom(format!("expected an integer, found {}", lit_kind(other))).with_span(other))
+            }
         }
     }
 
@@ -216,7 +217,7 @@ options! {
     rope_dim: Option<Lenient<U32>>,
     /// Path of the runtime crate in generated code (default `::nsa_runtime`).
     #[darling(rename = "crate")]
-    krate: Option<Lenient<syn::Path>>,
+    krate: Option<Lenient<Quoted>>,
     /// Render every kernel at compile time into `NsaModel::EMBEDDED_SOURCES`.
     embed_sources: Flag,
 }

@@ -79,11 +79,7 @@ struct Sources {
 
 impl Sources {
     fn span_of(&self, field: &str) -> TokenStream {
-        self.explicit
-            .get(field)
-            .or(self.preset.as_ref())
-            .cloned()
-            .unwrap_or_else(|| self.ident.to_token_stream())
+        self.explicit.get(field).or(self.preset.as_ref()).cloned().unwrap_or_else(|| self.ident.to_token_stream())
     }
 }
 
@@ -106,12 +102,8 @@ impl Model {
             },
         };
 
-        let mut src = Sources {
-            explicit: HashMap::new(),
-            target_lits: Vec::new(),
-            preset: None,
-            ident: opts.ident.clone(),
-        };
+        let mut src =
+            Sources { explicit: HashMap::new(), target_lits: Vec::new(), preset: None, ident: opts.ident.clone() };
         // The base every key overrides; `complete` says whether it holds every field.
         let (mut config, complete) = match opts.preset {
             Some(Lenient::Ok(Quoted(lit), tokens)) => match NsaConfig::preset(&lit.value()) {
@@ -235,13 +227,17 @@ impl Model {
             }
         }
 
+        let default_crate: syn::Path = syn::parse_quote!(::nsa_runtime);
         let krate = match opts.krate {
-            Some(Lenient::Ok(path, _)) => path,
+            Some(Lenient::Ok(Quoted(lit), _)) => lit.parse::<syn::Path>().unwrap_or_else(|e| {
+                errors.at(&lit, format!("expected the path of the runtime crate, e.g. \"::nsa_runtime\": {e}"));
+                default_crate
+            }),
             Some(Lenient::Err(e)) => {
                 errors.push(e);
-                syn::parse_quote!(::nsa_runtime)
+                default_crate
             }
-            None => syn::parse_quote!(::nsa_runtime),
+            None => default_crate,
         };
         let embed_sources = opts.embed_sources.is_present();
         errors.finish()?;

@@ -318,8 +318,8 @@ fn is_c_identifier(s: &str) -> bool {
 #[test]
 fn ids_and_symbols_are_unique_and_round_trip() {
     let specs = all_specs();
-    // 4 store kernels + 9 top-k + 3 deterministic top-k + 1 index transform per target.
-    assert_eq!(specs.len(), 17 * Target::ALL.len());
+    // 4 store kernels + 9 top-k + 3 deterministic + 3 throughput top-k + 1 index transform per target.
+    assert_eq!(specs.len(), 20 * Target::ALL.len());
     let mut ids = BTreeMap::new();
     let mut symbols = BTreeMap::new();
     let mut sources = BTreeSet::new();

@@ -5,7 +5,7 @@ use super::{check_count_fits_i32, invalid};
 use crate::runtime::Runtime;
 use crate::Result;
 use cudarc::driver::{CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr, PushKernelArg};
-use nsa_kernels::{KernelFamily, TopkTransform};
+use nsa_kernels::{KernelFamily, TopkLayout, TopkTransform};
 
 /// Scores and per-row extents: row b's candidates are
 /// `scores[b * row_stride + row_starts[b] ..][.. lengths[b]]`.
@@ -116,12 +116,39 @@ fn check_page_table(t: &PageTable<'_>) -> Result<()> {
     Ok(())
 }
 
+/// The top-k layout for a batch of `rows` rows on a GPU with `sm_count` SMs, and
+/// why. One 1024-thread block per row caches the row in shared memory but takes a
+/// whole SM; with at least two rows per SM, 512-thread blocks (two per SM) keep
+/// HBM busier. Pure, so a server can log it and tests can pin it.
+pub fn choose_layout(rows: usize, sm_count: u32) -> (TopkLayout, &'static str) {
+    if rows >= 2 * sm_count as usize {
+        (TopkLayout::Throughput, "at least two rows per SM: two 512-thread blocks share each SM")
+    } else {
+        (TopkLayout::Latency, "fewer than two rows per SM: one 1024-thread block per row, row cached in shared memory")
+    }
+}
+
 /// Exact top-`k` of every row into `out` (`[rows, k]`, −1 padded, valid entries
 /// first). `deterministic`: ties go to the lowest positions and each row is sorted.
+/// The layout follows [`choose_layout`].
 pub fn topk(
     rt: &Runtime,
     k: u32,
     deterministic: bool,
+    scores: &TopkScores<'_>,
+    output: &TopkOutput<'_>,
+    out: &mut CudaViewMut<'_, i32>,
+) -> Result<()> {
+    let (layout, _) = choose_layout(scores.lengths.len(), rt.gpu().caps().sm_count);
+    topk_with_layout(rt, k, deterministic, layout, scores, output, out)
+}
+
+/// [`topk`] with the layout chosen by the caller (benchmarks, tests).
+pub fn topk_with_layout(
+    rt: &Runtime,
+    k: u32,
+    deterministic: bool,
+    layout: TopkLayout,
     scores: &TopkScores<'_>,
     output: &TopkOutput<'_>,
     out: &mut CudaViewMut<'_, i32>,
@@ -167,7 +194,7 @@ pub fn topk(
     if rows == 0 {
         return Ok(());
     }
-    let kernel = rt.kernel(KernelFamily::TopK { k, transform: output.transform(), deterministic })?;
+    let kernel = rt.kernel(KernelFamily::TopK { k, transform: output.transform(), deterministic, layout })?;
     let stream = rt.gpu().stream();
     let (scores_ptr, _s1) = scores.scores.device_ptr(stream);
     let (lengths_ptr, _s2) = scores.lengths.device_ptr(stream);
@@ -252,4 +279,24 @@ pub fn page_table_transform(
     let mut args = rt.args(&kernel);
     args.arg(&params);
     rt.launch(&kernel, args, rows * k as usize, "idx", "a position below the page-table width; written as -1")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layout_table() {
+        for (rows, sms, want) in [
+            (0, 132, TopkLayout::Latency),
+            (1, 132, TopkLayout::Latency),
+            (64, 132, TopkLayout::Latency),
+            (263, 132, TopkLayout::Latency),
+            (264, 132, TopkLayout::Throughput),
+            (2048, 132, TopkLayout::Throughput),
+            (300, 148, TopkLayout::Throughput),
+        ] {
+            assert_eq!(choose_layout(rows, sms).0, want, "{rows} rows on {sms} SMs");
+        }
+    }
 }

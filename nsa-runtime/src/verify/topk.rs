@@ -7,7 +7,7 @@ use crate::reference::topk::{check_row, topk_deterministic};
 use crate::runtime::Runtime;
 use crate::testdata::{self, ScorePattern};
 use crate::Result;
-use nsa_kernels::{KernelFamily, KernelSpec, TopkTransform};
+use nsa_kernels::{KernelFamily, KernelSpec, TopkLayout, TopkTransform};
 use rand::Rng;
 use std::collections::HashMap;
 
@@ -24,6 +24,8 @@ pub struct TopkCase {
     pub row_starts: bool,
     /// PAGED only: rows grouped into requests through cu_seqlens_q (prefill form).
     pub grouped: bool,
+    /// `None`: the launcher's own choice.
+    pub layout: Option<TopkLayout>,
     pub seed: u64,
 }
 
@@ -100,7 +102,8 @@ pub fn run(rt: &Runtime, case: &TopkCase) -> Result<Check> {
             cu_seqlens_q: case.grouped.then_some(&cu_view),
         }),
     };
-    topk::topk(rt, case.k, case.deterministic, &input, &output, &mut d_out.slice_mut(0..rows * k))?;
+    let layout = case.layout.unwrap_or_else(|| topk::choose_layout(rows, rt.gpu().caps().sm_count).0);
+    topk::topk_with_layout(rt, case.k, case.deterministic, layout, &input, &output, &mut d_out.slice_mut(0..rows * k))?;
     let out = download(stream, &d_out, rows * k)?;
 
     let inverse: Vec<HashMap<i32, i32>> = match &cu {
@@ -143,7 +146,7 @@ pub fn run(rt: &Runtime, case: &TopkCase) -> Result<Check> {
         }
     }
     let spec = KernelSpec::new(
-        KernelFamily::TopK { k: case.k, transform: case.transform, deterministic: case.deterministic },
+        KernelFamily::TopK { k: case.k, transform: case.transform, deterministic: case.deterministic, layout },
         rt.target(),
     );
     let n_desc = match (case.lengths.iter().min(), case.lengths.iter().max()) {

@@ -1,7 +1,7 @@
 //! Top-k on the GPU against the CPU reference (included by gpu.rs).
 
 use super::{assert_all, rt};
-use nsa_kernels::TopkTransform;
+use nsa_kernels::{TopkLayout, TopkTransform};
 use nsa_runtime::ops::topk::{self, PageTable, TopkOutput, TopkScores};
 use nsa_runtime::testdata::{ScorePattern, SCORE_PATTERNS};
 use nsa_runtime::verify::topk::{run, TopkCase};
@@ -14,7 +14,7 @@ fn edge_lengths(k: i32) -> Vec<i32> {
 }
 
 fn case(k: u32, transform: TopkTransform, deterministic: bool, pattern: ScorePattern, lengths: Vec<i32>, seed: u64) -> TopkCase {
-    TopkCase { k, transform, deterministic, pattern, lengths, row_starts: true, grouped: false, seed }
+    TopkCase { k, transform, deterministic, pattern, lengths, row_starts: true, grouped: false, layout: None, seed }
 }
 
 #[test]
@@ -30,6 +30,23 @@ fn every_variant_every_pattern_edge_lengths() {
                     let c = case(k, transform, deterministic, pattern, edge_lengths(k as i32), seed);
                     checks.push(run(&rt, &c).unwrap());
                 }
+            }
+        }
+    }
+    assert_all(&checks);
+}
+
+#[test]
+fn both_layouts_every_pattern() {
+    let rt = rt();
+    let mut checks = Vec::new();
+    for layout in [TopkLayout::Latency, TopkLayout::Throughput] {
+        for deterministic in [false, true] {
+            for (i, pattern) in SCORE_PATTERNS.into_iter().enumerate() {
+                let mut c = case(2048, TopkTransform::Paged, deterministic, pattern, edge_lengths(2048), 300 + i as u64);
+                c.layout = Some(layout);
+                c.grouped = i % 2 == 0;
+                checks.push(run(&rt, &c).unwrap());
             }
         }
     }

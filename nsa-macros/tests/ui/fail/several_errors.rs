@@ -9,7 +9,7 @@ use nsa_macros::NsaKernels;
     kv_cache = 8,
     topk = 4097,
     heads = 0,
-    targets("sm_90a", "gfx90a", "sm_90a"),
+    targets("sm_90a", "gfx90a", "sm_90a")
 )]
 struct Model;
 

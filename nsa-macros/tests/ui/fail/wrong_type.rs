@@ -6,7 +6,11 @@ use nsa_macros::NsaKernels;
 struct Model;
 
 #[derive(NsaKernels)]
-#[nsa(preset = "deepseek-v3.2", topk = 99999999999, targets("sm_90a", sm_100a))]
-struct Overflow;
+#[nsa(crate = "nsa runtime")]
+struct BadPath;
+
+#[derive(NsaKernels)]
+#[nsa(preset = deepseek, topk = 99999999999, rope_dim = -64, indexer = 64, targets("sm_90a", sm_100a))]
+struct Other;
 
 fn main() {}

@@ -47,6 +47,7 @@ struct TopkRow {
     n: usize,
     k: u32,
     transform: &'static str,
+    layout: &'static str,
     us: f64,
     /// Score bytes read once, per µs.
     gbps: f64,
@@ -231,8 +232,8 @@ fn jit(rt: &Runtime) -> Result<(Vec<JitRow>, f64, usize, f64)> {
 
 /// Top-k of f32 rows (Gaussian scores, every row full length) for each transform.
 fn topk_bench(rt: &Runtime, reps: usize) -> Result<Vec<TopkRow>> {
-    use nsa_kernels::TopkTransform;
-    use nsa_runtime::ops::topk::{topk, PageTable, TopkOutput, TopkScores};
+    use nsa_kernels::{TopkLayout, TopkTransform};
+    use nsa_runtime::ops::topk::{topk_with_layout, PageTable, TopkOutput, TopkScores};
     let stream = rt.gpu().stream().clone();
     let k = 2048u32;
     let copy_gbps = {
@@ -251,7 +252,10 @@ fn topk_bench(rt: &Runtime, reps: usize) -> Result<Vec<TopkRow>> {
         let mut d_out: CudaSlice<i32> = stream.alloc_zeros(rows * k as usize).map_err(Error::driver("alloc"))?;
         let (sv, lv, tv, ov) = (d_scores.slice(0..), d_lengths.slice(0..), d_table.slice(0..), d_offsets.slice(0..));
         let input = TopkScores { scores: &sv, row_stride: n, row_capacity: n, lengths: &lv, row_starts: None };
-        for transform in TopkTransform::ALL {
+        for (transform, layout) in TopkTransform::ALL
+            .into_iter()
+            .flat_map(|t| [(t, TopkLayout::Latency), (t, TopkLayout::Throughput)])
+        {
             let output = match transform {
                 TopkTransform::Plain => TopkOutput::Plain,
                 TopkTransform::Ragged => TopkOutput::Ragged { offsets: &ov },
@@ -259,20 +263,23 @@ fn topk_bench(rt: &Runtime, reps: usize) -> Result<Vec<TopkRow>> {
                     TopkOutput::Paged(PageTable { table: &tv, rows, stride: n, width: n, cu_seqlens_q: None })
                 }
             };
-            let us = time_us(&stream, reps, || topk(rt, k, false, &input, &output, &mut d_out.slice_mut(0..)))?;
+            let us = time_us(&stream, reps, || {
+                topk_with_layout(rt, k, false, layout, &input, &output, &mut d_out.slice_mut(0..))
+            })?;
             let bytes = (rows * n * 4) as f64;
             let row = TopkRow {
                 rows,
                 n,
                 k,
                 transform: transform.tag(),
+                layout: if layout == TopkLayout::Latency { "latency" } else { "throughput" },
                 us,
                 gbps: bytes / us / 1e3,
                 roofline_us: bytes / copy_gbps / 1e3,
             };
             println!(
-                "topk k{k} {:<7} {rows:>5} rows × {n:>7}: {us:>9.2} µs  {:>6.0} GB/s  (read-once roofline {:.2} µs at {copy_gbps:.0} GB/s)",
-                row.transform, row.gbps, row.roofline_us
+                "topk k{k} {:<7} {:<10} {rows:>5} rows × {n:>7}: {us:>9.2} µs  {:>6.0} GB/s  (read-once roofline {:.2} µs at {copy_gbps:.0} GB/s)",
+                row.transform, row.layout, row.gbps, row.roofline_us
             );
             out_rows.push(row);
         }
