@@ -222,6 +222,8 @@ impl KernelSpec {
             ctx.insert("candidate_capacity".into(), json!(TOPK_CANDIDATES));
             ctx.insert("row_cache_capacity".into(), json!(self.topk_row_cache()));
             ctx.insert("smem_words".into(), json!(self.topk_smem_words()));
+            let min_blocks = if self.block_threads() < TOPK_BLOCK_THREADS { 2 } else { 1 };
+            ctx.insert("min_blocks_per_sm".into(), json!(min_blocks));
         }
         if let KernelFamily::IndexTransform { k } = self.family {
             ctx.insert("k".into(), json!(k));

@@ -200,16 +200,18 @@ impl Model {
         // Without a preset, the fields that have no default must be given. After an
         // unknown key, a "missing" error would mostly repeat the misspelt key's.
         if !complete && keys_ok {
-            for (field, key, example) in REQUIRED {
-                if !given.contains(&field) {
-                    errors.at(
-                        &opts.ident,
-                        format!(
-                            "missing `{key}`: add `#[nsa({example})]`, or start from a preset: \
-                             `#[nsa(preset = \"{PLACEHOLDER_PRESET}\")]`"
-                        ),
-                    );
-                }
+            let missing: Vec<_> = REQUIRED.iter().filter(|(field, _, _)| !given.contains(field)).collect();
+            if !missing.is_empty() {
+                let keys: Vec<String> = missing.iter().map(|(_, key, _)| format!("`{key}`")).collect();
+                let examples: Vec<&str> = missing.iter().map(|(_, _, example)| *example).collect();
+                errors.at(
+                    &opts.ident,
+                    format!(
+                        "missing {}: add `#[nsa({})]`, or start from a preset: `#[nsa(preset = \"{PLACEHOLDER_PRESET}\")]`",
+                        keys.join(", "),
+                        examples.join(", ")
+                    ),
+                );
             }
         }
 

@@ -49,7 +49,8 @@ fn mismatched_lengths() {
     let plan = ExtendPlan::default();
     let batch = ExtendBatch { req_pool_indices: &[0, 1], seq_lens: &[5, 6], extend_lens: &[5], prefix_lens: None };
     expect_err(b.extend(&t.view(), batch, plan), "extend_lens", "1 entries", "2 entries");
-    let batch = ExtendBatch { req_pool_indices: &[0, 1], seq_lens: &[5, 6], extend_lens: &[1, 2], prefix_lens: Some(&[4]) };
+    let batch =
+        ExtendBatch { req_pool_indices: &[0, 1], seq_lens: &[5, 6], extend_lens: &[1, 2], prefix_lens: Some(&[4]) };
     expect_err(b.extend(&t.view(), batch, plan), "prefix_lens", "1 entries", "2 entries");
 }
 
@@ -71,8 +72,14 @@ fn extend_longer_than_seq_len() {
         "extend_lens[1] = 7",
         "seq_lens[1] = 6",
     );
-    let batch = ExtendBatch { req_pool_indices: &[0, 1], seq_lens: &[5, 6], extend_lens: &[9, 1], prefix_lens: Some(&[0, 5]) };
-    expect_err(b.extend(&t.view(), batch, ExtendPlan::default()), "extend_lens", "extend_lens[0] = 9", "seq_lens[0] = 5");
+    let batch =
+        ExtendBatch { req_pool_indices: &[0, 1], seq_lens: &[5, 6], extend_lens: &[9, 1], prefix_lens: Some(&[0, 5]) };
+    expect_err(
+        b.extend(&t.view(), batch, ExtendPlan::default()),
+        "extend_lens",
+        "extend_lens[0] = 9",
+        "seq_lens[0] = 5",
+    );
     // Draft-extend v2 extends by D = 2: a request of length 1 cannot.
     expect_err(b.draft_extend_v2(&t.view(), reqs(&[0, 1], &[5, 1])), "seq_lens", "seq_lens[1] = 1", "at least D = 2");
 }
@@ -81,7 +88,8 @@ fn extend_longer_than_seq_len() {
 fn prefix_plus_extend_must_equal_seq_len() {
     let t = table();
     let b = t.builder(TOPK, 0);
-    let batch = ExtendBatch { req_pool_indices: &[0, 1], seq_lens: &[6, 3], extend_lens: &[2, 3], prefix_lens: Some(&[3, 0]) };
+    let batch =
+        ExtendBatch { req_pool_indices: &[0, 1], seq_lens: &[6, 3], extend_lens: &[2, 3], prefix_lens: Some(&[3, 0]) };
     expect_err(
         b.extend(&t.view(), batch, ExtendPlan::default()),
         "prefix_lens",
@@ -126,7 +134,12 @@ fn slot_outside_the_pool() {
     t.data[256 + 3] = t.pool_slots as i32; // row 1, position 3
     let b = t.builder(TOPK, 0);
     let pool = t.pool_slots.to_string();
-    expect_err(b.decode(&t.view(), reqs(&[1], &[10])), "req_to_token", &format!("slot {pool} at row 1"), &format!("0..{pool}"));
+    expect_err(
+        b.decode(&t.view(), reqs(&[1], &[10])),
+        "req_to_token",
+        &format!("slot {pool} at row 1"),
+        &format!("0..{pool}"),
+    );
     // Positions past the request's length are not read, hence not checked.
     assert!(b.decode(&t.view(), reqs(&[1], &[3])).is_ok());
     t.data[256 + 3] = -5;
@@ -138,9 +151,20 @@ fn page_size_mismatch() {
     // A table laid out for page size 1 (arbitrary slots) given to a page-64 builder.
     let slots: Vec<i32> = (0..128).map(|p| (p * 7) % 128).collect();
     let t = ReqToToken::new(&slots, 128).unwrap();
-    let b = MetadataBuilder::new(MetadataParams { page_size: 64, topk: TOPK, draft_tokens: 0, pool_slots: 1 << 16, cp: None })
-        .unwrap();
-    expect_err(b.decode(&t, reqs(&[0], &[10])), "req_to_token", "slot 7 at row 0 (request 0), position 1", "page_size 64");
+    let b = MetadataBuilder::new(MetadataParams {
+        page_size: 64,
+        topk: TOPK,
+        draft_tokens: 0,
+        pool_slots: 1 << 16,
+        cp: None,
+    })
+    .unwrap();
+    expect_err(
+        b.decode(&t, reqs(&[0], &[10])),
+        "req_to_token",
+        "slot 7 at row 0 (request 0), position 1",
+        "page_size 64",
+    );
     // A page-aligned table whose page starts mid-page.
     let mut t64 = table();
     for s in &mut t64.data[..64] {
@@ -166,7 +190,12 @@ fn bad_parameters() {
     let p = MetadataParams { page_size: 64, topk: TOPK, draft_tokens: 0, pool_slots: 1 << 16, cp: None };
     expect_err(MetadataBuilder::new(MetadataParams { page_size: 0, ..p }), "page_size", "0", "≥ 1");
     expect_err(MetadataBuilder::new(MetadataParams { topk: 0, ..p }), "topk", "0", "≥ 1");
-    expect_err(MetadataBuilder::new(MetadataParams { cp: Some(CpRank { rank: 2, size: 2 }), ..p }), "cp", "rank 2 of size 2", "0..size");
+    expect_err(
+        MetadataBuilder::new(MetadataParams { cp: Some(CpRank { rank: 2, size: 2 }), ..p }),
+        "cp",
+        "rank 2 of size 2",
+        "0..size",
+    );
     expect_err(CpRank::new(0, 0), "cp", "size 0", "size ≥ 1");
     let t = table();
     let b = t.builder(TOPK, 0);

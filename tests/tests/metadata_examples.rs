@@ -42,8 +42,14 @@ fn assert_real(md: &NsaMetadata, page: u32) {
 fn real_page_table_example_2_2() {
     // Row [128..191, 640..675] (W = 100), page 64 → [2, 10].
     let row: Vec<i32> = (128..192).chain(640..676).collect();
-    let b = MetadataBuilder::new(MetadataParams { page_size: 64, topk: TOPK, draft_tokens: 0, pool_slots: 1 << 20, cp: None })
-        .unwrap();
+    let b = MetadataBuilder::new(MetadataParams {
+        page_size: 64,
+        topk: TOPK,
+        draft_tokens: 0,
+        pool_slots: 1 << 20,
+        cp: None,
+    })
+    .unwrap();
     let t = nsa_runtime::metadata::ReqToToken::new(&row, 100).unwrap();
     let md = b.decode(&t, Requests { req_pool_indices: &[0], seq_lens: &[100] }).unwrap();
     assert_eq!(md.real_table().data, [2, 10]);
@@ -127,7 +133,10 @@ fn empty_batch_in_every_mode() {
 fn target_verify_example_4_3() {
     for page in [64, 1] {
         let t = Table::paged(3, 128, page, None);
-        let md = t.builder(TOPK, 3).target_verify(&t.view(), Requests { req_pool_indices: &[1, 2], seq_lens: &[10, 4] }).unwrap();
+        let md = t
+            .builder(TOPK, 3)
+            .target_verify(&t.view(), Requests { req_pool_indices: &[1, 2], seq_lens: &[10, 4] })
+            .unwrap();
         assert_eq!(md.mode, ForwardMode::TargetVerify);
         assert_eq!(md.cache_seqlens, [13, 7]);
         assert_eq!(md.cu_seqlens_k, [0, 13, 20]);
@@ -149,7 +158,8 @@ fn target_verify_example_4_3() {
 #[test]
 fn target_verify_clips_each_draft_token() {
     let t = Table::paged(1, 4096, 64, None);
-    let md = t.builder(TOPK, 3).target_verify(&t.view(), Requests { req_pool_indices: &[0], seq_lens: &[2046] }).unwrap();
+    let md =
+        t.builder(TOPK, 3).target_verify(&t.view(), Requests { req_pool_indices: &[0], seq_lens: &[2046] }).unwrap();
     assert_eq!(md.nsa_seqlens_expanded, [2047, 2048, 2049]);
     assert_eq!(md.nsa_cache_seqlens, [2047, 2048, 2048]);
 }
@@ -190,8 +200,10 @@ fn draft_extend_v1_with_a_zero_and_a_long_accept() {
 #[test]
 fn draft_extend_v2_repeats_by_d() {
     let t = Table::paged(2, 64, 64, None);
-    let md =
-        t.builder(TOPK, 2).draft_extend_v2(&t.view(), Requests { req_pool_indices: &[1, 0], seq_lens: &[12, 6] }).unwrap();
+    let md = t
+        .builder(TOPK, 2)
+        .draft_extend_v2(&t.view(), Requests { req_pool_indices: &[1, 0], seq_lens: &[12, 6] })
+        .unwrap();
     assert_eq!(md.mode, ForwardMode::DraftExtendV2);
     assert_eq!(md.cache_seqlens, [12, 6]);
     assert_eq!(md.nsa_seqlens_expanded, [11, 12, 5, 6]);
@@ -214,8 +226,12 @@ fn paged() -> ExtendPlan {
 fn extend_with_prefix_example_4_6() {
     for page in [64, 1] {
         let t = Table::paged(2, 64, page, None);
-        let batch =
-            ExtendBatch { req_pool_indices: &[0, 1], seq_lens: &[6, 3], extend_lens: &[2, 3], prefix_lens: Some(&[4, 0]) };
+        let batch = ExtendBatch {
+            req_pool_indices: &[0, 1],
+            seq_lens: &[6, 3],
+            extend_lens: &[2, 3],
+            prefix_lens: Some(&[4, 0]),
+        };
         let md = t.builder(TOPK, 0).extend(&t.view(), batch, ragged()).unwrap();
         assert_eq!(md.mode, ForwardMode::Extend);
         assert_eq!(md.nsa_seqlens_expanded, [5, 6, 1, 2, 3]);
@@ -405,7 +421,8 @@ fn dp_padding_3_2() {
     assert!(dp_padded_tokens(&[5, 9], 2, 1, DpPadding::SumLen, false).is_err());
 
     let t = Table::paged(2, 64, 64, None);
-    let mut md = t.builder(TOPK, 0).decode(&t.view(), Requests { req_pool_indices: &[0, 1], seq_lens: &[5, 7] }).unwrap();
+    let mut md =
+        t.builder(TOPK, 0).decode(&t.view(), Requests { req_pool_indices: &[0, 1], seq_lens: &[5, 7] }).unwrap();
     md.pad_nsa_rows(4);
     assert_eq!(md.nsa_cache_seqlens, [5, 7, 0, 0]);
     assert_eq!(md.nsa_cu_seqlens_k, [0, 5, 12, 12, 12]);

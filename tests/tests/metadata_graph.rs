@@ -99,7 +99,10 @@ fn replay_decode_matches_eager_and_keeps_stale_data() {
         g.capture(&[1, 1, 1]).unwrap();
         let reqs = Requests { req_pool_indices: &[5, 0, 3], seq_lens: &[5, 130, 64] };
         let e = g.replay_decode(&t.view(), reqs).unwrap();
-        assert_eq!(e, ReplayExtent { bs: 3, rows: 3, size: 3, page_cols: 130, real_cols: if page == 1 { 0 } else { 3 } });
+        assert_eq!(
+            e,
+            ReplayExtent { bs: 3, rows: 3, size: 3, page_cols: 130, real_cols: if page == 1 { 0 } else { 3 } }
+        );
         assert_replay_matches(&g, e, &b.decode(&t.view(), reqs).unwrap());
         assert_eq!(g.cache_seqlens()[3], SEQ_LEN_FILL); // past bs: untouched
 

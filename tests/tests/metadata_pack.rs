@@ -38,7 +38,10 @@ fn check_packing(md: &NsaMetadata) {
 fn decode_packs_every_field_once() {
     for page in [1, 64] {
         let t = Table::paged(3, 200, page, None);
-        let md = t.builder(2048, 0).decode(&t.view(), Requests { req_pool_indices: &[2, 0, 1], seq_lens: &[5, 130, 7] }).unwrap();
+        let md = t
+            .builder(2048, 0)
+            .decode(&t.view(), Requests { req_pool_indices: &[2, 0, 1], seq_lens: &[5, 130, 7] })
+            .unwrap();
         check_packing(&md);
         assert!(host_field(&md, Field::IndexerKs).is_none());
     }
@@ -52,7 +55,13 @@ fn extend_packs_the_optional_fields() {
     let plan = ExtendPlan { transform: TransformMethod::Ragged, mha_fp8_dequant: false };
     let md = t.builder(2048, 0).extend(&t.view(), batch, plan).unwrap();
     check_packing(&md);
-    for f in [Field::PageTable1Flattened, Field::TopkIndicesOffset, Field::IndexerKs, Field::IndexerKe, Field::TokenToBatchIdx] {
+    for f in [
+        Field::PageTable1Flattened,
+        Field::TopkIndicesOffset,
+        Field::IndexerKs,
+        Field::IndexerKe,
+        Field::TokenToBatchIdx,
+    ] {
         assert!(host_field(&md, f).is_some(), "{f:?}");
     }
 }

@@ -119,7 +119,8 @@ fn decode_like(md: &NsaMetadata, c: &Case, q: &[i32], kv_add: i32) -> Result<(),
 /// Extend (any CP rank): ranges, offsets, selected rows, flattened table.
 fn extend(md: &NsaMetadata, c: &Case, plan: ExtendPlan) -> Result<(), TestCaseError> {
     common(md, c)?;
-    let sel: Vec<usize> = md.bs_idx.as_ref().map_or((0..c.seq.len()).collect(), |b| b.iter().map(|&i| i as usize).collect());
+    let sel: Vec<usize> =
+        md.bs_idx.as_ref().map_or((0..c.seq.len()).collect(), |b| b.iter().map(|&i| i as usize).collect());
     let kv: Vec<i32> = sel.iter().map(|&i| c.seq[i]).collect();
     prop_assert_eq!(&md.cache_seqlens, &kv);
     prop_assert_eq!(&md.indexer_seq_lens, &kv);
@@ -152,7 +153,8 @@ fn extend(md: &NsaMetadata, c: &Case, plan: ExtendPlan) -> Result<(), TestCaseEr
     let flat_wanted = has_prefix && (plan.transform == TransformMethod::Ragged || plan.mha_fp8_dequant);
     prop_assert_eq!(md.page_table_1_flattened.is_some(), flat_wanted);
     if let Some(flat) = &md.page_table_1_flattened {
-        let want: Vec<i32> = sel.iter().flat_map(|&i| c.table.row(c.rpi[i] as usize)[..c.seq[i] as usize].to_vec()).collect();
+        let want: Vec<i32> =
+            sel.iter().flat_map(|&i| c.table.row(c.rpi[i] as usize)[..c.seq[i] as usize].to_vec()).collect();
         prop_assert_eq!(flat, &want);
     }
     Ok(())

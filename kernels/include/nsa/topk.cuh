@@ -42,8 +42,9 @@ struct Params {
 
 constexpr int kBins = 2048;
 constexpr int kRounds = 3;
-constexpr int kShift[kRounds] = {21, 10, 0};
-constexpr int kWidth[kRounds] = {11, 11, 10};
+// Radix rounds over the 32-bit key: bits [21, 32), [10, 21), [0, 10).
+NSA_DEVICE constexpr int round_shift(int round) { return round == 0 ? 21 : round == 1 ? 10 : 0; }
+NSA_DEVICE constexpr int round_width(int round) { return round == 2 ? 10 : 11; }
 
 // Scalars kept in shared memory after the scan scratch.
 enum Slot { kThrBin = kScanScratch, kAbove, kWinners, kTies, kCands, kScalarWords };
@@ -184,7 +185,7 @@ NSA_DEVICE void select(const Params& p, u32* status) {
   }
   sync_block();
   scan_global<kBlockThreads>(src, n, [&](i32 i, u32 key) {
-    atomic_add_ret(&hist[key >> kShift[0]], 1u);
+    atomic_add_ret(&hist[key >> round_shift(0)], 1u);
     if (cached) cache[i] = key;
   });
   sync_block();
@@ -199,7 +200,7 @@ NSA_DEVICE void select(const Params& p, u32* status) {
   // The bin's keys become candidates; without ordering, winners above it go out now.
   if (use_cands || !kDeterministic) {
     for_each_key<kBlockThreads>(cached, cache, src, n, [&](i32 i, u32 key) {
-      const u32 bin = key >> kShift[0];
+      const u32 bin = key >> round_shift(0);
       if (!kDeterministic && bin > bin0) {
         out[atomic_add_ret(&sm[kWinners], 1u)] = emit<kTransform>(p, row, trow, i);
       } else if (bin == bin0 && use_cands) {
@@ -216,16 +217,16 @@ NSA_DEVICE void select(const Params& p, u32* status) {
   i64 thr = -1;
   bool resolved = false;
   if (in_bin == r) {  // the whole round-0 bin is taken
-    thr = ((i64)prefix << kShift[0]) - 1;
+    thr = ((i64)prefix << round_shift(0)) - 1;
     r = 0;
     resolved = true;
   }
 #pragma unroll
   for (int round = 1; round < kRounds; ++round) {
     if (resolved) break;
-    const int shift = kShift[round];
-    const u32 mask = (1u << kWidth[round]) - 1u;
-    const int up = kShift[round - 1];
+    const int shift = round_shift(round);
+    const u32 mask = (1u << round_width(round)) - 1u;
+    const int up = round_shift(round - 1);
     for (int b = tid; b < kBins; b += kBlockThreads) hist[b] = 0u;
     sync_block();
     if (use_cands) {
@@ -239,10 +240,10 @@ NSA_DEVICE void select(const Params& p, u32* status) {
       });
     }
     sync_block();
-    find_threshold<kBlockThreads>(hist, 1 << kWidth[round], r, sm);
+    find_threshold<kBlockThreads>(hist, 1 << round_width(round), r, sm);
     const u32 bin = sm[kThrBin];
     r -= sm[kAbove];
-    prefix = (prefix << kWidth[round]) | bin;
+    prefix = (prefix << round_width(round)) | bin;
     const u32 count_here = hist[bin];
     sync_block();
     if (round == kRounds - 1) {
@@ -287,7 +288,7 @@ NSA_DEVICE void select(const Params& p, u32* status) {
     for (u32 c = tid; c < in_bin; c += kBlockThreads) place((i32)cand_idx[c], cand_key[c]);
   } else {
     for_each_key<kBlockThreads>(cached, cache, src, n, [&](i32 i, u32 key) {
-      if ((key >> kShift[0]) == bin0) place(i, key);
+      if ((key >> round_shift(0)) == bin0) place(i, key);
     });
   }
 }

@@ -61,6 +61,12 @@ impl QRows<'_> {
 }
 
 /// Builds [`NsaMetadata`] for every forward mode from the server's batch description.
+///
+/// Checked before anything is written (each failure names the field and values):
+/// per-request slices of equal length, lengths ≥ 0, query tokens ≤ KV length,
+/// `prefix + extend == seq` (extend), rows inside `req_to_token` and KV lengths within
+/// its width, every slot a request reads inside the pool and page-aligned for the
+/// page size, and every cu array within int32.
 #[derive(Clone, Debug)]
 pub struct MetadataBuilder {
     params: MetadataParams,
@@ -161,7 +167,9 @@ impl MetadataBuilder {
     }
 
     /// EXTEND (§4.5–4.7): prefill or chunked prefill, with or without a cached prefix,
-    /// split round-robin over CP ranks when [`MetadataParams::cp`] is set.
+    /// split round-robin over CP ranks when [`MetadataParams::cp`] is set (size > 1 and
+    /// at least one token). Requests with `extend_lens[i] == 0` are allowed and add no
+    /// tokens. An empty pure prefill has `max_seq_len_q == max_seq_len_k == 0`.
     pub fn extend(&self, table: &ReqToToken<'_>, batch: ExtendBatch<'_>, plan: ExtendPlan) -> Result<NsaMetadata> {
         let mut out = NsaMetadata::default();
         self.extend_into(&mut out, table, batch, plan)?;

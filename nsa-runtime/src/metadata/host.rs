@@ -68,7 +68,12 @@ pub struct IndexerRanges {
 }
 
 /// The metadata of one forward (spec §3). `bs'` = selected requests (all of them
-/// unless CP split), `T` = query tokens on this rank, `T_pad` ≥ `T` after DP padding.
+/// unless CP split), `T` = query tokens on this rank, `T_pad` ≥ `T` after DP padding
+/// ([`NsaMetadata::pad_nsa_rows`]; without it `T_pad == T`).
+///
+/// Not here: the FlashMLA tile schedule and the DeepGEMM paged-logits schedule of §3.
+/// They belong to the kernels that consume them (a Rust kernel may schedule its own
+/// way); [`NsaMetadata::paged_schedule_lens`] gives the lengths they are computed from.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct NsaMetadata {
     pub mode: ForwardMode,

@@ -5,13 +5,13 @@
 //!   draft-extend v1/v2, extend with or without prefix, CP round-robin split) → [`NsaMetadata`].
 //! * [`dispatch`]: the batch-dependent choices of spec §5 (MHA one-shot, prefill impl,
 //!   PAGED/RAGGED), a pure function with a loggable reason.
-//! * [`graph`]: fixed-capacity CUDA-graph buffers and what capture/replay write (§9).
+//! * [`graph`]: fixed-capacity CUDA-graph buffers and what capture/replay write (§9);
+//!   [`multistep`]: the multi-step draft backend over them (§9.4).
 //! * [`cp`]: the context-parallel round-robin split (§4.7).
 //! * [`device`]: the device mirror of an [`NsaMetadata`], uploaded in one packed copy.
 //!
 //! Every input is checked before anything is written: a bad batch is an
-//! [`Error::InvalidArgument`](crate::Error::InvalidArgument) naming the field, the
-//! value and what is allowed.
+//! [`Error::InvalidArgument`] naming the field, the value and what is allowed.
 
 mod build;
 mod check;
@@ -20,13 +20,15 @@ pub mod device;
 pub mod dispatch;
 pub mod graph;
 mod host;
+pub mod multistep;
 pub mod seq;
 
 pub use build::{ExtendPlan, MetadataBuilder, MetadataParams};
 pub use cp::CpRank;
 pub use dispatch::{decide, AttnImpl, BatchSummary, Dispatch, DispatchPolicy, PrefillBackend};
-pub use graph::{GraphCapacity, GraphMode, GraphShape, GraphState, MultiStepGraphs, ReplayExtent};
+pub use graph::{GraphCapacity, GraphMode, GraphShape, GraphState, ReplayExtent};
 pub use host::{dp_padded_tokens, DpPadding, IndexerRanges, NsaMetadata, PageTable, RealPageTable};
+pub use multistep::MultiStepGraphs;
 
 use crate::{Error, Result};
 
@@ -49,11 +51,6 @@ pub enum ForwardMode {
 }
 
 impl ForwardMode {
-    /// Decode-like modes: one query row per token, no indexer ranges, always PAGED.
-    pub fn is_decode_like(self) -> bool {
-        !matches!(self, ForwardMode::Extend)
-    }
-
     pub fn name(self) -> &'static str {
         match self {
             ForwardMode::Idle => "idle",
@@ -157,9 +154,5 @@ impl<'a> ExtendBatch<'a> {
     /// A pure prefill: no prefix, `E_i == L_i`.
     pub fn without_prefix(req_pool_indices: &'a [i32], seq_lens: &'a [i32]) -> Self {
         ExtendBatch { req_pool_indices, seq_lens, extend_lens: seq_lens, prefix_lens: None }
-    }
-
-    pub fn requests(&self) -> Requests<'a> {
-        Requests { req_pool_indices: self.req_pool_indices, seq_lens: self.seq_lens }
     }
 }

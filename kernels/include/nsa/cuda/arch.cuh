@@ -4,6 +4,8 @@
 #define NSA_DEVICE __device__ __forceinline__
 #define NSA_KERNEL extern "C" __global__
 #define NSA_LAUNCH_BOUNDS(n) __launch_bounds__(n)
+// n threads per block, at least m blocks resident per SM.
+#define NSA_LAUNCH_BOUNDS_MIN(n, m) __launch_bounds__(n, m)
 #define NSA_SHARED __shared__
 #include "nsa/common/types.cuh"
 

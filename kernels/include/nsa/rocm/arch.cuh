@@ -5,6 +5,7 @@
 #define NSA_DEVICE __attribute__((device)) __attribute__((always_inline)) inline
 #define NSA_KERNEL extern "C" __attribute__((global))
 #define NSA_LAUNCH_BOUNDS(n) __attribute__((amdgpu_flat_work_group_size(1, n)))
+#define NSA_LAUNCH_BOUNDS_MIN(n, m) NSA_LAUNCH_BOUNDS(n)
 #define NSA_SHARED __attribute__((shared))
 #define __restrict__ __restrict
 #include "nsa/common/types.cuh"

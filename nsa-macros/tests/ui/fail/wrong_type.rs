@@ -6,7 +6,7 @@ use nsa_macros::NsaKernels;
 struct Model;
 
 #[derive(NsaKernels)]
-#[nsa(crate = "nsa runtime")]
+#[nsa(preset = "deepseek-v3.2", crate = "nsa runtime")]
 struct BadPath;
 
 #[derive(NsaKernels)]
