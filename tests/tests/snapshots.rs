@@ -464,7 +464,8 @@ fn device_constants_agree_with_the_host_layout() {
 
 fn r_has_bounds(spec: &KernelSpec, threads: u32) -> bool {
     let src = render(spec).unwrap().source;
-    src.contains(&format!("NSA_LAUNCH_BOUNDS({threads})")) || src.contains(&format!("NSA_LAUNCH_BOUNDS_MIN({threads}, "))
+    src.contains(&format!("NSA_LAUNCH_BOUNDS({threads})"))
+        || src.contains(&format!("NSA_LAUNCH_BOUNDS_MIN({threads}, "))
 }
 
 #[test]

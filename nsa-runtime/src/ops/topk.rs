@@ -108,7 +108,11 @@ fn check_page_table(t: &PageTable<'_>) -> Result<()> {
     }
     if let Some(cu) = t.cu_seqlens_q {
         if cu.len() != t.rows + 1 {
-            return Err(invalid("cu_seqlens_q", format!("length {}", cu.len()), format!("page_table.rows + 1 = {}", t.rows + 1)));
+            return Err(invalid(
+                "cu_seqlens_q",
+                format!("length {}", cu.len()),
+                format!("page_table.rows + 1 = {}", t.rows + 1),
+            ));
         }
     }
     check_count_fits_i32("page_table.rows", t.rows)?;
@@ -161,7 +165,11 @@ pub fn topk_with_layout(
         return Err(invalid("out", format!("length {}", out.len()), format!("rows × k = {rows} × {k}")));
     }
     if scores.row_capacity > scores.row_stride && rows > 1 {
-        return Err(invalid("row_capacity", scores.row_capacity.to_string(), format!("at most row_stride {}", scores.row_stride)));
+        return Err(invalid(
+            "row_capacity",
+            scores.row_capacity.to_string(),
+            format!("at most row_stride {}", scores.row_stride),
+        ));
     }
     let need = if rows == 0 { 0 } else { (rows - 1) * scores.row_stride + scores.row_capacity };
     if scores.scores.len() < need {

@@ -13,7 +13,14 @@ fn edge_lengths(k: i32) -> Vec<i32> {
     vec![0, -3, 1, k - 1, k, k + 1, 2 * k + 7, 5000, 40_960, 40_961, 70_001]
 }
 
-fn case(k: u32, transform: TopkTransform, deterministic: bool, pattern: ScorePattern, lengths: Vec<i32>, seed: u64) -> TopkCase {
+fn case(
+    k: u32,
+    transform: TopkTransform,
+    deterministic: bool,
+    pattern: ScorePattern,
+    lengths: Vec<i32>,
+    seed: u64,
+) -> TopkCase {
     TopkCase { k, transform, deterministic, pattern, lengths, row_starts: true, grouped: false, layout: None, seed }
 }
 
@@ -43,7 +50,8 @@ fn both_layouts_every_pattern() {
     for layout in [TopkLayout::Latency, TopkLayout::Throughput] {
         for deterministic in [false, true] {
             for (i, pattern) in SCORE_PATTERNS.into_iter().enumerate() {
-                let mut c = case(2048, TopkTransform::Paged, deterministic, pattern, edge_lengths(2048), 300 + i as u64);
+                let mut c =
+                    case(2048, TopkTransform::Paged, deterministic, pattern, edge_lengths(2048), 300 + i as u64);
                 c.layout = Some(layout);
                 c.grouped = i % 2 == 0;
                 checks.push(run(&rt, &c).unwrap());
@@ -74,14 +82,17 @@ fn many_rows_and_very_long_rows() {
     let many: Vec<i32> = (0..4096).map(|_| rand::Rng::random_range(&mut rng, 0..6000)).collect();
     checks.push(run(&rt, &case(2048, TopkTransform::Ragged, false, ScorePattern::Gaussian, many.clone(), 1)).unwrap());
     checks.push(run(&rt, &case(2048, TopkTransform::Paged, true, ScorePattern::FewDistinct, many, 2)).unwrap());
-    for (i, pattern) in [ScorePattern::Gaussian, ScorePattern::OneBucket, ScorePattern::FewDistinct, ScorePattern::NonFinite]
-        .into_iter()
-        .enumerate()
+    for (i, pattern) in
+        [ScorePattern::Gaussian, ScorePattern::OneBucket, ScorePattern::FewDistinct, ScorePattern::NonFinite]
+            .into_iter()
+            .enumerate()
     {
         let long = vec![1 << 20, (1 << 20) + 13];
         checks.push(run(&rt, &case(2048, TopkTransform::Plain, i % 2 == 1, pattern, long, 10 + i as u64)).unwrap());
     }
-    checks.push(run(&rt, &case(1024, TopkTransform::Plain, false, ScorePattern::Gaussian, vec![131_072; 64], 3)).unwrap());
+    checks.push(
+        run(&rt, &case(1024, TopkTransform::Plain, false, ScorePattern::Gaussian, vec![131_072; 64], 3)).unwrap(),
+    );
     assert_all(&checks);
 }
 
@@ -140,7 +151,8 @@ fn unfused_page_table_transform_decode_and_prefill() {
         topk::page_table_transform(&rt, k as u32, &d_idx.slice(0..), &pt, &mut d_out.slice_mut(0..)).unwrap();
         let got = download(&stream, &d_out, rows * k).unwrap();
         for t in 0..rows {
-            let trow = if prefill { cu.windows(2).position(|w| w[0] <= t as i32 && (t as i32) < w[1]) } else { Some(t) };
+            let trow =
+                if prefill { cu.windows(2).position(|w| w[0] <= t as i32 && (t as i32) < w[1]) } else { Some(t) };
             for j in 0..k {
                 let p = idx[t * k + j];
                 let want = match trow {

@@ -252,9 +252,8 @@ fn topk_bench(rt: &Runtime, reps: usize) -> Result<Vec<TopkRow>> {
         let mut d_out: CudaSlice<i32> = stream.alloc_zeros(rows * k as usize).map_err(Error::driver("alloc"))?;
         let (sv, lv, tv, ov) = (d_scores.slice(0..), d_lengths.slice(0..), d_table.slice(0..), d_offsets.slice(0..));
         let input = TopkScores { scores: &sv, row_stride: n, row_capacity: n, lengths: &lv, row_starts: None };
-        for (transform, layout) in TopkTransform::ALL
-            .into_iter()
-            .flat_map(|t| [(t, TopkLayout::Latency), (t, TopkLayout::Throughput)])
+        for (transform, layout) in
+            TopkTransform::ALL.into_iter().flat_map(|t| [(t, TopkLayout::Latency), (t, TopkLayout::Throughput)])
         {
             let output = match transform {
                 TopkTransform::Plain => TopkOutput::Plain,
