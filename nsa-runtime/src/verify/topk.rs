@@ -177,3 +177,50 @@ fn group_rows(rows: usize, rng: &mut impl Rng) -> Vec<i32> {
     }
     cu
 }
+
+/// The unfused page-table transform (spec §7.7) against the CPU: decode form (row
+/// t uses table row t) or prefill form (rows grouped by `cu`, with rows past the
+/// last request), random positions with −1 holes.
+pub fn index_transform(rt: &Runtime, k: u32, prefill: bool, seed: u64) -> Result<Check> {
+    let stream = rt.gpu().stream();
+    let mut rng = testdata::rng(seed);
+    let k = k as usize;
+    let (width, table_rows) = (k + 952, 3usize);
+    let table: Vec<i32> = (0..table_rows * width).map(|i| (i as i32) * 7 + 1).collect();
+    let cu: Vec<i32> = vec![0, 2, 4, 4]; // rows 0-1 → request 0, 2-3 → 1, request 2 empty
+    let rows = if prefill { 5 } else { table_rows };
+    let idx: Vec<i32> = (0..rows * k)
+        .map(|_| if rng.random_range(0..10) == 0 { -1 } else { rng.random_range(0..width as i32) })
+        .collect();
+    let d_idx = upload(stream, &idx)?;
+    let d_table = upload(stream, &table)?;
+    let d_cu = upload(stream, &cu)?;
+    let mut d_out = upload(stream, &vec![i32::MIN; rows * k])?;
+    let (tv, cv) = (d_table.slice(0..), d_cu.slice(0..));
+    let pt = PageTable { table: &tv, rows: table_rows, stride: width, width, cu_seqlens_q: prefill.then_some(&cv) };
+    topk::page_table_transform(rt, k as u32, &d_idx.slice(0..rows * k), &pt, &mut d_out.slice_mut(0..rows * k))?;
+    let got = download(stream, &d_out, rows * k)?;
+    let mut mismatches = 0;
+    let mut first_mismatch = None;
+    for t in 0..rows {
+        let trow = if prefill { cu.windows(2).position(|w| w[0] <= t as i32 && (t as i32) < w[1]) } else { Some(t) };
+        let want: Vec<i32> = idx[t * k..][..k]
+            .iter()
+            .map(|&p| match trow {
+                Some(r) if p >= 0 => table[r * width + p as usize],
+                _ => -1,
+            })
+            .collect();
+        if got[t * k..][..k] != want[..] {
+            mismatches += 1;
+            first_mismatch.get_or_insert_with(|| format!("row {t}"));
+        }
+    }
+    Ok(Check {
+        kernel: KernelSpec::new(KernelFamily::IndexTransform { k: k as u32 }, rt.target()).id(),
+        case: format!("{} rows={rows}", if prefill { "prefill" } else { "decode" }),
+        items: rows,
+        mismatches,
+        first_mismatch,
+    })
+}

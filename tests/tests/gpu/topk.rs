@@ -2,9 +2,9 @@
 
 use super::{assert_all, rt};
 use nsa_kernels::{TopkLayout, TopkTransform};
-use nsa_runtime::ops::topk::{self, PageTable, TopkOutput, TopkScores};
+use nsa_runtime::ops::topk::{self, TopkOutput, TopkScores};
 use nsa_runtime::testdata::{ScorePattern, SCORE_PATTERNS};
-use nsa_runtime::verify::topk::{run, TopkCase};
+use nsa_runtime::verify::topk::{index_transform, run, TopkCase};
 use nsa_runtime::verify::{download, upload, Check};
 use nsa_runtime::{DeviceChecks, Error};
 
@@ -127,40 +127,10 @@ fn out_of_window_rows_are_rejected_not_read() {
 #[test]
 fn unfused_page_table_transform_decode_and_prefill() {
     let rt = rt();
-    let stream = rt.gpu().stream().clone();
-    let k = 2048usize;
-    let width = 3000usize;
-    let table_rows = 3usize;
-    let table: Vec<i32> = (0..table_rows * width).map(|i| (i as i32) * 7 + 1).collect();
-    let mut rng = nsa_runtime::testdata::rng(77);
-    for prefill in [false, true] {
-        let rows = if prefill { 5 } else { table_rows };
-        let cu: Vec<i32> = vec![0, 2, 4, 4]; // prefill: rows 0-1 → request 0, 2-3 → 1, row 4 past the end
-        let idx: Vec<i32> = (0..rows * k)
-            .map(|_| match rand::Rng::random_range(&mut rng, 0..10) {
-                0 => -1,
-                _ => rand::Rng::random_range(&mut rng, 0..width as i32),
-            })
-            .collect();
-        let d_idx = upload(&stream, &idx).unwrap();
-        let d_table = upload(&stream, &table).unwrap();
-        let d_cu = upload(&stream, &cu).unwrap();
-        let mut d_out = upload(&stream, &vec![i32::MIN; rows * k]).unwrap();
-        let (tv, cv) = (d_table.slice(0..), d_cu.slice(0..));
-        let pt = PageTable { table: &tv, rows: table_rows, stride: width, width, cu_seqlens_q: prefill.then_some(&cv) };
-        topk::page_table_transform(&rt, k as u32, &d_idx.slice(0..), &pt, &mut d_out.slice_mut(0..)).unwrap();
-        let got = download(&stream, &d_out, rows * k).unwrap();
-        for t in 0..rows {
-            let trow =
-                if prefill { cu.windows(2).position(|w| w[0] <= t as i32 && (t as i32) < w[1]) } else { Some(t) };
-            for j in 0..k {
-                let p = idx[t * k + j];
-                let want = match trow {
-                    Some(r) if p >= 0 => table[r * width + p as usize],
-                    _ => -1,
-                };
-                assert_eq!(got[t * k + j], want, "prefill={prefill} row {t} entry {j}");
-            }
-        }
-    }
+    let checks: Vec<Check> = [(2048, false), (2048, true), (512, true)]
+        .iter()
+        .map(|&(k, p)| index_transform(&rt, k, p, k as u64))
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_all(&checks);
 }

@@ -3,9 +3,11 @@
 use crate::config_args::ConfigArgs;
 use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
-use nsa_kernels::{kernel_set, KernelFamily, KernelSpec, NsaConfig, Target, Toolchain};
+use nsa_kernels::{kernel_set, KernelFamily, KernelSpec, NsaConfig, Target, Toolchain, TopkTransform};
 use nsa_runtime::cache::{CacheConfig, CachedKernel, KernelCache, Origin};
 use nsa_runtime::jit::{clang_hip::ClangHipCompiler, nvrtc::NvrtcCompiler, Compiler};
+use nsa_runtime::testdata::ScorePattern;
+use nsa_runtime::verify::topk::{self as vtopk, TopkCase};
 use nsa_runtime::verify::{self, Check};
 use nsa_runtime::{device, Error, Result, Runtime};
 use std::sync::Arc;
@@ -165,7 +167,22 @@ pub fn verify(args: VerifyArgs) -> Result<()> {
                 KernelFamily::KvStore { format } => verify::store_mla(&rt, format, n, seed)?,
                 KernelFamily::KvDequant => verify::dequant(&rt, n, seed, n > 1)?,
                 KernelFamily::IndexerKStore => verify::store_indexer(&rt, n, seed)?,
-                KernelFamily::TopK { .. } | KernelFamily::IndexTransform { .. } => continue,
+                KernelFamily::TopK { k, transform, deterministic, layout } => {
+                    let pattern = [ScorePattern::Gaussian, ScorePattern::OneBucket][i % 2];
+                    let case = TopkCase {
+                        k,
+                        transform,
+                        deterministic,
+                        pattern,
+                        lengths: vec![0, 1, k as i32, k as i32 + 1, n as i32 + k as i32 + 1, 50_000],
+                        row_starts: true,
+                        grouped: transform == TopkTransform::Paged && i % 2 == 1,
+                        layout: Some(layout),
+                        seed,
+                    };
+                    vtopk::run(&rt, &case)?
+                }
+                KernelFamily::IndexTransform { k } => vtopk::index_transform(&rt, k, i % 2 == 1, seed)?,
             });
         }
     }
