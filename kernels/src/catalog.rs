@@ -2,7 +2,7 @@
 //! sparse MLA, metadata) add their specs here.
 
 use crate::config::{KvCacheFormat, NsaConfig};
-use crate::spec::{KernelFamily, KernelSpec, TopkLayout, TopkTransform};
+use crate::spec::{KernelFamily, KernelSpec, MetadataMode, TopkLayout, TopkSplitStage, TopkTransform};
 
 /// The kernel set of `cfg`, for every target it lists, sorted and without repeats.
 /// `cfg` should be validated first; this function does not re-check it.
@@ -14,11 +14,19 @@ pub fn kernel_set(cfg: &NsaConfig) -> Vec<KernelSpec> {
         for layout in [TopkLayout::Latency, TopkLayout::Throughput] {
             families.push(KernelFamily::TopK { k: cfg.topk, transform, deterministic: false, layout });
         }
+        for stage in TopkSplitStage::ALL {
+            families.push(KernelFamily::TopkSplit { stage, k: cfg.topk, transform });
+        }
     }
     families.push(KernelFamily::IndexTransform { k: cfg.topk });
     if cfg.kv_cache == KvCacheFormat::Fp8 {
         // Prefill with a prefix reads the FP8 cache back as bf16 (spec §8.4).
         families.push(KernelFamily::KvDequant);
+    }
+    // CUDA-graph metadata replay (spec §9.3): decode (also the multi-step draft
+    // backend), target-verify and draft-extend (v1 and v2) graphs.
+    for mode in MetadataMode::ALL {
+        families.push(KernelFamily::MetadataReplay { page_size: cfg.page_size, mode });
     }
     let mut specs: Vec<KernelSpec> =
         cfg.targets.iter().flat_map(|t| families.iter().map(move |f| KernelSpec::new(*f, *t))).collect();

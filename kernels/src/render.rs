@@ -17,7 +17,9 @@ pub const TEMPLATES: &[(&str, &str)] = embed! {
     "kv_dequant.cu.tera" => "../../templates/kv_dequant.cu.tera",
     "indexer_k_store.cu.tera" => "../../templates/indexer_k_store.cu.tera",
     "topk.cu.tera" => "../../templates/topk.cu.tera",
+    "topk_split.cu.tera" => "../../templates/topk_split.cu.tera",
     "index_transform.cu.tera" => "../../templates/index_transform.cu.tera",
+    "metadata_replay.cu.tera" => "../../templates/metadata_replay.cu.tera",
 };
 
 /// Device headers, by the include name sources use. Passed to the compiler as
@@ -33,6 +35,7 @@ pub const HEADERS: &[(&str, &str)] = embed! {
     "nsa/kv_cache.cuh" => "../include/nsa/kv_cache.cuh",
     "nsa/topk.cuh" => "../include/nsa/topk.cuh",
     "nsa/index_transform.cuh" => "../include/nsa/index_transform.cuh",
+    "nsa/metadata_replay.cuh" => "../include/nsa/metadata_replay.cuh",
 };
 
 /// blake3 over every embedded header (name and bytes), part of every cache key.

@@ -24,6 +24,68 @@ pub enum KernelFamily {
     TopK { k: u32, transform: TopkTransform, deterministic: bool, layout: TopkLayout },
     /// Unfused page-table transform of top-k positions (spec §7.7).
     IndexTransform { k: u32 },
+    /// CUDA-graph metadata replay (spec §9.3, §9.6): one launch rewrites every
+    /// length, cumulative sum, `page_table_1` row and real-page-table row of a
+    /// graph state in place (and of every step backend of a multi-step state: the
+    /// step count is a launch argument, as are top-k and D, which only enter as
+    /// values). The page size is a constant (divisions, the real-table stride).
+    MetadataReplay { page_size: u32, mode: MetadataMode },
+    /// One stage of the split top-k path: few long rows, each spread over many blocks.
+    TopkSplit { stage: TopkSplitStage, k: u32, transform: TopkTransform },
+}
+
+/// Stages of the split top-k path, launched in this order on one stream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TopkSplitStage {
+    /// Blocks (row, chunk) sum the round-0 histogram of each row.
+    Hist,
+    /// Blocks (row, chunk) emit winners above the threshold bin, gather its candidates.
+    Collect,
+    /// One block per row refines the candidates and places the rest (and short rows).
+    Finish,
+}
+
+impl TopkSplitStage {
+    pub const ALL: [TopkSplitStage; 3] = [TopkSplitStage::Hist, TopkSplitStage::Collect, TopkSplitStage::Finish];
+
+    pub fn tag(self) -> &'static str {
+        match self {
+            TopkSplitStage::Hist => "hist",
+            TopkSplitStage::Collect => "collect",
+            TopkSplitStage::Finish => "finish",
+        }
+    }
+}
+
+/// The decode-like forward mode a metadata replay kernel serves. Draft-extend v2 is
+/// draft-extend with every request extending by `D` (no per-request lengths).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MetadataMode {
+    Decode,
+    TargetVerify,
+    DraftExtend,
+}
+
+impl MetadataMode {
+    pub const ALL: [MetadataMode; 3] = [MetadataMode::Decode, MetadataMode::TargetVerify, MetadataMode::DraftExtend];
+
+    pub fn tag(self) -> &'static str {
+        match self {
+            MetadataMode::Decode => "decode",
+            MetadataMode::TargetVerify => "target_verify",
+            MetadataMode::DraftExtend => "draft_extend",
+        }
+    }
+
+    fn device_enum(self) -> &'static str {
+        match self {
+            MetadataMode::Decode => "kDecode",
+            MetadataMode::TargetVerify => "kTargetVerify",
+            MetadataMode::DraftExtend => "kDraftExtend",
+        }
+    }
 }
 
 /// How a top-k kernel spends one SM: one big block per row with the row cached in
@@ -96,6 +158,12 @@ const TOPK_CANDIDATES: u32 = 4096;
 const TOPK_ROW_CACHE_NVIDIA: u32 = 40960;
 /// Threads per block of the elementwise index transform.
 const TRANSFORM_BLOCK_THREADS: u32 = 256;
+/// Threads per block of the metadata replay kernel (every block scans the batch;
+/// blocks share the page-table rows).
+const METADATA_BLOCK_THREADS: u32 = 512;
+/// Requests one metadata replay handles at most (each block keeps the first query
+/// row of every request in shared memory): the largest CUDA-graph batch size.
+pub const METADATA_MAX_BATCH: u32 = 4096;
 
 impl KernelSpec {
     pub fn new(family: KernelFamily, target: Target) -> Self {
@@ -110,6 +178,8 @@ impl KernelSpec {
             KernelFamily::IndexerKStore => "indexer_k_store",
             KernelFamily::TopK { .. } => "topk",
             KernelFamily::IndexTransform { .. } => "index_transform",
+            KernelFamily::MetadataReplay { .. } => "metadata_replay",
+            KernelFamily::TopkSplit { .. } => "topk_split",
         }
     }
 
@@ -130,6 +200,10 @@ impl KernelSpec {
                 v
             }
             KernelFamily::IndexTransform { k } => vec![format!("k{k}")],
+            KernelFamily::MetadataReplay { page_size, mode } => vec![mode.tag().into(), format!("p{page_size}")],
+            KernelFamily::TopkSplit { stage, k, transform } => {
+                vec![stage.tag().into(), format!("k{k}"), transform.tag().into()]
+            }
         };
         let mut parts = vec![self.family_name().to_string()];
         parts.extend(knobs);
@@ -155,6 +229,8 @@ impl KernelSpec {
             KernelFamily::IndexerKStore => "indexer_k_store.cu.tera",
             KernelFamily::TopK { .. } => "topk.cu.tera",
             KernelFamily::IndexTransform { .. } => "index_transform.cu.tera",
+            KernelFamily::MetadataReplay { .. } => "metadata_replay.cu.tera",
+            KernelFamily::TopkSplit { .. } => "topk_split.cu.tera",
         }
     }
 
@@ -164,6 +240,9 @@ impl KernelSpec {
             KernelFamily::TopK { layout: TopkLayout::Latency, .. } => TOPK_BLOCK_THREADS,
             KernelFamily::TopK { layout: TopkLayout::Throughput, .. } => TOPK_BLOCK_THREADS / 2,
             KernelFamily::IndexTransform { .. } => TRANSFORM_BLOCK_THREADS,
+            KernelFamily::MetadataReplay { .. } => METADATA_BLOCK_THREADS,
+            KernelFamily::TopkSplit { stage: TopkSplitStage::Finish, .. } => TOPK_BLOCK_THREADS,
+            KernelFamily::TopkSplit { .. } => TOPK_BLOCK_THREADS / 2,
             _ => STORE_BLOCK_THREADS,
         }
     }
@@ -171,14 +250,14 @@ impl KernelSpec {
     /// Dynamic shared memory per block, in bytes (0 for most families).
     pub fn dynamic_smem_bytes(&self) -> u32 {
         match self.family {
-            KernelFamily::TopK { .. } => 4 * self.topk_smem_words(),
+            KernelFamily::TopK { .. } | KernelFamily::TopkSplit { .. } => 4 * self.topk_smem_words(),
             _ => 0,
         }
     }
 
     fn topk_row_cache(&self) -> u32 {
         match (self.family, self.target) {
-            (KernelFamily::TopK { layout: TopkLayout::Throughput, .. }, _) => 0,
+            (KernelFamily::TopK { layout: TopkLayout::Throughput, .. } | KernelFamily::TopkSplit { .. }, _) => 0,
             (_, Target::Sm90a | Target::Sm100a) => TOPK_ROW_CACHE_NVIDIA,
             // 64 KiB of LDS: histogram and candidates only.
             (_, Target::Gfx942) => 0,
@@ -186,14 +265,35 @@ impl KernelSpec {
     }
 
     fn topk_smem_words(&self) -> u32 {
-        TOPK_FIXED_WORDS + 2 * TOPK_CANDIDATES + self.topk_row_cache()
+        match self.family {
+            // Histogram (and the threshold search) only.
+            KernelFamily::TopkSplit { stage: TopkSplitStage::Hist | TopkSplitStage::Collect, .. } => TOPK_FIXED_WORDS,
+            _ => TOPK_FIXED_WORDS + 2 * TOPK_CANDIDATES + self.topk_row_cache(),
+        }
+    }
+
+    /// Half-size top-k blocks promise two per SM (`__launch_bounds__(n, 2)`): without it
+    /// ptxas caps them at 40 registers and spills.
+    fn topk_min_blocks_per_sm(&self) -> u32 {
+        if self.block_threads() < TOPK_BLOCK_THREADS {
+            2
+        } else {
+            1
+        }
+    }
+
+    /// Candidate capacity of the top-k kernels (also the split path's per-row list).
+    pub fn topk_candidates() -> u32 {
+        TOPK_CANDIDATES
     }
 
     /// Work items one block handles (tokens; top-k rows; transform elements); the
     /// launcher's grid is `ceil(items / tokens_per_block)`.
     pub fn tokens_per_block(&self) -> u32 {
         match self.family {
-            KernelFamily::TopK { .. } => 1,
+            KernelFamily::TopK { .. } | KernelFamily::TopkSplit { .. } => 1,
+            // One page-table row per block (the kernel strides over rows past the grid).
+            KernelFamily::MetadataReplay { .. } => 1,
             KernelFamily::IndexTransform { .. } => self.block_threads(),
             KernelFamily::KvStore { .. } | KernelFamily::KvDequant => self.block_threads() / MLA_LANES_PER_TOKEN,
             KernelFamily::IndexerKStore => {
@@ -222,11 +322,25 @@ impl KernelSpec {
             ctx.insert("candidate_capacity".into(), json!(TOPK_CANDIDATES));
             ctx.insert("row_cache_capacity".into(), json!(self.topk_row_cache()));
             ctx.insert("smem_words".into(), json!(self.topk_smem_words()));
-            let min_blocks = if self.block_threads() < TOPK_BLOCK_THREADS { 2 } else { 1 };
-            ctx.insert("min_blocks_per_sm".into(), json!(min_blocks));
+            ctx.insert("min_blocks_per_sm".into(), json!(self.topk_min_blocks_per_sm()));
         }
         if let KernelFamily::IndexTransform { k } = self.family {
             ctx.insert("k".into(), json!(k));
+        }
+        if let KernelFamily::TopkSplit { stage, k, transform } = self.family {
+            ctx.insert("stage".into(), json!(stage.tag()));
+            ctx.insert("k".into(), json!(k));
+            ctx.insert("transform".into(), json!(transform.tag()));
+            ctx.insert("transform_enum".into(), json!(transform.device_enum()));
+            ctx.insert("candidate_capacity".into(), json!(TOPK_CANDIDATES));
+            ctx.insert("smem_words".into(), json!(self.topk_smem_words()));
+            ctx.insert("min_blocks_per_sm".into(), json!(self.topk_min_blocks_per_sm()));
+        }
+        if let KernelFamily::MetadataReplay { page_size, mode } = self.family {
+            ctx.insert("page_size".into(), json!(page_size));
+            ctx.insert("mode".into(), json!(mode.tag()));
+            ctx.insert("mode_enum".into(), json!(mode.device_enum()));
+            ctx.insert("max_batch".into(), json!(METADATA_MAX_BATCH));
         }
         if let KernelFamily::KvStore { format } = self.family {
             ctx.insert("format".into(), json!(format.tag()));
@@ -243,7 +357,7 @@ impl KernelSpec {
     /// The representative variants of every family for `target` (compile-all and
     /// snapshot matrix): each store kernel; top-k for k 512/1024/2048 with every
     /// transform, plus the deterministic and throughput k 2048 ones; the index
-    /// transform at 2048.
+    /// transform at 2048; metadata replay of every mode at page sizes 64 and 1.
     pub fn all_for(target: Target) -> Vec<KernelSpec> {
         let mut families = vec![
             KernelFamily::KvStore { format: KvCacheFormat::Bf16 },
@@ -262,6 +376,14 @@ impl KernelSpec {
             }
         }
         families.push(KernelFamily::IndexTransform { k: 2048 });
+        for stage in TopkSplitStage::ALL {
+            families.push(KernelFamily::TopkSplit { stage, k: 2048, transform: TopkTransform::Paged });
+        }
+        for page_size in [64, 1] {
+            for mode in MetadataMode::ALL {
+                families.push(KernelFamily::MetadataReplay { page_size, mode });
+            }
+        }
         families.into_iter().map(|family| KernelSpec::new(family, target)).collect()
     }
 
@@ -284,6 +406,15 @@ impl KernelSpec {
                 layout: if flags.contains(&"tput") { TopkLayout::Throughput } else { TopkLayout::Latency },
             },
             ("index_transform", [k]) => KernelFamily::IndexTransform { k: k_of(k)? },
+            ("topk_split", [stage, k, t]) => KernelFamily::TopkSplit {
+                stage: TopkSplitStage::ALL.into_iter().find(|x| x.tag() == *stage)?,
+                k: k_of(k)?,
+                transform: TopkTransform::ALL.into_iter().find(|x| x.tag() == *t)?,
+            },
+            ("metadata_replay", [mode, p]) => KernelFamily::MetadataReplay {
+                page_size: p.strip_prefix('p').and_then(|n| n.parse::<u32>().ok())?,
+                mode: MetadataMode::ALL.into_iter().find(|m| m.tag() == *mode)?,
+            },
             _ => return None,
         };
         let spec = KernelSpec::new(family, target);

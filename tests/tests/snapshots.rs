@@ -71,7 +71,8 @@ fn kernel_set_is_sorted_unique_and_covers_each_target() {
         assert!(set.windows(2).all(|w| w[0] < w[1]), "{name}: not sorted/unique");
         for t in &cfg.targets {
             let families: BTreeSet<&str> = set.iter().filter(|s| s.target == *t).map(|s| s.family_name()).collect();
-            let mut expected = BTreeSet::from(["kv_store", "indexer_k_store", "topk", "index_transform"]);
+            let mut expected =
+                BTreeSet::from(["kv_store", "indexer_k_store", "topk", "index_transform", "metadata_replay"]);
             if cfg.kv_cache == KvCacheFormat::Fp8 {
                 expected.insert("kv_dequant");
             }
@@ -318,8 +319,9 @@ fn is_c_identifier(s: &str) -> bool {
 #[test]
 fn ids_and_symbols_are_unique_and_round_trip() {
     let specs = all_specs();
-    // 4 store kernels + 9 top-k + 3 deterministic + 3 throughput top-k + 1 index transform per target.
-    assert_eq!(specs.len(), 20 * Target::ALL.len());
+    // 4 store kernels + 9 top-k + 3 deterministic + 3 throughput top-k + 1 index transform
+    // + 3 metadata replay modes × 2 page sizes per target.
+    assert_eq!(specs.len(), 26 * Target::ALL.len());
     let mut ids = BTreeMap::new();
     let mut symbols = BTreeMap::new();
     let mut sources = BTreeSet::new();
@@ -480,8 +482,14 @@ fn launch_geometry_matches_the_device_code() {
         let lanes = match spec.family {
             KernelFamily::KvStore { .. } | KernelFamily::KvDequant => k["kMlaLanes"],
             KernelFamily::IndexerKStore => k["kIdxLanes"],
-            // One row per block: the whole block cooperates.
-            KernelFamily::TopK { .. } => {
+            // One row (or one chunk of a row) per block: the whole block cooperates.
+            KernelFamily::TopK { .. } | KernelFamily::TopkSplit { .. } => {
+                assert_eq!(spec.tokens_per_block(), 1, "{spec}");
+                assert!(r_has_bounds(&spec, threads), "{spec}");
+                continue;
+            }
+            // One page-table row per block; every block scans the whole batch.
+            KernelFamily::MetadataReplay { .. } => {
                 assert_eq!(spec.tokens_per_block(), 1, "{spec}");
                 assert!(r_has_bounds(&spec, threads), "{spec}");
                 continue;

@@ -40,6 +40,19 @@ struct Params {
   i32 table_width;          // PAGED: lengths[r] must be <= this
 };
 
+// Workspace of the split path (rows too long for one block): zero on entry, and
+// left zero again by the finish stage.
+struct Split {
+  u32* hist;      // [rows, kBins] round-0 histogram, summed over the row's chunks
+  u32* state;     // [rows, kStateWords]
+  u32* cand_idx;  // [rows, cand_cap] threshold-bin candidates
+  u32* cand_key;  // [rows, cand_cap]
+  i32 chunk;      // elements of a row per block in the histogram and collect stages
+  i32 chunks;     // blocks per row (ceil(row_capacity / chunk))
+  i32 cand_cap;
+};
+enum StateWord { kStateWinners = 0, kStateCands = 1, kStateWords = 4 };
+
 constexpr int kBins = 2048;
 constexpr int kRounds = 3;
 // Radix rounds over the 32-bit key: bits [21, 32), [10, 21), [0, 10).
@@ -144,8 +157,10 @@ NSA_DEVICE void find_threshold(const u32* hist, int bins, u32 r, u32* sm) {
 // Shared-memory words the kernel needs beyond the candidate list and row cache.
 constexpr int kFixedWords = kBins + kScalarWords;
 
-template <int K, int kTransform, bool kDeterministic, int kBlockThreads, int kCandCap, int kCacheCap, int kSmemWords>
-NSA_DEVICE void select(const Params& p, u32* status) {
+template <int K, int kTransform, bool kDeterministic, int kBlockThreads, int kCandCap, int kCacheCap, int kSmemWords,
+          bool kSplit = false>
+NSA_DEVICE void select(const Params& p, u32* status, const Split& split = Split{}) {
+  static_assert(!(kSplit && kDeterministic), "the split path is unordered");
   static_assert(kFixedWords + 2 * kCandCap + kCacheCap <= kSmemWords, "launch provides kSmemWords of shared memory");
   extern NSA_SHARED u32 smem[];
   u32* hist = smem;
@@ -176,18 +191,24 @@ NSA_DEVICE void select(const Params& p, u32* status) {
   const bool cached = kCacheCap > 0 && n <= kCacheCap;
 
 
-  // Round 0: histogram of the top 11 bits of every key (caching the keys).
-  for (int b = tid; b < kBins; b += kBlockThreads) hist[b] = 0u;
+  // Round 0: histogram of the top 11 bits of every key (caching the keys); the
+  // split path's earlier stages have summed it, and emitted the winners above the
+  // threshold bin, already.
+  u32* split_hist = kSplit ? split.hist + (i64)row * kBins : nullptr;
+  u32* split_state = kSplit ? split.state + (i64)row * kStateWords : nullptr;
+  for (int b = tid; b < kBins; b += kBlockThreads) hist[b] = kSplit ? split_hist[b] : 0u;
   if (tid == 0) {
-    sm[kWinners] = 0u;
+    sm[kWinners] = kSplit ? split_state[kStateWinners] : 0u;
     sm[kTies] = 0u;
     sm[kCands] = 0u;
   }
   sync_block();
-  scan_global<kBlockThreads>(src, n, [&](i32 i, u32 key) {
-    atomic_add_ret(&hist[key >> round_shift(0)], 1u);
-    if (cached) cache[i] = key;
-  });
+  if (!kSplit) {
+    scan_global<kBlockThreads>(src, n, [&](i32 i, u32 key) {
+      atomic_add_ret(&hist[key >> round_shift(0)], 1u);
+      if (cached) cache[i] = key;
+    });
+  }
   sync_block();
   find_threshold<kBlockThreads>(hist, kBins, (u32)K, sm);
   const u32 bin0 = sm[kThrBin];
@@ -197,8 +218,16 @@ NSA_DEVICE void select(const Params& p, u32* status) {
   const bool use_cands = in_bin <= (u32)kCandCap;
   sync_block();
 
+  if (kSplit && use_cands) {
+    const u32* gi = split.cand_idx + (i64)row * split.cand_cap;
+    const u32* gk = split.cand_key + (i64)row * split.cand_cap;
+    for (u32 c = tid; c < in_bin; c += kBlockThreads) {
+      cand_idx[c] = gi[c];
+      cand_key[c] = gk[c];
+    }
+  }
   // The bin's keys become candidates; without ordering, winners above it go out now.
-  if (use_cands || !kDeterministic) {
+  if (!kSplit && (use_cands || !kDeterministic)) {
     for_each_key<kBlockThreads>(cached, cache, src, n, [&](i32 i, u32 key) {
       const u32 bin = key >> round_shift(0);
       if (!kDeterministic && bin > bin0) {
@@ -291,6 +320,83 @@ NSA_DEVICE void select(const Params& p, u32* status) {
       if ((key >> round_shift(0)) == bin0) place(i, key);
     });
   }
+  if (kSplit) {  // leave the workspace zero for the next call
+    for (int b = tid; b < kBins; b += kBlockThreads) split_hist[b] = 0u;
+    if (tid < kStateWords) split_state[tid] = 0u;
+  }
+}
+
+// Split path, stage 1: block (row, chunk) adds its chunk's round-0 histogram to
+// split.hist[row]. Rows that are short or rejected are left to the finish stage.
+template <int K, int kTransform, int kBlockThreads>
+NSA_DEVICE bool split_chunk(const Params& p, const Split& split, i32& row, i32& begin, i32& count, i32& trow) {
+  row = (i32)(block_x() / (u32)split.chunks);
+  const i32 chunk = (i32)(block_x() % (u32)split.chunks);
+  const i32 s0 = p.row_starts != nullptr ? p.row_starts[row] : 0;
+  const i32 n = p.lengths[row] > 0 ? p.lengths[row] : 0;
+  trow = table_row_of<kTransform>(p, row);
+  const bool row_ok = s0 >= 0 && (i64)s0 + n <= p.row_capacity && trow >= 0 &&
+                      (kTransform != kPaged || n <= p.table_width);
+  begin = chunk * split.chunk;
+  if (!row_ok || n <= K || begin >= n) return false;
+  count = n - begin < split.chunk ? n - begin : split.chunk;
+  return true;
+}
+
+template <int K, int kTransform, int kBlockThreads>
+NSA_DEVICE void split_histogram(const Params& p, const Split& split) {
+  extern NSA_SHARED u32 smem[];
+  u32* hist = smem;
+  i32 row, begin, count, trow;
+  const bool active = split_chunk<K, kTransform, kBlockThreads>(p, split, row, begin, count, trow);
+  if (!active) return;  // uniform across the block
+  const u32 tid = thread_x();
+  for (int b = tid; b < kBins; b += kBlockThreads) hist[b] = 0u;
+  sync_block();
+  const i32 s0 = p.row_starts != nullptr ? p.row_starts[row] : 0;
+  const float* src = p.scores + (i64)row * p.row_stride + s0 + begin;
+  scan_global<kBlockThreads>(src, count, [&](i32, u32 key) { atomic_add_ret(&hist[key >> round_shift(0)], 1u); });
+  sync_block();
+  u32* g = split.hist + (i64)row * kBins;
+  for (int b = tid; b < kBins; b += kBlockThreads) {
+    if (hist[b] != 0u) atomic_add_ret(&g[b], hist[b]);
+  }
+}
+
+// Split path, stage 2: block (row, chunk) finds the threshold bin from the summed
+// histogram, emits its chunk's winners above it and appends the bin's keys to the
+// row's candidate list (counting past cand_cap sends the finish stage to the row).
+template <int K, int kTransform, int kBlockThreads>
+NSA_DEVICE void split_collect(const Params& p, const Split& split) {
+  extern NSA_SHARED u32 smem[];
+  u32* hist = smem;
+  u32* sm = hist + kBins;
+  i32 row, begin, count, trow;
+  const bool active = split_chunk<K, kTransform, kBlockThreads>(p, split, row, begin, count, trow);
+  if (!active) return;
+  const u32 tid = thread_x();
+  const u32* g = split.hist + (i64)row * kBins;
+  for (int b = tid; b < kBins; b += kBlockThreads) hist[b] = g[b];
+  sync_block();
+  find_threshold<kBlockThreads>(hist, kBins, (u32)K, sm);
+  const u32 bin0 = sm[kThrBin];
+  const bool keep = hist[bin0] <= (u32)split.cand_cap;
+  const i32 s0 = p.row_starts != nullptr ? p.row_starts[row] : 0;
+  const float* src = p.scores + (i64)row * p.row_stride + s0 + begin;
+  i32* out = p.out + (i64)row * K;
+  u32* state = split.state + (i64)row * kStateWords;
+  u32* ci = split.cand_idx + (i64)row * split.cand_cap;
+  u32* ck = split.cand_key + (i64)row * split.cand_cap;
+  scan_global<kBlockThreads>(src, count, [&](i32 i, u32 key) {
+    const u32 bin = key >> round_shift(0);
+    if (bin > bin0) {
+      out[atomic_add_ret(&state[kStateWinners], 1u)] = emit<kTransform>(p, row, trow, begin + i);
+    } else if (bin == bin0 && keep) {
+      const u32 c = atomic_add_ret(&state[kStateCands], 1u);
+      ci[c] = (u32)(begin + i);
+      ck[c] = key;
+    }
+  });
 }
 
 }  // namespace topk

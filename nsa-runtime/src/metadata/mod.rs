@@ -19,6 +19,7 @@ pub mod cp;
 pub mod device;
 pub mod dispatch;
 pub mod graph;
+pub mod graph_device;
 mod host;
 pub mod multistep;
 pub mod seq;

@@ -2,6 +2,7 @@
 //! host (sizes, strides, alignment) before anything is launched.
 
 pub mod kv_cache;
+pub mod metadata;
 pub mod topk;
 
 use crate::{Error, Result};

@@ -4,8 +4,9 @@
 use super::{check_count_fits_i32, invalid};
 use crate::runtime::Runtime;
 use crate::Result;
+use cudarc::driver::CudaSlice;
 use cudarc::driver::{CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr, PushKernelArg};
-use nsa_kernels::{KernelFamily, TopkLayout, TopkTransform};
+use nsa_kernels::{KernelFamily, KernelSpec, TopkLayout, TopkSplitStage, TopkTransform};
 
 /// Scores and per-row extents: row b's candidates are
 /// `scores[b * row_stride + row_starts[b] ..][.. lengths[b]]`.
@@ -74,6 +75,94 @@ struct TopkParams {
 }
 // SAFETY: plain old data with the C layout the kernel declares.
 unsafe impl DeviceRepr for TopkParams {}
+
+/// Mirrors `nsa::topk::Split` (topk.cuh).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct SplitParams {
+    hist: u64,
+    state: u64,
+    cand_idx: u64,
+    cand_key: u64,
+    chunk: i32,
+    chunks: i32,
+    cand_cap: i32,
+    _pad: i32,
+}
+// SAFETY: as above.
+unsafe impl DeviceRepr for SplitParams {}
+
+/// Histogram bins and state words per row of the split path (topk.cuh).
+const SPLIT_BINS: usize = 2048;
+const SPLIT_STATE_WORDS: usize = 4;
+
+/// Device scratch of the split top-k path for up to `rows` rows. Allocated zeroed
+/// once; every call leaves it zero again, so calls need no memset and can be
+/// captured in a CUDA graph.
+#[derive(Debug)]
+pub struct TopkWorkspace {
+    rows: usize,
+    hist: CudaSlice<u32>,
+    state: CudaSlice<u32>,
+    cand_idx: CudaSlice<u32>,
+    cand_key: CudaSlice<u32>,
+}
+
+impl TopkWorkspace {
+    /// Bytes a workspace for `rows` rows takes: (2048 + 4 + 2 × 4096) × 4 per row.
+    pub fn bytes_for(rows: usize) -> usize {
+        rows * 4 * (SPLIT_BINS + SPLIT_STATE_WORDS + 2 * KernelSpec::topk_candidates() as usize)
+    }
+
+    pub fn new(rt: &Runtime, rows: usize) -> Result<Self> {
+        let stream = rt.gpu().stream();
+        let cap = KernelSpec::topk_candidates() as usize;
+        let alloc = |n: usize| {
+            stream.alloc_zeros::<u32>(n.max(1)).map_err(crate::Error::driver("allocating the top-k workspace"))
+        };
+        Ok(TopkWorkspace {
+            rows,
+            hist: alloc(rows * SPLIT_BINS)?,
+            state: alloc(rows * SPLIT_STATE_WORDS)?,
+            cand_idx: alloc(rows * cap)?,
+            cand_key: alloc(rows * cap)?,
+        })
+    }
+
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+}
+
+/// How one top-k call runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TopkPlan {
+    /// One block per row.
+    Single(TopkLayout),
+    /// Few long rows: each row spread over `chunks` blocks of `chunk` scores.
+    Split { chunk: usize, chunks: usize },
+}
+
+/// The plan for `rows` rows of up to `row_capacity` scores on `sm_count` SMs, and
+/// why. Pure, so a server can log it and tests can pin it. The split path needs a
+/// [`TopkWorkspace`] and is unordered, so deterministic calls never take it.
+pub fn choose_plan(
+    rows: usize,
+    row_capacity: usize,
+    sm_count: u32,
+    deterministic: bool,
+    workspace: bool,
+) -> (TopkPlan, &'static str) {
+    let sms = sm_count as usize;
+    if !deterministic && workspace && rows > 0 && 2 * rows <= sms && row_capacity >= 16_384 {
+        // Aim for about two blocks per SM over the whole batch.
+        let chunk = (rows * row_capacity).div_ceil(2 * sms).next_multiple_of(1024).clamp(2048, 65_536);
+        let chunks = row_capacity.div_ceil(chunk);
+        return (TopkPlan::Split { chunk, chunks }, "few long rows: each row spread over many blocks");
+    }
+    let (layout, why) = choose_layout(rows, sm_count);
+    (TopkPlan::Single(layout), why)
+}
 
 /// Mirrors `nsa::index_transform::Params` (index_transform.cuh).
 #[repr(C)]
@@ -147,6 +236,25 @@ pub fn topk(
     topk_with_layout(rt, k, deterministic, layout, scores, output, out)
 }
 
+/// [`topk`] that may use the split path (few long rows) with `workspace`, following
+/// [`choose_plan`].
+pub fn topk_planned(
+    rt: &Runtime,
+    k: u32,
+    deterministic: bool,
+    scores: &TopkScores<'_>,
+    output: &TopkOutput<'_>,
+    out: &mut CudaViewMut<'_, i32>,
+    workspace: &mut TopkWorkspace,
+) -> Result<()> {
+    let rows = scores.lengths.len();
+    let fits = rows <= workspace.rows;
+    match choose_plan(rows, scores.row_capacity, rt.gpu().caps().sm_count, deterministic, fits).0 {
+        TopkPlan::Single(layout) => topk_with_layout(rt, k, deterministic, layout, scores, output, out),
+        TopkPlan::Split { chunk, chunks } => topk_split(rt, k, chunk, chunks, scores, output, out, workspace),
+    }
+}
+
 /// [`topk`] with the layout chosen by the caller (benchmarks, tests).
 pub fn topk_with_layout(
     rt: &Runtime,
@@ -157,6 +265,84 @@ pub fn topk_with_layout(
     output: &TopkOutput<'_>,
     out: &mut CudaViewMut<'_, i32>,
 ) -> Result<()> {
+    let rows = check_topk_args(k, scores, output, out)?;
+    if rows == 0 {
+        return Ok(());
+    }
+    let kernel = rt.kernel(KernelFamily::TopK { k, transform: output.transform(), deterministic, layout })?;
+    with_params(rt, scores, output, out, |params| {
+        let mut args = rt.args(&kernel);
+        args.arg(&params);
+        rt.launch(&kernel, args, rows, "lengths", ROW_EXPECTED)
+    })
+}
+
+/// The split path: histogram, collect and finish stages, three launches, no sync.
+#[allow(clippy::too_many_arguments)]
+pub fn topk_split(
+    rt: &Runtime,
+    k: u32,
+    chunk: usize,
+    chunks: usize,
+    scores: &TopkScores<'_>,
+    output: &TopkOutput<'_>,
+    out: &mut CudaViewMut<'_, i32>,
+    workspace: &mut TopkWorkspace,
+) -> Result<()> {
+    let rows = check_topk_args(k, scores, output, out)?;
+    if rows > workspace.rows {
+        return Err(invalid(
+            "workspace",
+            format!("{} rows", workspace.rows),
+            format!("at least {rows} rows (TopkWorkspace::new)"),
+        ));
+    }
+    if chunk == 0 || chunks == 0 || chunk * chunks < scores.row_capacity {
+        return Err(invalid(
+            "chunk",
+            format!("{chunk} × {chunks}"),
+            format!("chunks covering row_capacity {}", scores.row_capacity),
+        ));
+    }
+    if rows == 0 {
+        return Ok(());
+    }
+    let transform = output.transform();
+    let stages = TopkSplitStage::ALL.map(|stage| rt.kernel(KernelFamily::TopkSplit { stage, k, transform }));
+    let [hist, collect, finish] = stages;
+    let (hist, collect, finish) = (hist?, collect?, finish?);
+    let stream = rt.gpu().stream();
+    let (h, _s1) = workspace.hist.device_ptr_mut(stream);
+    let (st, _s2) = workspace.state.device_ptr_mut(stream);
+    let (ci, _s3) = workspace.cand_idx.device_ptr_mut(stream);
+    let (ck, _s4) = workspace.cand_key.device_ptr_mut(stream);
+    let split = SplitParams {
+        hist: h,
+        state: st,
+        cand_idx: ci,
+        cand_key: ck,
+        chunk: check_count_fits_i32("chunk", chunk)?,
+        chunks: check_count_fits_i32("chunks", chunks)?,
+        cand_cap: KernelSpec::topk_candidates() as i32,
+        _pad: 0,
+    };
+    with_params(rt, scores, output, out, |params| {
+        for (kernel, items) in [(&hist, rows * chunks), (&collect, rows * chunks), (&finish, rows)] {
+            let mut args = rt.args(kernel);
+            args.arg(&params).arg(&split);
+            rt.launch(kernel, args, items, "lengths", ROW_EXPECTED)?;
+        }
+        Ok(())
+    })
+}
+
+/// Host checks shared by every top-k entry point; returns the row count.
+fn check_topk_args(
+    k: u32,
+    scores: &TopkScores<'_>,
+    output: &TopkOutput<'_>,
+    out: &CudaViewMut<'_, i32>,
+) -> Result<usize> {
     let rows = scores.lengths.len();
     if k == 0 {
         return Err(invalid("k", "0", "at least 1"));
@@ -184,25 +370,32 @@ pub fn topk_with_layout(
             return Err(invalid("row_starts", format!("length {}", s.len()), format!("one per row ({rows})")));
         }
     }
-    let (table_stride, table_rows, table_width) = match output {
-        TopkOutput::Paged(t) => {
-            check_page_table(t)?;
-            (t.stride as i64, t.rows as i32, t.width as i32)
+    match output {
+        TopkOutput::Paged(t) => check_page_table(t)?,
+        TopkOutput::Ragged { offsets } if offsets.len() != rows => {
+            return Err(invalid("offsets", format!("length {}", offsets.len()), format!("one per row ({rows})")));
         }
-        TopkOutput::Ragged { offsets } => {
-            if offsets.len() != rows {
-                return Err(invalid("offsets", format!("length {}", offsets.len()), format!("one per row ({rows})")));
-            }
-            (0, 0, 0)
-        }
-        TopkOutput::Plain => (0, 0, 0),
-    };
-    let num_rows = check_count_fits_i32("lengths", rows)?;
-    let row_capacity = check_count_fits_i32("row_capacity", scores.row_capacity)?;
-    if rows == 0 {
-        return Ok(());
+        _ => {}
     }
-    let kernel = rt.kernel(KernelFamily::TopK { k, transform: output.transform(), deterministic, layout })?;
+    check_count_fits_i32("lengths", rows)?;
+    check_count_fits_i32("row_capacity", scores.row_capacity)?;
+    Ok(rows)
+}
+
+/// Builds the kernel parameters (holding the device-pointer guards for the launch)
+/// and runs `launch` with them.
+fn with_params(
+    rt: &Runtime,
+    scores: &TopkScores<'_>,
+    output: &TopkOutput<'_>,
+    out: &mut CudaViewMut<'_, i32>,
+    launch: impl FnOnce(TopkParams) -> Result<()>,
+) -> Result<()> {
+    let rows = scores.lengths.len();
+    let (table_stride, table_rows, table_width) = match output {
+        TopkOutput::Paged(t) => (t.stride as i64, t.rows as i32, t.width as i32),
+        _ => (0, 0, 0),
+    };
     let stream = rt.gpu().stream();
     let (scores_ptr, _s1) = scores.scores.device_ptr(stream);
     let (lengths_ptr, _s2) = scores.lengths.device_ptr(stream);
@@ -236,14 +429,12 @@ pub fn topk_with_layout(
         out: out_ptr,
         row_stride: scores.row_stride as i64,
         table_stride,
-        rows: num_rows,
-        row_capacity,
+        rows: rows as i32,
+        row_capacity: scores.row_capacity as i32,
         table_rows,
         table_width,
     };
-    let mut args = rt.args(&kernel);
-    args.arg(&params);
-    rt.launch(&kernel, args, rows, "lengths", ROW_EXPECTED)
+    launch(params)
 }
 
 /// Unfused transform (spec §7.7): `out[t, j] = table[row(t), idx[t, j]]` for

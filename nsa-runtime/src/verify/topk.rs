@@ -7,7 +7,7 @@ use crate::reference::topk::{check_row, topk_deterministic};
 use crate::runtime::Runtime;
 use crate::testdata::{self, ScorePattern};
 use crate::Result;
-use nsa_kernels::{KernelFamily, KernelSpec, TopkLayout, TopkTransform};
+use nsa_kernels::{KernelFamily, KernelSpec, TopkLayout, TopkSplitStage, TopkTransform};
 use rand::Rng;
 use std::collections::HashMap;
 
@@ -26,6 +26,9 @@ pub struct TopkCase {
     pub grouped: bool,
     /// `None`: the launcher's own choice.
     pub layout: Option<TopkLayout>,
+    /// Force the split path (few long rows over many blocks; not deterministic).
+    /// The call runs twice on one workspace, which must come back zeroed.
+    pub split: bool,
     pub seed: u64,
 }
 
@@ -103,7 +106,16 @@ pub fn run(rt: &Runtime, case: &TopkCase) -> Result<Check> {
         }),
     };
     let layout = case.layout.unwrap_or_else(|| topk::choose_layout(rows, rt.gpu().caps().sm_count).0);
-    topk::topk_with_layout(rt, case.k, case.deterministic, layout, &input, &output, &mut d_out.slice_mut(0..rows * k))?;
+    let mut out_view = d_out.slice_mut(0..rows * k);
+    if case.split {
+        let mut ws = topk::TopkWorkspace::new(rt, rows)?;
+        let chunk = 4096;
+        for _ in 0..2 {
+            topk::topk_split(rt, case.k, chunk, capacity.div_ceil(chunk), &input, &output, &mut out_view, &mut ws)?;
+        }
+    } else {
+        topk::topk_with_layout(rt, case.k, case.deterministic, layout, &input, &output, &mut out_view)?;
+    }
     let out = download(stream, &d_out, rows * k)?;
 
     let inverse: Vec<HashMap<i32, i32>> = match &cu {
@@ -145,10 +157,12 @@ pub fn run(rt: &Runtime, case: &TopkCase) -> Result<Check> {
             first_mismatch.get_or_insert_with(|| format!("row {b} (n={}): {e}", case.lengths[b]));
         }
     }
-    let spec = KernelSpec::new(
-        KernelFamily::TopK { k: case.k, transform: case.transform, deterministic: case.deterministic, layout },
-        rt.target(),
-    );
+    let family = if case.split {
+        KernelFamily::TopkSplit { stage: TopkSplitStage::Finish, k: case.k, transform: case.transform }
+    } else {
+        KernelFamily::TopK { k: case.k, transform: case.transform, deterministic: case.deterministic, layout }
+    };
+    let spec = KernelSpec::new(family, rt.target());
     let n_desc = match (case.lengths.iter().min(), case.lengths.iter().max()) {
         (Some(lo), Some(hi)) if lo == hi => format!("n={lo}"),
         (Some(lo), Some(hi)) => format!("n={lo}..{hi}"),

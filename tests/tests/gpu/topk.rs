@@ -21,7 +21,18 @@ fn case(
     lengths: Vec<i32>,
     seed: u64,
 ) -> TopkCase {
-    TopkCase { k, transform, deterministic, pattern, lengths, row_starts: true, grouped: false, layout: None, seed }
+    TopkCase {
+        k,
+        transform,
+        deterministic,
+        pattern,
+        lengths,
+        row_starts: true,
+        grouped: false,
+        layout: None,
+        split: false,
+        seed,
+    }
 }
 
 #[test]
@@ -58,6 +69,24 @@ fn both_layouts_every_pattern() {
             }
         }
     }
+    assert_all(&checks);
+}
+
+#[test]
+fn split_path_every_transform_every_pattern() {
+    let rt = rt();
+    let mut checks = Vec::new();
+    for transform in TopkTransform::ALL {
+        for (i, pattern) in SCORE_PATTERNS.into_iter().enumerate() {
+            let mut c = case(2048, transform, false, pattern, edge_lengths(2048), 500 + i as u64);
+            c.split = true;
+            c.grouped = transform == TopkTransform::Paged && i % 2 == 0;
+            checks.push(run(&rt, &c).unwrap());
+        }
+    }
+    let mut c = case(512, TopkTransform::Plain, false, ScorePattern::Gaussian, vec![1 << 20, 3, 131_072], 9);
+    c.split = true;
+    checks.push(run(&rt, &c).unwrap());
     assert_all(&checks);
 }
 

@@ -233,7 +233,9 @@ fn jit(rt: &Runtime) -> Result<(Vec<JitRow>, f64, usize, f64)> {
 /// Top-k of f32 rows (Gaussian scores, every row full length) for each transform.
 fn topk_bench(rt: &Runtime, reps: usize) -> Result<Vec<TopkRow>> {
     use nsa_kernels::{TopkLayout, TopkTransform};
-    use nsa_runtime::ops::topk::{topk_with_layout, PageTable, TopkOutput, TopkScores};
+    use nsa_runtime::ops::topk::{
+        choose_plan, topk_split, topk_with_layout, PageTable, TopkOutput, TopkPlan, TopkScores, TopkWorkspace,
+    };
     let stream = rt.gpu().stream().clone();
     let k = 2048u32;
     let copy_gbps = {
@@ -252,9 +254,18 @@ fn topk_bench(rt: &Runtime, reps: usize) -> Result<Vec<TopkRow>> {
         let mut d_out: CudaSlice<i32> = stream.alloc_zeros(rows * k as usize).map_err(Error::driver("alloc"))?;
         let (sv, lv, tv, ov) = (d_scores.slice(0..), d_lengths.slice(0..), d_table.slice(0..), d_offsets.slice(0..));
         let input = TopkScores { scores: &sv, row_stride: n, row_capacity: n, lengths: &lv, row_starts: None };
-        for (transform, layout) in
-            TopkTransform::ALL.into_iter().flat_map(|t| [(t, TopkLayout::Latency), (t, TopkLayout::Throughput)])
+        let split = match choose_plan(rows, n, rt.gpu().caps().sm_count, false, true).0 {
+            TopkPlan::Split { chunk, chunks } => Some((chunk, chunks)),
+            TopkPlan::Single(_) => None,
+        };
+        let mut ws = TopkWorkspace::new(rt, rows)?;
+        for (transform, layout) in TopkTransform::ALL
+            .into_iter()
+            .flat_map(|t| [(t, Some(TopkLayout::Latency)), (t, Some(TopkLayout::Throughput)), (t, None)])
         {
+            if layout.is_none() && split.is_none() {
+                continue;
+            }
             let output = match transform {
                 TopkTransform::Plain => TopkOutput::Plain,
                 TopkTransform::Ragged => TopkOutput::Ragged { offsets: &ov },
@@ -262,8 +273,12 @@ fn topk_bench(rt: &Runtime, reps: usize) -> Result<Vec<TopkRow>> {
                     TopkOutput::Paged(PageTable { table: &tv, rows, stride: n, width: n, cu_seqlens_q: None })
                 }
             };
-            let us = time_us(&stream, reps, || {
-                topk_with_layout(rt, k, false, layout, &input, &output, &mut d_out.slice_mut(0..))
+            let us = time_us(&stream, reps, || match (layout, split) {
+                (Some(layout), _) => topk_with_layout(rt, k, false, layout, &input, &output, &mut d_out.slice_mut(0..)),
+                (None, Some((chunk, chunks))) => {
+                    topk_split(rt, k, chunk, chunks, &input, &output, &mut d_out.slice_mut(0..), &mut ws)
+                }
+                (None, None) => unreachable!("skipped above"),
             })?;
             let bytes = (rows * n * 4) as f64;
             let row = TopkRow {
@@ -271,7 +286,11 @@ fn topk_bench(rt: &Runtime, reps: usize) -> Result<Vec<TopkRow>> {
                 n,
                 k,
                 transform: transform.tag(),
-                layout: if layout == TopkLayout::Latency { "latency" } else { "throughput" },
+                layout: match layout {
+                    Some(TopkLayout::Latency) => "latency",
+                    Some(TopkLayout::Throughput) => "throughput",
+                    None => "split",
+                },
                 us,
                 gbps: bytes / us / 1e3,
                 roofline_us: bytes / copy_gbps / 1e3,

@@ -3,7 +3,7 @@
 use crate::config_args::ConfigArgs;
 use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
-use nsa_kernels::{kernel_set, KernelFamily, KernelSpec, NsaConfig, Target, Toolchain, TopkTransform};
+use nsa_kernels::{kernel_set, KernelFamily, KernelSpec, NsaConfig, Target, Toolchain, TopkSplitStage, TopkTransform};
 use nsa_runtime::cache::{CacheConfig, CachedKernel, KernelCache, Origin};
 use nsa_runtime::jit::{clang_hip::ClangHipCompiler, nvrtc::NvrtcCompiler, Compiler};
 use nsa_runtime::testdata::ScorePattern;
@@ -178,10 +178,30 @@ pub fn verify(args: VerifyArgs) -> Result<()> {
                         row_starts: true,
                         grouped: transform == TopkTransform::Paged && i % 2 == 1,
                         layout: Some(layout),
+                        split: false,
                         seed,
                     };
                     vtopk::run(&rt, &case)?
                 }
+                // The three stages run together: check once, at the finish stage.
+                KernelFamily::TopkSplit { stage: TopkSplitStage::Finish, k, transform } => {
+                    let case = TopkCase {
+                        k,
+                        transform,
+                        deterministic: false,
+                        pattern: [ScorePattern::Gaussian, ScorePattern::OneBucket][i % 2],
+                        lengths: vec![0, 1, k as i32, k as i32 + 1, n as i32 + k as i32 + 1, 50_000],
+                        row_starts: true,
+                        grouped: transform == TopkTransform::Paged && i % 2 == 1,
+                        layout: None,
+                        split: true,
+                        seed,
+                    };
+                    vtopk::run(&rt, &case)?
+                }
+                KernelFamily::TopkSplit { .. } => continue,
+                // Replay needs a graph state; the GPU test target checks it against the host.
+                KernelFamily::MetadataReplay { .. } => continue,
                 KernelFamily::IndexTransform { k } => vtopk::index_transform(&rt, k, i % 2 == 1, seed)?,
             });
         }
