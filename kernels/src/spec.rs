@@ -49,6 +49,14 @@ pub enum TopkSplitStage {
 impl TopkSplitStage {
     pub const ALL: [TopkSplitStage; 3] = [TopkSplitStage::Hist, TopkSplitStage::Collect, TopkSplitStage::Finish];
 
+    fn device_enum(self) -> &'static str {
+        match self {
+            TopkSplitStage::Hist => "kSplitHist",
+            TopkSplitStage::Collect => "kSplitCollect",
+            TopkSplitStage::Finish => "kSplitFinish",
+        }
+    }
+
     pub fn tag(self) -> &'static str {
         match self {
             TopkSplitStage::Hist => "hist",
@@ -329,6 +337,7 @@ impl KernelSpec {
         }
         if let KernelFamily::TopkSplit { stage, k, transform } = self.family {
             ctx.insert("stage".into(), json!(stage.tag()));
+            ctx.insert("stage_enum".into(), json!(stage.device_enum()));
             ctx.insert("k".into(), json!(k));
             ctx.insert("transform".into(), json!(transform.tag()));
             ctx.insert("transform_enum".into(), json!(transform.device_enum()));
@@ -377,7 +386,9 @@ impl KernelSpec {
         }
         families.push(KernelFamily::IndexTransform { k: 2048 });
         for stage in TopkSplitStage::ALL {
-            families.push(KernelFamily::TopkSplit { stage, k: 2048, transform: TopkTransform::Paged });
+            for transform in TopkTransform::ALL {
+                families.push(KernelFamily::TopkSplit { stage, k: 2048, transform });
+            }
         }
         for page_size in [64, 1] {
             for mode in MetadataMode::ALL {

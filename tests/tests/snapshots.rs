@@ -71,8 +71,14 @@ fn kernel_set_is_sorted_unique_and_covers_each_target() {
         assert!(set.windows(2).all(|w| w[0] < w[1]), "{name}: not sorted/unique");
         for t in &cfg.targets {
             let families: BTreeSet<&str> = set.iter().filter(|s| s.target == *t).map(|s| s.family_name()).collect();
-            let mut expected =
-                BTreeSet::from(["kv_store", "indexer_k_store", "topk", "index_transform", "metadata_replay"]);
+            let mut expected = BTreeSet::from([
+                "kv_store",
+                "indexer_k_store",
+                "topk",
+                "index_transform",
+                "metadata_replay",
+                "topk_split",
+            ]);
             if cfg.kv_cache == KvCacheFormat::Fp8 {
                 expected.insert("kv_dequant");
             }
@@ -320,8 +326,8 @@ fn is_c_identifier(s: &str) -> bool {
 fn ids_and_symbols_are_unique_and_round_trip() {
     let specs = all_specs();
     // 4 store kernels + 9 top-k + 3 deterministic + 3 throughput top-k + 1 index transform
-    // + 3 metadata replay modes × 2 page sizes per target.
-    assert_eq!(specs.len(), 26 * Target::ALL.len());
+    // + 3 metadata replay modes × 2 page sizes + 3 split stages × 3 transforms per target.
+    assert_eq!(specs.len(), 35 * Target::ALL.len());
     let mut ids = BTreeMap::new();
     let mut symbols = BTreeMap::new();
     let mut sources = BTreeSet::new();

@@ -399,5 +399,21 @@ NSA_DEVICE void split_collect(const Params& p, const Split& split) {
   });
 }
 
+enum SplitStage { kSplitHist = 0, kSplitCollect = 1, kSplitFinish = 2 };
+
+// One stage of the split path; the launch provides kSmemWords of shared memory.
+template <int kStage, int K, int kTransform, int kBlockThreads, int kCandCap, int kSmemWords>
+NSA_DEVICE void split_stage(const Params& p, const Split& split, u32* status) {
+  if constexpr (kStage == kSplitHist) {
+    static_assert(kFixedWords <= kSmemWords, "histogram and scan scratch fit");
+    split_histogram<K, kTransform, kBlockThreads>(p, split);
+  } else if constexpr (kStage == kSplitCollect) {
+    static_assert(kFixedWords <= kSmemWords, "histogram and scan scratch fit");
+    split_collect<K, kTransform, kBlockThreads>(p, split);
+  } else {
+    select<K, kTransform, false, kBlockThreads, kCandCap, 0, kSmemWords, true>(p, status, split);
+  }
+}
+
 }  // namespace topk
 }  // namespace nsa
