@@ -154,6 +154,88 @@ NSA_DEVICE void find_threshold(const u32* hist, int bins, u32 r, u32* sm) {
   sync_block();
 }
 
+// Leaves one row of the split workspace zero for the next call.
+template <int kBlockThreads>
+NSA_DEVICE void clear_split_row_impl(u32* hist, u32* state, int bins, int words) {
+  for (int b = thread_x(); b < bins; b += kBlockThreads) hist[b] = 0u;
+  if ((int)thread_x() < words) state[thread_x()] = 0u;
+}
+
+// Round-0 bin overflowed the candidate list: one more pass over the row resolves
+// round 1 (emitting the winners above the round-0 bin on the way, unless the split
+// path's collect stage already did), a second gathers the far smaller round-1 bin
+// (emitting its winners above the round-1 bin), and round 2 plus the ties come from
+// those candidates, or from a third pass if even they do not fit. Exact always.
+template <int K, int kTransform, int kBlockThreads, int kCandCap, bool kSplit>
+NSA_DEVICE void overflow_select(const Params& p, i32 row, i32 trow, i32* out, bool cached, const u32* cache,
+                                const float* src, i32 n, u32 bin0, u32 r, u32* hist, u32* sm, u32* cand_idx,
+                                u32* cand_key) {
+  const u32 tid = thread_x();
+  for (int b = tid; b < kBins; b += kBlockThreads) hist[b] = 0u;
+  sync_block();
+  for_each_key<kBlockThreads>(cached, cache, src, n, [&](i32 i, u32 key) {
+    const u32 bin = key >> round_shift(0);
+    if (bin > bin0) {
+      if (!kSplit) out[atomic_add_ret(&sm[kWinners], 1u)] = emit<kTransform>(p, row, trow, i);
+    } else if (bin == bin0) {
+      atomic_add_ret(&hist[(key >> round_shift(1)) & 0x7ffu], 1u);
+    }
+  });
+  sync_block();
+  find_threshold<kBlockThreads>(hist, kBins, r, sm);
+  const u32 prefix1 = (bin0 << round_width(1)) | sm[kThrBin];
+  r -= sm[kAbove];
+  const u32 in_bin1 = hist[sm[kThrBin]];
+  const bool all_taken = in_bin1 == r;  // the whole round-1 bin wins
+  const bool use_cands = in_bin1 <= (u32)kCandCap;
+  sync_block();
+  for_each_key<kBlockThreads>(cached, cache, src, n, [&](i32 i, u32 key) {
+    if ((key >> round_shift(0)) != bin0) return;
+    const u32 top = key >> round_shift(1);
+    if (top > prefix1 || (all_taken && top == prefix1)) {
+      out[atomic_add_ret(&sm[kWinners], 1u)] = emit<kTransform>(p, row, trow, i);
+    } else if (top == prefix1 && use_cands) {
+      const u32 c = atomic_add_ret(&sm[kCands], 1u);
+      cand_idx[c] = (u32)i;
+      cand_key[c] = key;
+    }
+  });
+  sync_block();
+  if (all_taken) return;
+  // Round 2 over the low 10 bits of the round-1 bin.
+  for (int b = tid; b < kBins; b += kBlockThreads) hist[b] = 0u;
+  sync_block();
+  if (use_cands) {
+    for (u32 c = tid; c < in_bin1; c += kBlockThreads) atomic_add_ret(&hist[cand_key[c] & 0x3ffu], 1u);
+  } else {
+    for_each_key<kBlockThreads>(cached, cache, src, n, [&](i32, u32 key) {
+      if ((key >> round_shift(1)) == prefix1) atomic_add_ret(&hist[key & 0x3ffu], 1u);
+    });
+  }
+  sync_block();
+  find_threshold<kBlockThreads>(hist, 1 << round_width(2), r, sm);
+  const u32 thr = (prefix1 << round_width(2)) | sm[kThrBin];
+  r -= sm[kAbove];
+  sync_block();
+  const u32 taken = (u32)K - r;  // winners in total; ties fill [taken, K)
+  auto place = [&](i32 i, u32 key) {
+    if (key > thr) {
+      out[atomic_add_ret(&sm[kWinners], 1u)] = emit<kTransform>(p, row, trow, i);
+    } else if (key == thr) {
+      const u32 t = atomic_add_ret(&sm[kTies], 1u);
+      if (t < r) out[taken + t] = emit<kTransform>(p, row, trow, i);
+    }
+  };
+  if (use_cands) {
+    for (u32 c = tid; c < in_bin1; c += kBlockThreads) place((i32)cand_idx[c], cand_key[c]);
+  } else {
+    for_each_key<kBlockThreads>(cached, cache, src, n, [&](i32 i, u32 key) {
+      if ((key >> round_shift(1)) == prefix1) place(i, key);
+    });
+  }
+  sync_block();
+}
+
 // Shared-memory words the kernel needs beyond the candidate list and row cache.
 constexpr int kFixedWords = kBins + kScalarWords;
 
@@ -217,6 +299,13 @@ NSA_DEVICE void select(const Params& p, u32* status, const Split& split = Split{
   const u32 in_bin = hist[bin0];
   const bool use_cands = in_bin <= (u32)kCandCap;
   sync_block();
+  if (!kDeterministic && !use_cands) {
+    // The round-0 bin is too big for the candidate list (coarse bins: 4 per octave).
+    overflow_select<K, kTransform, kBlockThreads, kCandCap, kSplit>(p, row, trow, out, cached, cache, src, n, bin0, r,
+                                                                   hist, sm, cand_idx, cand_key);
+    if (kSplit) clear_split_row_impl<kBlockThreads>(split_hist, split_state, kBins, kStateWords);
+    return;
+  }
 
   if (kSplit && use_cands) {
     const u32* gi = split.cand_idx + (i64)row * split.cand_cap;
@@ -320,10 +409,7 @@ NSA_DEVICE void select(const Params& p, u32* status, const Split& split = Split{
       if ((key >> round_shift(0)) == bin0) place(i, key);
     });
   }
-  if (kSplit) {  // leave the workspace zero for the next call
-    for (int b = tid; b < kBins; b += kBlockThreads) split_hist[b] = 0u;
-    if (tid < kStateWords) split_state[tid] = 0u;
-  }
+  if (kSplit) clear_split_row_impl<kBlockThreads>(split_hist, split_state, kBins, kStateWords);
 }
 
 // Split path, stage 1: block (row, chunk) adds its chunk's round-0 histogram to
