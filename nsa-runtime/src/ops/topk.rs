@@ -154,7 +154,9 @@ pub fn choose_plan(
     workspace: bool,
 ) -> (TopkPlan, &'static str) {
     let sms = sm_count as usize;
-    if !deterministic && workspace && rows > 0 && 2 * rows <= sms && row_capacity >= 16_384 {
+    // Measured on H200 (BENCHMARKS.md): split wins at 1 row × 128K (47 vs 50 µs) and
+    // loses at 64 rows (60 vs 52 µs), so only rows ≤ SMs / 8 take it.
+    if !deterministic && workspace && rows > 0 && 8 * rows <= sms && row_capacity >= 16_384 {
         // Aim for about two blocks per SM over the whole batch.
         let chunk = (rows * row_capacity).div_ceil(2 * sms).next_multiple_of(1024).clamp(2048, 65_536);
         let chunks = row_capacity.div_ceil(chunk);
@@ -483,6 +485,22 @@ pub fn page_table_transform(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn plan_table() {
+        let split = |rows, cap| matches!(choose_plan(rows, cap, 132, false, true).0, TopkPlan::Split { .. });
+        assert!(split(1, 131_072));
+        assert!(split(16, 131_072));
+        assert!(!split(17, 131_072), "64-row batches measured faster unsplit");
+        assert!(!split(1, 8192), "short rows stay in one block");
+        assert!(!matches!(choose_plan(1, 131_072, 132, true, true).0, TopkPlan::Split { .. }), "deterministic");
+        assert!(!matches!(choose_plan(1, 131_072, 132, false, false).0, TopkPlan::Split { .. }), "no workspace");
+        match choose_plan(1, 131_072, 132, false, true).0 {
+            TopkPlan::Split { chunk, chunks } => assert!(chunk * chunks >= 131_072 && chunk % 1024 == 0),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(choose_plan(2048, 32_768, 132, false, true).0, TopkPlan::Single(TopkLayout::Throughput));
+    }
 
     #[test]
     fn layout_table() {
