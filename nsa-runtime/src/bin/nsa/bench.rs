@@ -38,7 +38,15 @@ pub struct BenchArgs {
 pub enum Suite {
     Kv,
     Topk,
+    Metadata,
     All,
+}
+
+#[derive(Serialize, Debug)]
+struct MetadataRow {
+    what: String,
+    /// Host builds: mean wall time per build; device replay: event time per launch.
+    us: f64,
 }
 
 #[derive(Serialize, Debug)]
@@ -78,6 +86,7 @@ struct Report {
     device: String,
     date_utc: String,
     topk: Vec<TopkRow>,
+    metadata: Vec<MetadataRow>,
     bandwidth: Vec<BandwidthRow>,
     jit_cold: Vec<JitRow>,
     jit_disk_load_total_ms: f64,
@@ -305,12 +314,85 @@ fn topk_bench(rt: &Runtime, reps: usize) -> Result<Vec<TopkRow>> {
     Ok(out_rows)
 }
 
+/// Host metadata builds (decode at several batch sizes, a 64 × 2K-token prefill)
+/// and the device decode replay at bs 256, all with a 16K-token context table.
+fn metadata_bench(rt: &Runtime, reps: usize) -> Result<Vec<MetadataRow>> {
+    use nsa_runtime::metadata::graph_device::{DeviceGraphState, DeviceRequests};
+    use nsa_runtime::metadata::{
+        ExtendBatch, ExtendPlan, GraphCapacity, GraphMode, MetadataBuilder, MetadataParams, ReqToToken, Requests,
+    };
+    let width = 16_384usize;
+    let mut rows = Vec::new();
+    let mut rng = testdata::rng(3);
+    let params =
+        |bs: usize| MetadataParams { page_size: 64, topk: 2048, draft_tokens: 1, pool_slots: bs * width, cp: None };
+    let host_iters = 2000;
+    for bs in [1usize, 32, 256, 1024] {
+        let table_data: Vec<i32> = (0..(bs * width) as i32).collect();
+        let table = ReqToToken::new(&table_data, width)?;
+        let pool: Vec<i32> = (0..bs as i32).collect();
+        let seq: Vec<i32> = (0..bs).map(|_| rand::Rng::random_range(&mut rng, 1..width as i32)).collect();
+        let reqs = Requests { req_pool_indices: &pool, seq_lens: &seq };
+        let builder = MetadataBuilder::new(params(bs))?;
+        let mut md = builder.decode(&table, reqs)?;
+        let t = Instant::now();
+        for _ in 0..host_iters {
+            builder.decode_into(&mut md, &table, reqs)?;
+            std::hint::black_box(&md);
+        }
+        let us = t.elapsed().as_secs_f64() * 1e6 / host_iters as f64;
+        println!("metadata host decode build, bs {bs:>5}: {us:>9.2} µs");
+        rows.push(MetadataRow { what: format!("host decode bs={bs}"), us });
+    }
+    {
+        let (bs, len) = (64usize, 2048i32);
+        let table_data: Vec<i32> = (0..(bs * width) as i32).collect();
+        let table = ReqToToken::new(&table_data, width)?;
+        let pool: Vec<i32> = (0..bs as i32).collect();
+        let seq = vec![len; bs];
+        let builder = MetadataBuilder::new(params(bs))?;
+        let iters = 200;
+        let t = Instant::now();
+        for _ in 0..iters {
+            std::hint::black_box(builder.extend(
+                &table,
+                ExtendBatch::without_prefix(&pool, &seq),
+                ExtendPlan::default(),
+            )?);
+        }
+        let us = t.elapsed().as_secs_f64() * 1e6 / iters as f64;
+        println!("metadata host extend build, 64 requests x 2048 tokens: {us:>9.2} µs");
+        rows.push(MetadataRow { what: "host extend 64x2048".into(), us });
+    }
+    {
+        let bs = 256usize;
+        let stream = rt.gpu().stream().clone();
+        let table_data: Vec<i32> = (0..(bs * width) as i32).collect();
+        let seq: Vec<i32> = (0..bs).map(|_| rand::Rng::random_range(&mut rng, 1..width as i32)).collect();
+        let pool: Vec<i32> = (0..bs as i32).collect();
+        let (d_table, d_seq, d_pool) = (upload(&stream, &table_data)?, upload(&stream, &seq)?, upload(&stream, &pool)?);
+        let cap = GraphCapacity { max_bs: bs, max_tokens: bs, max_context_len: width };
+        let mut state = DeviceGraphState::new(rt, params(bs), GraphMode::Decode, cap)?;
+        let (tv, sv, pv) = (d_table.slice(0..), d_seq.slice(0..), d_pool.slice(0..));
+        state.capture(rt, &sv)?;
+        let reqs =
+            DeviceRequests { req_to_token: &tv, req_to_token_width: width, req_pool_indices: &pv, seq_lens: &sv };
+        let before = state.launches();
+        let us = time_us(&stream, reps, || state.replay_decode(rt, &reqs))?;
+        let per_step = (state.launches() - before) as f64 / (reps + 3) as f64;
+        println!("metadata device decode replay, bs 256: {us:>9.2} µs per step, {per_step} launch(es) per step");
+        rows.push(MetadataRow { what: format!("device decode replay bs=256 ({per_step} launches/step)"), us });
+    }
+    Ok(rows)
+}
+
 pub fn run(args: BenchArgs) -> Result<()> {
     let rt = Runtime::new(0)?;
     let device = format!("{} ({} SMs)", rt.gpu().caps().name, rt.gpu().caps().sm_count);
     println!("bench on {device}");
     let want = |s: Suite| args.suite == s || args.suite == Suite::All;
     let topk = if want(Suite::Topk) { topk_bench(&rt, args.reps)? } else { vec![] };
+    let metadata = if want(Suite::Metadata) { metadata_bench(&rt, args.reps)? } else { vec![] };
     let bandwidth = if want(Suite::Kv) { bandwidth(&rt, &args.tokens, args.reps)? } else { vec![] };
     let (jit_cold, disk_ms, kernels, hit_ns) = if want(Suite::Kv) { jit(&rt)? } else { (vec![], 0.0, 0, 0.0) };
     for r in &jit_cold {
@@ -328,6 +410,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         device,
         date_utc,
         topk,
+        metadata,
         bandwidth,
         jit_cold,
         jit_disk_load_total_ms: disk_ms,
