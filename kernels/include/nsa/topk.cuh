@@ -154,6 +154,29 @@ NSA_DEVICE void find_threshold(const u32* hist, int bins, u32 r, u32* sm) {
   sync_block();
 }
 
+// Places one key once the threshold is known: keys above `thr` take the next
+// winner slot, and the first `r` keys equal to it take the tie slots [K - r, K)
+// (unordered: whichever claims first).
+template <int K, int kTransform>
+struct Placer {
+  const Params& p;
+  i32 row;
+  i32 trow;
+  i32* out;
+  u32* sm;
+  i64 thr;
+  u32 r;
+
+  NSA_DEVICE void operator()(i32 i, u32 key) const {
+    if ((i64)key > thr) {
+      out[atomic_add_ret(&sm[kWinners], 1u)] = emit<kTransform>(p, row, trow, i);
+    } else if ((i64)key == thr) {
+      const u32 t = atomic_add_ret(&sm[kTies], 1u);
+      if (t < r) out[(u32)K - r + t] = emit<kTransform>(p, row, trow, i);
+    }
+  }
+};
+
 // Leaves one row of the split workspace zero for the next call.
 template <int kBlockThreads>
 NSA_DEVICE void clear_split_row_impl(u32* hist, u32* state, int bins, int words) {
@@ -217,15 +240,7 @@ NSA_DEVICE void overflow_select(const Params& p, i32 row, i32 trow, i32* out, bo
   const u32 thr = (prefix1 << round_width(2)) | sm[kThrBin];
   r -= sm[kAbove];
   sync_block();
-  const u32 taken = (u32)K - r;  // winners in total; ties fill [taken, K)
-  auto place = [&](i32 i, u32 key) {
-    if (key > thr) {
-      out[atomic_add_ret(&sm[kWinners], 1u)] = emit<kTransform>(p, row, trow, i);
-    } else if (key == thr) {
-      const u32 t = atomic_add_ret(&sm[kTies], 1u);
-      if (t < r) out[taken + t] = emit<kTransform>(p, row, trow, i);
-    }
-  };
+  const Placer<K, kTransform> place{p, row, trow, out, sm, (i64)thr, r};
   if (use_cands) {
     for (u32 c = tid; c < in_bin1; c += kBlockThreads) place((i32)cand_idx[c], cand_key[c]);
   } else {
@@ -393,15 +408,7 @@ NSA_DEVICE void select(const Params& p, u32* status, const Split& split = Split{
     return;
   }
   // Non-deterministic: the round-0 bin's winners and ties (any r of the ties).
-  const u32 taken = (u32)K - r;  // winners in total; ties fill [taken, K)
-  auto place = [&](i32 i, u32 key) {
-    if ((i64)key > thr) {
-      out[atomic_add_ret(&sm[kWinners], 1u)] = emit<kTransform>(p, row, trow, i);
-    } else if ((i64)key == thr) {
-      const u32 t = atomic_add_ret(&sm[kTies], 1u);
-      if (t < r) out[taken + t] = emit<kTransform>(p, row, trow, i);
-    }
-  };
+  const Placer<K, kTransform> place{p, row, trow, out, sm, thr, r};
   if (use_cands) {
     for (u32 c = tid; c < in_bin; c += kBlockThreads) place((i32)cand_idx[c], cand_key[c]);
   } else {

@@ -185,18 +185,24 @@ unsafe impl DeviceRepr for TransformParams {}
 const ROW_EXPECTED: &str = "row_starts[b] + lengths[b] <= row_capacity, lengths[b] <= the page-table width (PAGED), \
                             and b covered by cu_seqlens_q (PAGED prefill); the row was written as all -1";
 
+/// `rows` rows of `width` elements, `stride` apart, fit in `len` elements.
+fn check_rows_fit(field: &'static str, len: usize, rows: usize, stride: usize, width: usize) -> Result<()> {
+    let need = if rows == 0 { 0 } else { (rows - 1) * stride + width };
+    if len < need {
+        return Err(invalid(
+            field,
+            format!("{len} elements"),
+            format!("at least {need} for {rows} rows of {width} with stride {stride}"),
+        ));
+    }
+    Ok(())
+}
+
 fn check_page_table(t: &PageTable<'_>) -> Result<()> {
     if t.width > t.stride {
         return Err(invalid("page_table.width", t.width.to_string(), format!("at most the stride {}", t.stride)));
     }
-    let need = if t.rows == 0 { 0 } else { (t.rows - 1) * t.stride + t.width };
-    if t.table.len() < need {
-        return Err(invalid(
-            "page_table",
-            format!("{} elements", t.table.len()),
-            format!("at least {need} for {} rows of stride {}", t.rows, t.stride),
-        ));
-    }
+    check_rows_fit("page_table", t.table.len(), t.rows, t.stride, t.width)?;
     if let Some(cu) = t.cu_seqlens_q {
         if cu.len() != t.rows + 1 {
             return Err(invalid(
@@ -359,14 +365,7 @@ fn check_topk_args(
             format!("at most row_stride {}", scores.row_stride),
         ));
     }
-    let need = if rows == 0 { 0 } else { (rows - 1) * scores.row_stride + scores.row_capacity };
-    if scores.scores.len() < need {
-        return Err(invalid(
-            "scores",
-            format!("{} elements", scores.scores.len()),
-            format!("at least {need} for {rows} rows (stride {}, capacity {})", scores.row_stride, scores.row_capacity),
-        ));
-    }
+    check_rows_fit("scores", scores.scores.len(), rows, scores.row_stride, scores.row_capacity)?;
     if let Some(s) = scores.row_starts {
         if s.len() != rows {
             return Err(invalid("row_starts", format!("length {}", s.len()), format!("one per row ({rows})")));
