@@ -59,6 +59,31 @@ impl GraphMode {
     }
 }
 
+impl GraphCapacity {
+    /// Checks `params` and that this capacity holds a full batch of `mode`; returns
+    /// the query rows per request. Shared by the host and the device graph state.
+    pub fn check(&self, params: &MetadataParams, mode: GraphMode) -> Result<usize> {
+        super::MetadataBuilder::new(*params)?;
+        let per_req = mode.rows_per_request(params.draft_tokens);
+        if per_req == 0 {
+            return Err(invalid(
+                "draft_tokens",
+                "0",
+                format!("D ≥ 1 (speculative_num_draft_tokens) for {} graphs", mode.name()),
+            ));
+        }
+        let needed = self.max_bs.saturating_mul(per_req);
+        if needed > self.max_tokens {
+            return Err(invalid(
+                "max_tokens",
+                self.max_tokens.to_string(),
+                format!("at least max_bs × {per_req} = {needed} query rows for {} graphs", mode.name()),
+            ));
+        }
+        Ok(per_req)
+    }
+}
+
 /// The extents one captured graph is bound to (its kernels see exactly these).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct GraphShape {
@@ -123,24 +148,8 @@ pub const SEQ_LEN_FILL: i32 = 1;
 impl GraphState {
     /// Allocates every buffer once at full capacity (`init_cuda_graph_state`).
     pub fn new(params: MetadataParams, mode: GraphMode, capacity: GraphCapacity) -> Result<Self> {
-        super::MetadataBuilder::new(params)?;
-        let per_req = mode.rows_per_request(params.draft_tokens);
-        if per_req == 0 {
-            return Err(invalid(
-                "draft_tokens",
-                "0",
-                format!("D ≥ 1 (speculative_num_draft_tokens) for {} graphs", mode.name()),
-            ));
-        }
+        capacity.check(&params, mode)?;
         let GraphCapacity { max_bs, max_tokens, max_context_len: w } = capacity;
-        let needed = max_bs.saturating_mul(per_req);
-        if needed > max_tokens {
-            return Err(invalid(
-                "max_tokens",
-                max_tokens.to_string(),
-                format!("at least max_bs × {per_req} = {needed} query rows for {} graphs", mode.name()),
-            ));
-        }
         check::fits_i32("max_tokens", max_tokens as i64 + 1, "query rows + 1")?;
         let real_page_table = match params.page_size {
             1 => RealPageTable::Aliased,

@@ -124,27 +124,8 @@ impl DeviceGraphState {
         steps: usize,
     ) -> Result<Self> {
         // The host state's validation (params, D, capacity) without its host buffers.
-        super::MetadataBuilder::new(params)?;
-        let per_req = match mode {
-            GraphMode::Decode => 1,
-            _ => params.draft_tokens as usize,
-        };
-        if per_req == 0 {
-            return Err(invalid(
-                "draft_tokens",
-                "0",
-                format!("D ≥ 1 (speculative_num_draft_tokens) for {} graphs", mode.name()),
-            ));
-        }
+        capacity.check(&params, mode)?;
         let GraphCapacity { max_bs, max_tokens, max_context_len: w } = capacity;
-        let needed = max_bs.saturating_mul(per_req);
-        if needed > max_tokens {
-            return Err(invalid(
-                "max_tokens",
-                max_tokens.to_string(),
-                format!("at least max_bs × {per_req} = {needed} query rows for {} graphs", mode.name()),
-            ));
-        }
         let max_batch = nsa_kernels::spec::METADATA_MAX_BATCH as usize;
         if max_bs > max_batch {
             return Err(invalid(
