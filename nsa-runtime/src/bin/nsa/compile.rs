@@ -10,7 +10,8 @@ use nsa_runtime::testdata::ScorePattern;
 use nsa_runtime::verify::topk::{self as vtopk, TopkCase};
 use nsa_runtime::verify::{self, Check};
 use nsa_runtime::{device, Error, Result, Runtime};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 #[derive(Args, Debug)]
 pub struct CompileArgs {
@@ -60,31 +61,59 @@ pub fn parse_arch(arch: &str, cfg: &NsaConfig) -> Result<Vec<Target>> {
     }
 }
 
-/// One kernel cache per toolchain, sharing the disk root from the environment.
+/// One kernel cache per toolchain the specs need, sharing the disk root from the
+/// environment. `Sync`: workers compile through it concurrently.
 pub struct Caches {
     nvrtc: Option<KernelCache>,
     hip: Option<KernelCache>,
 }
 
 impl Caches {
-    pub fn new() -> Self {
-        Caches { nvrtc: None, hip: None }
+    pub fn for_specs(specs: &[KernelSpec]) -> Result<Self> {
+        let needs = |t: Toolchain| specs.iter().any(|s| s.target.toolchain() == t);
+        let cache = |compiler: Arc<dyn Compiler>| -> Result<KernelCache> {
+            Ok(KernelCache::new(compiler, CacheConfig::from_env()?))
+        };
+        Ok(Caches {
+            nvrtc: if needs(Toolchain::Nvrtc) { Some(cache(Arc::new(NvrtcCompiler::new()?))?) } else { None },
+            hip: if needs(Toolchain::Hip) { Some(cache(Arc::new(ClangHipCompiler::new()?))?) } else { None },
+        })
     }
 
-    pub fn get(&mut self, spec: &KernelSpec) -> Result<Arc<CachedKernel>> {
-        let slot = match spec.target.toolchain() {
-            Toolchain::Nvrtc => &mut self.nvrtc,
-            Toolchain::Hip => &mut self.hip,
+    pub fn get(&self, spec: &KernelSpec) -> Result<Arc<CachedKernel>> {
+        let cache = match spec.target.toolchain() {
+            Toolchain::Nvrtc => self.nvrtc.as_ref(),
+            Toolchain::Hip => self.hip.as_ref(),
         };
-        if slot.is_none() {
-            let compiler: Arc<dyn Compiler> = match spec.target.toolchain() {
-                Toolchain::Nvrtc => Arc::new(NvrtcCompiler::new()?),
-                Toolchain::Hip => Arc::new(ClangHipCompiler::new()?),
-            };
-            *slot = Some(KernelCache::new(compiler, CacheConfig::from_env()?));
-        }
-        slot.as_ref().expect("set above").get(spec)
+        cache.ok_or_else(|| Error::Other(format!("no compiler was set up for {spec}")))?.get(spec)
     }
+
+    fn root(&self) -> Option<&std::path::Path> {
+        self.nvrtc.as_ref().or(self.hip.as_ref()).and_then(|c| c.root())
+    }
+}
+
+/// Compiles (or loads) every spec on one worker per core; results in spec order.
+fn compile_all(caches: &Caches, specs: &[KernelSpec], bar: &ProgressBar) -> Result<Vec<Arc<CachedKernel>>> {
+    let workers = std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(1, specs.len().max(1));
+    let next = AtomicUsize::new(0);
+    let slots: Vec<Mutex<Option<Result<Arc<CachedKernel>>>>> = specs.iter().map(|_| Mutex::new(None)).collect();
+    std::thread::scope(|scope| {
+        for _ in 0..workers {
+            scope.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(spec) = specs.get(i) else { break };
+                bar.set_message(spec.id());
+                let result = caches.get(spec);
+                *slots[i].lock().unwrap_or_else(|p| p.into_inner()) = Some(result);
+                bar.inc(1);
+            });
+        }
+    });
+    slots
+        .into_iter()
+        .map(|m| m.into_inner().unwrap_or_else(|p| p.into_inner()).expect("every spec was taken by a worker"))
+        .collect()
 }
 
 pub fn run(args: CompileArgs) -> Result<()> {
@@ -95,16 +124,13 @@ pub fn run(args: CompileArgs) -> Result<()> {
     println!("config: {}", cfg.summary());
     let bar = ProgressBar::new(specs.len() as u64);
     bar.set_style(ProgressStyle::with_template("{bar:40} {pos}/{len} {msg}").expect("valid template"));
-    let mut caches = Caches::new();
-    let mut rows = Vec::new();
-    for spec in &specs {
-        bar.set_message(spec.id());
-        rows.push(caches.get(spec)?);
-        bar.inc(1);
-    }
+    let caches = Caches::for_specs(&specs)?;
+    let started = std::time::Instant::now();
+    let rows = compile_all(&caches, &specs, &bar)?;
     bar.finish_and_clear();
     print_summary(&rows);
-    if let Some(root) = caches.nvrtc.as_ref().or(caches.hip.as_ref()).and_then(|c| c.root()) {
+    println!("wall time: {:.1} ms", started.elapsed().as_secs_f64() * 1e3);
+    if let Some(root) = caches.root() {
         println!("cache: {}", root.display());
     }
     let nvidia_present = device::probe_driver().is_ok();
@@ -150,7 +176,10 @@ fn print_summary(rows: &[Arc<CachedKernel>]) {
             spills
         );
     }
-    println!("{} kernels: {compiled} compiled, {loaded} from the disk cache, {total_ms:.1} ms in all", rows.len());
+    println!(
+        "{} kernels: {compiled} compiled, {loaded} from the disk cache, {total_ms:.1} ms of compile/load time",
+        rows.len()
+    );
 }
 
 pub fn verify(args: VerifyArgs) -> Result<()> {

@@ -27,7 +27,7 @@ pub fn run(args: InspectArgs) -> Result<()> {
         Error::InvalidArgument { field: "id", value: args.id.clone(), expected: format!("one of: {}", ids.join(", ")) }
     })?;
     let kernel = render(&spec)?;
-    let cached = Caches::new().get(&spec)?;
+    let cached = Caches::for_specs(&[spec])?.get(&spec)?;
     println!("id:        {}", kernel.id);
     println!("symbol:    {}", kernel.symbol);
     println!("template:  templates/{}", spec.template());
