@@ -156,12 +156,15 @@ const INDEXER_LANES_PER_TOKEN: u32 = 8;
 const INDEXER_TOKENS_PER_LANE_GROUP: u32 = 2;
 /// Threads per top-k block (one block per row).
 const TOPK_BLOCK_THREADS: u32 = 1024;
-/// Shared words of the top-k kernel besides candidates and row cache: the 2048-bin
-/// histogram and 69 scalars, rounded up (`kFixedWords` in topk.cuh; static_assert there).
-const TOPK_FIXED_WORDS: u32 = 2048 + 72;
+/// Shared words of the top-k kernel besides candidates and row cache: the 8192-bin
+/// round-0 histogram and 69 scalars, rounded up (`kFixedWords` in topk.cuh;
+/// static_assert there).
+const TOPK_FIXED_WORDS: u32 = 8192 + 72;
 /// Threshold-bin candidates (index + key) kept in shared memory before falling back
 /// to re-reading the row.
 const TOPK_CANDIDATES: u32 = 4096;
+/// gfx942 has 64 KiB of LDS per block: histogram plus half the candidates.
+const TOPK_CANDIDATES_GFX942: u32 = 2048;
 /// Top-k rows up to this many keys are cached in shared memory (read from HBM once).
 const TOPK_ROW_CACHE_NVIDIA: u32 = 40960;
 /// Threads per block of the elementwise index transform.
@@ -276,7 +279,7 @@ impl KernelSpec {
         match self.family {
             // Histogram (and the threshold search) only.
             KernelFamily::TopkSplit { stage: TopkSplitStage::Hist | TopkSplitStage::Collect, .. } => TOPK_FIXED_WORDS,
-            _ => TOPK_FIXED_WORDS + 2 * TOPK_CANDIDATES + self.topk_row_cache(),
+            _ => TOPK_FIXED_WORDS + 2 * self.topk_candidates() + self.topk_row_cache(),
         }
     }
 
@@ -291,8 +294,11 @@ impl KernelSpec {
     }
 
     /// Candidate capacity of the top-k kernels (also the split path's per-row list).
-    pub fn topk_candidates() -> u32 {
-        TOPK_CANDIDATES
+    pub fn topk_candidates(&self) -> u32 {
+        match self.target {
+            Target::Gfx942 => TOPK_CANDIDATES_GFX942,
+            Target::Sm90a | Target::Sm100a => TOPK_CANDIDATES,
+        }
     }
 
     /// Work items one block handles (tokens; top-k rows; transform elements); the
@@ -327,7 +333,7 @@ impl KernelSpec {
             ctx.insert("transform".into(), json!(transform.tag()));
             ctx.insert("transform_enum".into(), json!(transform.device_enum()));
             ctx.insert("deterministic".into(), json!(deterministic));
-            ctx.insert("candidate_capacity".into(), json!(TOPK_CANDIDATES));
+            ctx.insert("candidate_capacity".into(), json!(self.topk_candidates()));
             ctx.insert("row_cache_capacity".into(), json!(self.topk_row_cache()));
             ctx.insert("smem_words".into(), json!(self.topk_smem_words()));
             ctx.insert("min_blocks_per_sm".into(), json!(self.topk_min_blocks_per_sm()));
@@ -341,7 +347,7 @@ impl KernelSpec {
             ctx.insert("k".into(), json!(k));
             ctx.insert("transform".into(), json!(transform.tag()));
             ctx.insert("transform_enum".into(), json!(transform.device_enum()));
-            ctx.insert("candidate_capacity".into(), json!(TOPK_CANDIDATES));
+            ctx.insert("candidate_capacity".into(), json!(self.topk_candidates()));
             ctx.insert("smem_words".into(), json!(self.topk_smem_words()));
             ctx.insert("min_blocks_per_sm".into(), json!(self.topk_min_blocks_per_sm()));
         }

@@ -53,11 +53,15 @@ struct Split {
 };
 enum StateWord { kStateWinners = 0, kStateCands = 1, kStateWords = 4 };
 
-constexpr int kBins = 2048;
+// Round 0 uses 13 bits (sign, 8 exponent, 4 mantissa: 16 bins per octave) so the
+// threshold bin of realistic rows fits the candidate list; rounds 1 and 2 refine
+// 11 and 8 more bits.
+constexpr int kBins = 8192;
 constexpr int kRounds = 3;
 // Radix rounds over the 32-bit key: bits [21, 32), [10, 21), [0, 10).
-NSA_DEVICE constexpr int round_shift(int round) { return round == 0 ? 21 : round == 1 ? 10 : 0; }
-NSA_DEVICE constexpr int round_width(int round) { return round == 2 ? 10 : 11; }
+NSA_DEVICE constexpr int round_shift(int round) { return round == 0 ? 19 : round == 1 ? 8 : 0; }
+NSA_DEVICE constexpr int round_width(int round) { return round == 0 ? 13 : round == 1 ? 11 : 8; }
+NSA_DEVICE constexpr u32 round_mask(int round) { return (1u << round_width(round)) - 1u; }
 
 // Scalars kept in shared memory after the scan scratch.
 enum Slot { kThrBin = kScanScratch, kAbove, kWinners, kTies, kCands, kScalarWords };
@@ -201,11 +205,11 @@ NSA_DEVICE void overflow_select(const Params& p, i32 row, i32 trow, i32* out, bo
     if (bin > bin0) {
       if (!kSplit) out[atomic_add_ret(&sm[kWinners], 1u)] = emit<kTransform>(p, row, trow, i);
     } else if (bin == bin0) {
-      atomic_add_ret(&hist[(key >> round_shift(1)) & 0x7ffu], 1u);
+      atomic_add_ret(&hist[(key >> round_shift(1)) & round_mask(1)], 1u);
     }
   });
   sync_block();
-  find_threshold<kBlockThreads>(hist, kBins, r, sm);
+  find_threshold<kBlockThreads>(hist, 1 << round_width(1), r, sm);
   const u32 prefix1 = (bin0 << round_width(1)) | sm[kThrBin];
   r -= sm[kAbove];
   const u32 in_bin1 = hist[sm[kThrBin]];
@@ -229,10 +233,10 @@ NSA_DEVICE void overflow_select(const Params& p, i32 row, i32 trow, i32* out, bo
   for (int b = tid; b < kBins; b += kBlockThreads) hist[b] = 0u;
   sync_block();
   if (use_cands) {
-    for (u32 c = tid; c < in_bin1; c += kBlockThreads) atomic_add_ret(&hist[cand_key[c] & 0x3ffu], 1u);
+    for (u32 c = tid; c < in_bin1; c += kBlockThreads) atomic_add_ret(&hist[cand_key[c] & round_mask(2)], 1u);
   } else {
     for_each_key<kBlockThreads>(cached, cache, src, n, [&](i32, u32 key) {
-      if ((key >> round_shift(1)) == prefix1) atomic_add_ret(&hist[key & 0x3ffu], 1u);
+      if ((key >> round_shift(1)) == prefix1) atomic_add_ret(&hist[key & round_mask(2)], 1u);
     });
   }
   sync_block();

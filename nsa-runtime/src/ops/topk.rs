@@ -6,7 +6,7 @@ use crate::runtime::Runtime;
 use crate::Result;
 use cudarc::driver::CudaSlice;
 use cudarc::driver::{CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr, PushKernelArg};
-use nsa_kernels::{KernelFamily, KernelSpec, TopkLayout, TopkSplitStage, TopkTransform};
+use nsa_kernels::{KernelFamily, KernelSpec, Target, TopkLayout, TopkSplitStage, TopkTransform};
 
 /// Scores and per-row extents: row b's candidates are
 /// `scores[b * row_stride + row_starts[b] ..][.. lengths[b]]`.
@@ -93,7 +93,7 @@ struct SplitParams {
 unsafe impl DeviceRepr for SplitParams {}
 
 /// Histogram bins and state words per row of the split path (topk.cuh).
-const SPLIT_BINS: usize = 2048;
+const SPLIT_BINS: usize = 8192;
 const SPLIT_STATE_WORDS: usize = 4;
 
 /// Device scratch of the split top-k path for up to `rows` rows. Allocated zeroed
@@ -109,14 +109,15 @@ pub struct TopkWorkspace {
 }
 
 impl TopkWorkspace {
-    /// Bytes a workspace for `rows` rows takes: (2048 + 4 + 2 × 4096) × 4 per row.
-    pub fn bytes_for(rows: usize) -> usize {
-        rows * 4 * (SPLIT_BINS + SPLIT_STATE_WORDS + 2 * KernelSpec::topk_candidates() as usize)
+    /// Bytes a workspace for `rows` rows takes on `target`: (8192 + 4 + 2 × candidates)
+    /// × 4 per row (candidates: 4096 on NVIDIA, 2048 on gfx942).
+    pub fn bytes_for(rows: usize, target: Target) -> usize {
+        rows * 4 * (SPLIT_BINS + SPLIT_STATE_WORDS + 2 * split_candidates(target))
     }
 
     pub fn new(rt: &Runtime, rows: usize) -> Result<Self> {
         let stream = rt.gpu().stream();
-        let cap = KernelSpec::topk_candidates() as usize;
+        let cap = split_candidates(rt.target());
         let alloc = |n: usize| {
             stream.alloc_zeros::<u32>(n.max(1)).map_err(crate::Error::driver("allocating the top-k workspace"))
         };
@@ -132,6 +133,12 @@ impl TopkWorkspace {
     pub fn rows(&self) -> usize {
         self.rows
     }
+}
+
+/// Candidate-list length of the split path's finish stage on `target`.
+fn split_candidates(target: Target) -> usize {
+    let finish = KernelFamily::TopkSplit { stage: TopkSplitStage::Finish, k: 1, transform: TopkTransform::Plain };
+    KernelSpec::new(finish, target).topk_candidates() as usize
 }
 
 /// How one top-k call runs.
@@ -331,7 +338,7 @@ pub fn topk_split(
         cand_key: ck,
         chunk: check_count_fits_i32("chunk", chunk)?,
         chunks: check_count_fits_i32("chunks", chunks)?,
-        cand_cap: KernelSpec::topk_candidates() as i32,
+        cand_cap: split_candidates(rt.target()) as i32,
         _pad: 0,
     };
     with_params(rt, scores, output, out, |params| {
