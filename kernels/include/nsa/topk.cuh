@@ -198,7 +198,7 @@ NSA_DEVICE void overflow_select(const Params& p, i32 row, i32 trow, i32* out, bo
                                 const float* src, i32 n, u32 bin0, u32 r, u32* hist, u32* sm, u32* cand_idx,
                                 u32* cand_key) {
   const u32 tid = thread_x();
-  for (int b = tid; b < (1 << round_width(1)); b += kBlockThreads) hist[b] = 0u;
+  for (int b = tid; b < kBins; b += kBlockThreads) hist[b] = 0u;
   sync_block();
   for_each_key<kBlockThreads>(cached, cache, src, n, [&](i32 i, u32 key) {
     const u32 bin = key >> round_shift(0);
@@ -229,8 +229,8 @@ NSA_DEVICE void overflow_select(const Params& p, i32 row, i32 trow, i32* out, bo
   });
   sync_block();
   if (all_taken) return;
-  // Round 2 over the low bits of the round-1 bin.
-  for (int b = tid; b < (1 << round_width(2)); b += kBlockThreads) hist[b] = 0u;
+  // Round 2 over the low 10 bits of the round-1 bin.
+  for (int b = tid; b < kBins; b += kBlockThreads) hist[b] = 0u;
   sync_block();
   if (use_cands) {
     for (u32 c = tid; c < in_bin1; c += kBlockThreads) atomic_add_ret(&hist[cand_key[c] & round_mask(2)], 1u);
@@ -362,9 +362,9 @@ NSA_DEVICE void select(const Params& p, u32* status, const Split& split = Split{
   for (int round = 1; round < kRounds; ++round) {
     if (resolved) break;
     const int shift = round_shift(round);
-    const u32 mask = round_mask(round);
+    const u32 mask = (1u << round_width(round)) - 1u;
     const int up = round_shift(round - 1);
-    for (int b = tid; b < (1 << round_width(round)); b += kBlockThreads) hist[b] = 0u;
+    for (int b = tid; b < kBins; b += kBlockThreads) hist[b] = 0u;
     sync_block();
     if (use_cands) {
       for (u32 c = tid; c < in_bin; c += kBlockThreads) {
