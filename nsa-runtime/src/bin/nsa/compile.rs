@@ -3,10 +3,13 @@
 use crate::config_args::ConfigArgs;
 use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
+use nsa_kernels::spec::MetadataMode;
 use nsa_kernels::{kernel_set, KernelFamily, KernelSpec, NsaConfig, Target, Toolchain, TopkSplitStage, TopkTransform};
 use nsa_runtime::cache::{CacheConfig, CachedKernel, KernelCache, Origin};
 use nsa_runtime::jit::{clang_hip::ClangHipCompiler, nvrtc::NvrtcCompiler, Compiler};
+use nsa_runtime::metadata::GraphMode;
 use nsa_runtime::testdata::ScorePattern;
+use nsa_runtime::verify::metadata::{self as vmeta, ReplayCase};
 use nsa_runtime::verify::topk::{self as vtopk, TopkCase};
 use nsa_runtime::verify::{self, Check};
 use nsa_runtime::{device, Error, Result, Runtime};
@@ -229,7 +232,17 @@ pub fn verify(args: VerifyArgs) -> Result<()> {
                     vtopk::run(&rt, &case)?
                 }
                 KernelFamily::TopkSplit { .. } => continue,
-                // Replay needs a graph state; the GPU test target checks it against the host.
+                // Random captures and replays against the host graph state, once per kernel.
+                KernelFamily::MetadataReplay { page_size, mode } if i == 0 => {
+                    let mode = match mode {
+                        MetadataMode::Decode => GraphMode::Decode,
+                        MetadataMode::TargetVerify => GraphMode::TargetVerify,
+                        MetadataMode::DraftExtend => GraphMode::DraftExtend,
+                    };
+                    let mut case = ReplayCase::new(mode, page_size, seed);
+                    case.iterations = 50;
+                    vmeta::random_replays(&rt, &case)?
+                }
                 KernelFamily::MetadataReplay { .. } => continue,
                 KernelFamily::IndexTransform { k } => vtopk::index_transform(&rt, k, i % 2 == 1, seed)?,
             });
