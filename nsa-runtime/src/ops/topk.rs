@@ -238,7 +238,8 @@ pub fn choose_layout(rows: usize, sm_count: u32) -> (TopkLayout, &'static str) {
 
 /// Exact top-`k` of every row into `out` (`[rows, k]`, −1 padded, valid entries
 /// first). `deterministic`: ties go to the lowest positions and each row is sorted.
-/// The layout follows [`choose_layout`].
+/// The plan follows [`choose_plan`]; the split path (few long rows) is only taken
+/// with a `workspace` large enough for the batch.
 pub fn topk(
     rt: &Runtime,
     k: u32,
@@ -246,27 +247,15 @@ pub fn topk(
     scores: &TopkScores<'_>,
     output: &TopkOutput<'_>,
     out: &mut CudaViewMut<'_, i32>,
-) -> Result<()> {
-    let (layout, _) = choose_layout(scores.lengths.len(), rt.gpu().caps().sm_count);
-    topk_with_layout(rt, k, deterministic, layout, scores, output, out)
-}
-
-/// [`topk`] that may use the split path (few long rows) with `workspace`, following
-/// [`choose_plan`].
-pub fn topk_planned(
-    rt: &Runtime,
-    k: u32,
-    deterministic: bool,
-    scores: &TopkScores<'_>,
-    output: &TopkOutput<'_>,
-    out: &mut CudaViewMut<'_, i32>,
-    workspace: &mut TopkWorkspace,
+    workspace: Option<&mut TopkWorkspace>,
 ) -> Result<()> {
     let rows = scores.lengths.len();
-    let fits = rows <= workspace.rows;
-    match choose_plan(rows, scores.row_capacity, rt.gpu().caps().sm_count, deterministic, fits).0 {
-        TopkPlan::Single(layout) => topk_with_layout(rt, k, deterministic, layout, scores, output, out),
-        TopkPlan::Split { chunk, chunks } => topk_split(rt, k, chunk, chunks, scores, output, out, workspace),
+    let fits = workspace.as_ref().is_some_and(|w| rows <= w.rows);
+    let (plan, _) = choose_plan(rows, scores.row_capacity, rt.gpu().caps().sm_count, deterministic, fits);
+    match (plan, workspace) {
+        (TopkPlan::Split { chunk, chunks }, Some(ws)) => topk_split(rt, k, chunk, chunks, scores, output, out, ws),
+        (TopkPlan::Single(layout), _) => topk_with_layout(rt, k, deterministic, layout, scores, output, out),
+        (TopkPlan::Split { .. }, None) => unreachable!("choose_plan splits only when a workspace fits"),
     }
 }
 

@@ -138,7 +138,7 @@ fn out_of_window_rows_are_rejected_not_read() {
         let mut out = upload(&stream, &vec![7i32; 4 * 512]).unwrap();
         let (sv, lv, st) = (scores.slice(0..), lengths.slice(0..), starts.slice(0..));
         let input = TopkScores { scores: &sv, row_stride: 100, row_capacity: 100, lengths: &lv, row_starts: Some(&st) };
-        let r = topk::topk(&rt, 512, false, &input, &TopkOutput::Plain, &mut out.slice_mut(0..));
+        let r = topk::topk(&rt, 512, false, &input, &TopkOutput::Plain, &mut out.slice_mut(0..), None);
         match (checks, r) {
             (DeviceChecks::Skip, Ok(())) => {}
             (DeviceChecks::Report, Err(Error::DeviceRejected { count: 3, field: "lengths", .. })) => {}
