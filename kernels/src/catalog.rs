@@ -2,6 +2,7 @@
 //! sparse MLA, metadata) add their specs here.
 
 use crate::config::{KvCacheFormat, NsaConfig};
+use crate::target::Vendor;
 use crate::spec::{KernelFamily, KernelSpec, MetadataMode, TopkLayout, TopkSplitStage, TopkTransform};
 
 /// The kernel set of `cfg`, for every target it lists, sorted and without repeats.
@@ -28,8 +29,21 @@ pub fn kernel_set(cfg: &NsaConfig) -> Vec<KernelSpec> {
     for mode in MetadataMode::ALL {
         families.push(KernelFamily::MetadataReplay { page_size: cfg.page_size, mode });
     }
-    let mut specs: Vec<KernelSpec> =
-        cfg.targets.iter().flat_map(|t| families.iter().map(move |f| KernelSpec::new(*f, *t))).collect();
+    // Sparse MLA decode (spec §8.3) reads the FP8 cache; NVIDIA only for now.
+    let mut decode = Vec::new();
+    if cfg.kv_cache == KvCacheFormat::Fp8 {
+        decode.push(KernelFamily::SparseDecode { heads: cfg.num_q_heads, topk: cfg.topk, page_size: cfg.page_size });
+        decode.push(KernelFamily::SparseDecodeCombine { heads: cfg.num_q_heads });
+    }
+    let mut specs: Vec<KernelSpec> = cfg
+        .targets
+        .iter()
+        .flat_map(|t| {
+            let nvidia = t.vendor() == Vendor::Nvidia;
+            let extra = if nvidia { &decode[..] } else { &[][..] };
+            families.iter().chain(extra).map(move |f| KernelSpec::new(*f, *t))
+        })
+        .collect();
     specs.sort();
     specs.dedup();
     specs

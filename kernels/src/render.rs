@@ -20,6 +20,8 @@ pub const TEMPLATES: &[(&str, &str)] = embed! {
     "topk_split.cu.tera" => "../../templates/topk_split.cu.tera",
     "index_transform.cu.tera" => "../../templates/index_transform.cu.tera",
     "metadata_replay.cu.tera" => "../../templates/metadata_replay.cu.tera",
+    "sparse_decode.cu.tera" => "../../templates/sparse_decode.cu.tera",
+    "sparse_decode_combine.cu.tera" => "../../templates/sparse_decode_combine.cu.tera",
 };
 
 /// Device headers, by the include name sources use. Passed to the compiler as
@@ -31,11 +33,13 @@ pub const HEADERS: &[(&str, &str)] = embed! {
     "nsa/common/block.cuh" => "../include/nsa/common/block.cuh",
     "nsa/common/segments.cuh" => "../include/nsa/common/segments.cuh",
     "nsa/cuda/arch.cuh" => "../include/nsa/cuda/arch.cuh",
+    "nsa/cuda/mma.cuh" => "../include/nsa/cuda/mma.cuh",
     "nsa/rocm/arch.cuh" => "../include/nsa/rocm/arch.cuh",
     "nsa/kv_cache.cuh" => "../include/nsa/kv_cache.cuh",
     "nsa/topk.cuh" => "../include/nsa/topk.cuh",
     "nsa/index_transform.cuh" => "../include/nsa/index_transform.cuh",
     "nsa/metadata_replay.cuh" => "../include/nsa/metadata_replay.cuh",
+    "nsa/sparse_decode.cuh" => "../include/nsa/sparse_decode.cuh",
 };
 
 /// blake3 over every embedded header (name and bytes), part of every cache key.

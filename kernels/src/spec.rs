@@ -2,7 +2,7 @@
 //! template context and launch geometry are all derived here and nowhere else.
 
 use crate::config::KvCacheFormat;
-use crate::target::Target;
+use crate::target::{Target, Vendor};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 use std::fmt;
@@ -32,6 +32,47 @@ pub enum KernelFamily {
     MetadataReplay { page_size: u32, mode: MetadataMode },
     /// One stage of the split top-k path: few long rows, each spread over many blocks.
     TopkSplit { stage: TopkSplitStage, k: u32, transform: TopkTransform },
+    /// Sparse MLA decode over the FP8-656 cache (spec §8.3): heads, top-k and page
+    /// size are constants (the page size turns the slot split into shifts or a
+    /// multiply). The query tokens per request (s_q) are not: every query row
+    /// carries its own index list, so s_q only changes the row count and the plan.
+    SparseDecode { heads: u32, topk: u32, page_size: u32 },
+    /// Merges the split-KV partials of [`KernelFamily::SparseDecode`].
+    SparseDecodeCombine { heads: u32 },
+}
+
+/// Heads one sparse-decode CTA computes: the largest of 64, 32, 16 dividing
+/// `heads`; 1..=15 heads run one 16-row tile whose extra rows are zero and never
+/// written (no head padding in memory). `None` for counts that fit no tile.
+pub fn decode_head_tile(heads: u32) -> Option<u32> {
+    match heads {
+        1..=16 => Some(16),
+        h if h > 128 => None,
+        h if h % 64 == 0 => Some(64),
+        h if h % 32 == 0 => Some(32),
+        h if h % 16 == 0 => Some(16),
+        _ => None,
+    }
+}
+
+/// Tokens one sparse-decode pipeline step covers (top-k must be a multiple).
+pub const DECODE_BLOCK_TOKENS: u32 = 64;
+/// Threads of a sparse-decode CTA (8 warps).
+const DECODE_BLOCK_THREADS: u32 = 256;
+/// Threads of a combine block (4 output dims each).
+const DECODE_COMBINE_THREADS: u32 = 128;
+
+/// Dynamic shared memory of a sparse-decode CTA with `head_tile` heads; mirrors
+/// `nsa::decode::Smem` (sparse_decode.cuh): Q tile, two K/V tiles, padded P tile,
+/// per-warp row partials, validity flags.
+pub fn decode_smem_bytes(head_tile: u32) -> u32 {
+    let row = 576 * 2;
+    let warps_per_mtile = 8 / (head_tile / 16);
+    head_tile * row
+        + 2 * DECODE_BLOCK_TOKENS * row
+        + head_tile * (DECODE_BLOCK_TOKENS * 2 + 16)
+        + warps_per_mtile * head_tile * 4
+        + 2 * DECODE_BLOCK_TOKENS
 }
 
 /// Stages of the split top-k path, launched in this order on one stream.
@@ -138,6 +179,9 @@ impl TopkTransform {
     }
 }
 
+/// Head counts of the representative sparse-decode variants (TP16 … TP1).
+pub const DECODE_HEADS: [u32; 5] = [8, 16, 32, 64, 128];
+
 /// One kernel variant for one target.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct KernelSpec {
@@ -191,6 +235,8 @@ impl KernelSpec {
             KernelFamily::IndexTransform { .. } => "index_transform",
             KernelFamily::MetadataReplay { .. } => "metadata_replay",
             KernelFamily::TopkSplit { .. } => "topk_split",
+            KernelFamily::SparseDecode { .. } => "sparse_decode",
+            KernelFamily::SparseDecodeCombine { .. } => "sparse_decode_combine",
         }
     }
 
@@ -215,6 +261,10 @@ impl KernelSpec {
             KernelFamily::TopkSplit { stage, k, transform } => {
                 vec![stage.tag().into(), format!("k{k}"), transform.tag().into()]
             }
+            KernelFamily::SparseDecode { heads, topk, page_size } => {
+                vec![format!("h{heads}"), format!("k{topk}"), format!("p{page_size}")]
+            }
+            KernelFamily::SparseDecodeCombine { heads } => vec![format!("h{heads}")],
         };
         let mut parts = vec![self.family_name().to_string()];
         parts.extend(knobs);
@@ -242,6 +292,8 @@ impl KernelSpec {
             KernelFamily::IndexTransform { .. } => "index_transform.cu.tera",
             KernelFamily::MetadataReplay { .. } => "metadata_replay.cu.tera",
             KernelFamily::TopkSplit { .. } => "topk_split.cu.tera",
+            KernelFamily::SparseDecode { .. } => "sparse_decode.cu.tera",
+            KernelFamily::SparseDecodeCombine { .. } => "sparse_decode_combine.cu.tera",
         }
     }
 
@@ -254,6 +306,8 @@ impl KernelSpec {
             KernelFamily::MetadataReplay { .. } => METADATA_BLOCK_THREADS,
             KernelFamily::TopkSplit { stage: TopkSplitStage::Finish, .. } => TOPK_BLOCK_THREADS,
             KernelFamily::TopkSplit { .. } => TOPK_BLOCK_THREADS / 2,
+            KernelFamily::SparseDecode { .. } => DECODE_BLOCK_THREADS,
+            KernelFamily::SparseDecodeCombine { .. } => DECODE_COMBINE_THREADS,
             _ => STORE_BLOCK_THREADS,
         }
     }
@@ -262,6 +316,7 @@ impl KernelSpec {
     pub fn dynamic_smem_bytes(&self) -> u32 {
         match self.family {
             KernelFamily::TopK { .. } | KernelFamily::TopkSplit { .. } => 4 * self.topk_smem_words(),
+            KernelFamily::SparseDecode { heads, .. } => decode_head_tile(heads).map_or(0, decode_smem_bytes),
             _ => 0,
         }
     }
@@ -306,6 +361,8 @@ impl KernelSpec {
     pub fn tokens_per_block(&self) -> u32 {
         match self.family {
             KernelFamily::TopK { .. } | KernelFamily::TopkSplit { .. } => 1,
+            // One (head tile, row, split) per CTA; combine: one (row, head) per block.
+            KernelFamily::SparseDecode { .. } | KernelFamily::SparseDecodeCombine { .. } => 1,
             // One page-table row per block (the kernel strides over rows past the grid).
             KernelFamily::MetadataReplay { .. } => 1,
             KernelFamily::IndexTransform { .. } => self.block_threads(),
@@ -357,6 +414,15 @@ impl KernelSpec {
             ctx.insert("mode_enum".into(), json!(mode.device_enum()));
             ctx.insert("max_batch".into(), json!(METADATA_MAX_BATCH));
         }
+        if let KernelFamily::SparseDecode { heads, topk, page_size } = self.family {
+            ctx.insert("heads".into(), json!(heads));
+            ctx.insert("head_tile".into(), json!(decode_head_tile(heads)));
+            ctx.insert("topk".into(), json!(topk));
+            ctx.insert("page_size".into(), json!(page_size));
+        }
+        if let KernelFamily::SparseDecodeCombine { heads } = self.family {
+            ctx.insert("heads".into(), json!(heads));
+        }
         if let KernelFamily::KvStore { format } = self.family {
             ctx.insert("format".into(), json!(format.tag()));
             let (func, elem) = match format {
@@ -372,7 +438,10 @@ impl KernelSpec {
     /// The representative variants of every family for `target` (compile-all and
     /// snapshot matrix): each store kernel; top-k for k 512/1024/2048 with every
     /// transform, plus the deterministic and throughput k 2048 ones; the index
-    /// transform at 2048; metadata replay of every mode at page sizes 64 and 1.
+    /// transform at 2048; metadata replay of every mode at page sizes 64 and 1;
+    /// on NVIDIA, sparse decode (+ combine) for every head count of
+    /// [`DECODE_HEADS`] at top-k 2048 / page 64, top-k 512 and 1024 at 128 heads,
+    /// and page sizes 1 and 61. Sparse decode has no ROCm variant yet (mma.sync).
     pub fn all_for(target: Target) -> Vec<KernelSpec> {
         let mut families = vec![
             KernelFamily::KvStore { format: KvCacheFormat::Bf16 },
@@ -401,6 +470,18 @@ impl KernelSpec {
                 families.push(KernelFamily::MetadataReplay { page_size, mode });
             }
         }
+        if target.vendor() == Vendor::Nvidia {
+            for heads in DECODE_HEADS {
+                families.push(KernelFamily::SparseDecode { heads, topk: 2048, page_size: 64 });
+                families.push(KernelFamily::SparseDecodeCombine { heads });
+            }
+            for topk in [512, 1024] {
+                families.push(KernelFamily::SparseDecode { heads: 128, topk, page_size: 64 });
+            }
+            for page_size in [1, 61] {
+                families.push(KernelFamily::SparseDecode { heads: 16, topk: 2048, page_size });
+            }
+        }
         families.into_iter().map(|family| KernelSpec::new(family, target)).collect()
     }
 
@@ -427,6 +508,14 @@ impl KernelSpec {
                 stage: TopkSplitStage::ALL.into_iter().find(|x| x.tag() == *stage)?,
                 k: k_of(k)?,
                 transform: TopkTransform::ALL.into_iter().find(|x| x.tag() == *t)?,
+            },
+            ("sparse_decode", [h, k, p]) => KernelFamily::SparseDecode {
+                heads: h.strip_prefix('h').and_then(|n| n.parse::<u32>().ok())?,
+                topk: k_of(k)?,
+                page_size: p.strip_prefix('p').and_then(|n| n.parse::<u32>().ok())?,
+            },
+            ("sparse_decode_combine", [h]) => KernelFamily::SparseDecodeCombine {
+                heads: h.strip_prefix('h').and_then(|n| n.parse::<u32>().ok())?,
             },
             ("metadata_replay", [mode, p]) => KernelFamily::MetadataReplay {
                 page_size: p.strip_prefix('p').and_then(|n| n.parse::<u32>().ok())?,

@@ -245,6 +245,7 @@ pub fn verify(args: VerifyArgs) -> Result<()> {
                 }
                 KernelFamily::MetadataReplay { .. } => continue,
                 KernelFamily::IndexTransform { k } => vtopk::index_transform(&rt, k, i % 2 == 1, seed)?,
+                KernelFamily::SparseDecode { .. } | KernelFamily::SparseDecodeCombine { .. } => continue,
             });
         }
     }

@@ -1,0 +1,78 @@
+// Warp-level tensor-core primitives (sm_80+ PTX, also valid on sm_90a/sm_100a):
+// ldmatrix from shared memory, mma.sync m16n8k16 bf16 with f32 accumulators,
+// read-only 128-bit gathers. Fragment layouts: PTX ISA "mma.m16n8k16" (lane l:
+// group g = l/4, t = l%4; C rows g and g+8, columns 2t and 2t+1).
+#pragma once
+#ifndef NSA_CUDA
+#error "nsa/cuda/mma.cuh needs the NVIDIA arch header"
+#endif
+
+namespace nsa {
+namespace mma {
+
+// Shared-window address of a generic pointer into shared memory.
+NSA_DEVICE u32 smem_addr(const void* p) {
+  u64 a;
+  asm("cvta.to.shared.u64 %0, %1;" : "=l"(a) : "l"(p));
+  return (u32)a;
+}
+
+// Four 8x8 b16 matrices; lanes 8i..8i+7 give the row addresses of matrix i.
+NSA_DEVICE void ldsm_x4(u32 addr, u32 (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// As ldsm_x4, each matrix transposed (a [k][n] tile read as a B fragment).
+NSA_DEVICE void ldsm_x4_trans(u32 addr, u32 (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// d += a (16x16 bf16, row) * b (16x8 bf16, col), f32 accumulate.
+NSA_DEVICE void mma_bf16(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// 16 bytes from global memory through the non-coherent path, prefetching 256 B into
+// L2 (gathered KV rows are 656 B: the neighbouring chunks come along).
+NSA_DEVICE Vec16 ldg_nc_v4(const void* p) {
+  Vec16 v;
+  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.w[0]), "=r"(v.w[1]), "=r"(v.w[2]), "=r"(v.w[3])
+               : "l"(p));
+  return v;
+}
+
+NSA_DEVICE void sts_v4(u32 addr, const Vec16& v) {
+  asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(v.w[0]), "r"(v.w[1]), "r"(v.w[2]),
+               "r"(v.w[3]));
+}
+
+// Two f32 -> packed bf16x2 (lo in bits 0..15), round to nearest even.
+NSA_DEVICE u32 pack_bf16x2(float lo, float hi) {
+  u32 r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+
+NSA_DEVICE float exp2_approx(float x) {
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+}
+
+NSA_DEVICE float log2_approx(float x) {
+  float r;
+  asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+}
+
+}  // namespace mma
+}  // namespace nsa
