@@ -2,8 +2,8 @@
 //! sparse MLA, metadata) add their specs here.
 
 use crate::config::{KvCacheFormat, NsaConfig};
-use crate::target::Vendor;
 use crate::spec::{KernelFamily, KernelSpec, MetadataMode, TopkLayout, TopkSplitStage, TopkTransform};
+use crate::target::Vendor;
 
 /// The kernel set of `cfg`, for every target it lists, sorted and without repeats.
 /// `cfg` should be validated first; this function does not re-check it.

@@ -514,9 +514,9 @@ impl KernelSpec {
                 topk: k_of(k)?,
                 page_size: p.strip_prefix('p').and_then(|n| n.parse::<u32>().ok())?,
             },
-            ("sparse_decode_combine", [h]) => KernelFamily::SparseDecodeCombine {
-                heads: h.strip_prefix('h').and_then(|n| n.parse::<u32>().ok())?,
-            },
+            ("sparse_decode_combine", [h]) => {
+                KernelFamily::SparseDecodeCombine { heads: h.strip_prefix('h').and_then(|n| n.parse::<u32>().ok())? }
+            }
             ("metadata_replay", [mode, p]) => KernelFamily::MetadataReplay {
                 page_size: p.strip_prefix('p').and_then(|n| n.parse::<u32>().ok())?,
                 mode: MetadataMode::ALL.into_iter().find(|m| m.tag() == *mode)?,

@@ -14,6 +14,8 @@ use std::sync::{Mutex, OnceLock};
 
 #[path = "gpu/metadata.rs"]
 mod metadata;
+#[path = "gpu/sparse_decode.rs"]
+mod sparse_decode;
 #[path = "gpu/topk.rs"]
 mod topk;
 

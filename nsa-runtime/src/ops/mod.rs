@@ -3,6 +3,7 @@
 
 pub mod kv_cache;
 pub mod metadata;
+pub mod sparse_decode;
 pub mod topk;
 
 use crate::{Error, Result};

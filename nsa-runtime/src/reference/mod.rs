@@ -3,4 +3,5 @@
 pub mod fp8;
 pub mod indexer;
 pub mod kv_cache;
+pub mod sparse_mla;
 pub mod topk;

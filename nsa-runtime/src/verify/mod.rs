@@ -224,4 +224,5 @@ pub fn kv_cache_suite(rt: &Runtime, sizes: &[usize], seed: u64) -> Result<Vec<Ch
     Ok(checks)
 }
 pub mod metadata;
+pub mod sparse_decode;
 pub mod topk;

@@ -29,7 +29,7 @@ pub struct BenchArgs {
     /// Write all results as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
-    /// Which benchmarks: kv (store/dequant + JIT), topk, or all.
+    /// Which benchmarks: kv (store/dequant + JIT), topk, metadata, decode, or all.
     #[arg(long, value_enum, default_value_t = Suite::All)]
     pub suite: Suite,
 }
@@ -39,6 +39,7 @@ pub enum Suite {
     Kv,
     Topk,
     Metadata,
+    Decode,
     All,
 }
 
@@ -86,6 +87,7 @@ struct Report {
     device: String,
     date_utc: String,
     topk: Vec<TopkRow>,
+    decode: Vec<crate::bench_decode::DecodeRow>,
     metadata: Vec<MetadataRow>,
     bandwidth: Vec<BandwidthRow>,
     jit_cold: Vec<JitRow>,
@@ -95,7 +97,7 @@ struct Report {
 }
 
 /// Average µs per launch of `f` over `reps`, timed with events on `stream`.
-fn time_us(stream: &Arc<CudaStream>, reps: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
+pub(crate) fn time_us(stream: &Arc<CudaStream>, reps: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
     for _ in 0..3 {
         f()?;
     }
@@ -113,7 +115,7 @@ fn time_us(stream: &Arc<CudaStream>, reps: usize, mut f: impl FnMut() -> Result<
 }
 
 /// A device-to-device copy moving `bytes` in total (read + write), in µs.
-fn copy_us(stream: &Arc<CudaStream>, bytes: usize, reps: usize) -> Result<f64> {
+pub(crate) fn copy_us(stream: &Arc<CudaStream>, bytes: usize, reps: usize) -> Result<f64> {
     let half = bytes / 2;
     let src: CudaSlice<u8> = stream.alloc_zeros(half).map_err(Error::driver("allocating copy source"))?;
     let mut dst: CudaSlice<u8> = stream.alloc_zeros(half).map_err(Error::driver("allocating copy target"))?;
@@ -392,6 +394,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     println!("bench on {device}");
     let want = |s: Suite| args.suite == s || args.suite == Suite::All;
     let topk = if want(Suite::Topk) { topk_bench(&rt, args.reps)? } else { vec![] };
+    let decode = if want(Suite::Decode) { crate::bench_decode::decode_bench(&rt, args.reps)? } else { vec![] };
     let metadata = if want(Suite::Metadata) { metadata_bench(&rt, args.reps)? } else { vec![] };
     let bandwidth = if want(Suite::Kv) { bandwidth(&rt, &args.tokens, args.reps)? } else { vec![] };
     let (jit_cold, disk_ms, kernels, hit_ns) = if want(Suite::Kv) { jit(&rt)? } else { (vec![], 0.0, 0, 0.0) };
@@ -410,6 +413,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         device,
         date_utc,
         topk,
+        decode,
         metadata,
         bandwidth,
         jit_cold,

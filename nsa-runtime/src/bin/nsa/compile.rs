@@ -8,8 +8,10 @@ use nsa_kernels::{kernel_set, KernelFamily, KernelSpec, NsaConfig, Target, Toolc
 use nsa_runtime::cache::{CacheConfig, CachedKernel, KernelCache, Origin};
 use nsa_runtime::jit::{clang_hip::ClangHipCompiler, nvrtc::NvrtcCompiler, Compiler};
 use nsa_runtime::metadata::GraphMode;
+use nsa_runtime::ops::sparse_decode::DecodeShape;
 use nsa_runtime::testdata::ScorePattern;
 use nsa_runtime::verify::metadata::{self as vmeta, ReplayCase};
+use nsa_runtime::verify::sparse_decode::{self as vdecode, DecodeCase, IndexPattern};
 use nsa_runtime::verify::topk::{self as vtopk, TopkCase};
 use nsa_runtime::verify::{self, Check};
 use nsa_runtime::{device, Error, Result, Runtime};
@@ -245,7 +247,16 @@ pub fn verify(args: VerifyArgs) -> Result<()> {
                 }
                 KernelFamily::MetadataReplay { .. } => continue,
                 KernelFamily::IndexTransform { k } => vtopk::index_transform(&rt, k, i % 2 == 1, seed)?,
-                KernelFamily::SparseDecode { .. } | KernelFamily::SparseDecodeCombine { .. } => continue,
+                KernelFamily::SparseDecode { heads, topk, page_size } => {
+                    let batch = 1 + n % 97;
+                    let shape = DecodeShape { batch, s_q: 1 + i % 3, heads, topk, page_size };
+                    let mut case = DecodeCase::new(shape, IndexPattern::Holes, seed);
+                    case.lengths = i % 2 == 1;
+                    case.check_rows = 16;
+                    vdecode::run(&rt, &case)?
+                }
+                // Checked with its decode kernel (split plans).
+                KernelFamily::SparseDecodeCombine { .. } => continue,
             });
         }
     }

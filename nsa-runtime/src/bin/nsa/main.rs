@@ -1,6 +1,7 @@
 //! `nsa`: list, compile, inspect, verify and benchmark the kernels of one NSA config.
 
 mod bench;
+mod bench_decode;
 mod compile;
 mod config_args;
 mod inspect;

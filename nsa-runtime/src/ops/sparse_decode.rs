@@ -1,0 +1,414 @@
+//! Sparse MLA decode over the FP8-656 cache (spec §8.1, §8.3): the split-KV plan
+//! (a pure function of the batch shape, so a CUDA graph can capture it), the
+//! workspace it needs, and the launcher (decode kernel, then combine when split).
+
+use super::{check_aligned, check_count_fits_i32, check_len, invalid};
+use crate::runtime::Runtime;
+use crate::Result;
+use cudarc::driver::{CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr, PushKernelArg};
+use half::bf16;
+use nsa_kernels::layout::{BF16_TOKEN_ELEMS, FP8_TOKEN_BYTES, KV_LORA_RANK};
+use nsa_kernels::spec::{decode_head_tile, DECODE_BLOCK_TOKENS};
+use nsa_kernels::KernelFamily;
+
+/// The shape of one decode call: `batch` requests of `s_q` query tokens each
+/// (s_q > 1: target-verify / MTP draft tokens), every query token with its own
+/// `topk` indices.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DecodeShape {
+    pub batch: usize,
+    pub s_q: usize,
+    pub heads: u32,
+    pub topk: u32,
+    pub page_size: u32,
+}
+
+impl DecodeShape {
+    /// Query rows (`batch × s_q`): the kernel's unit of work.
+    pub fn rows(&self) -> usize {
+        self.batch * self.s_q
+    }
+}
+
+/// How one decode call is spread over the GPU. Depends only on the shape and the
+/// SM count, never on the data: plan once per batch shape, capture, replay.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DecodePlan {
+    pub shape: DecodeShape,
+    /// Heads per CTA (16, 32 or 64).
+    pub head_tile: u32,
+    /// KV splits per query row; 1 writes the output directly (no combine).
+    pub splits: u32,
+    /// 64-token steps each split covers.
+    pub blocks_per_split: u32,
+}
+
+/// Cost, in 64-token steps, of a CTA's fixed work (Q load, epilogue) in the split model.
+const CTA_OVERHEAD_STEPS: usize = 2;
+/// Cost, in steps, of the combine launch that splitting adds.
+const COMBINE_STEPS: usize = 1;
+
+/// The split count minimising the modelled time of `base_ctas` CTAs (one per
+/// query row and head tile) that each walk `steps` 64-token steps, at one CTA per
+/// SM (the kernel uses ≥ 168 KB of shared memory): waves × (steps per split +
+/// overhead), plus the combine when split. Ties go to fewer splits.
+pub fn choose_splits(base_ctas: usize, steps: u32, sm_count: u32) -> u32 {
+    let sms = sm_count.max(1) as usize;
+    let mut best = (usize::MAX, 1);
+    for s in 1..=steps.max(1) as usize {
+        let per_split = (steps as usize).div_ceil(s);
+        if (steps as usize).div_ceil(per_split) != s {
+            continue; // the same split as a smaller s, with empty tails
+        }
+        let waves = (base_ctas * s).div_ceil(sms);
+        let cost = waves * (per_split + CTA_OVERHEAD_STEPS) + if s > 1 { COMBINE_STEPS } else { 0 };
+        if cost < best.0 {
+            best = (cost, s as u32);
+        }
+    }
+    best.1
+}
+
+impl DecodePlan {
+    /// Checks the shape against what the kernels support and picks the splits for
+    /// a GPU with `sm_count` SMs.
+    pub fn new(shape: DecodeShape, sm_count: u32) -> Result<DecodePlan> {
+        let head_tile = decode_head_tile(shape.heads).ok_or_else(|| {
+            invalid("heads", shape.heads.to_string(), "1..=16, or a multiple of 16 up to 128 (query heads on this GPU)")
+        })?;
+        if shape.topk == 0 || shape.topk % DECODE_BLOCK_TOKENS != 0 || shape.topk > 4096 {
+            return Err(invalid(
+                "topk",
+                shape.topk.to_string(),
+                "a multiple of 64 in 64..=4096 (index rows are padded with -1 to it)",
+            ));
+        }
+        if shape.page_size == 0 || shape.page_size > 1024 {
+            return Err(invalid("page_size", shape.page_size.to_string(), "1..=1024 tokens per page"));
+        }
+        if !(1..=16).contains(&shape.s_q) {
+            return Err(invalid("s_q", shape.s_q.to_string(), "1..=16 query tokens per request"));
+        }
+        check_count_fits_i32("batch × s_q", shape.rows())?;
+        let steps = shape.topk / DECODE_BLOCK_TOKENS;
+        let head_tiles = shape.heads.div_ceil(head_tile) as usize;
+        let splits = choose_splits(shape.rows() * head_tiles, steps, sm_count);
+        let blocks_per_split = steps.div_ceil(splits);
+        Ok(DecodePlan { shape, head_tile, splits, blocks_per_split })
+    }
+
+    /// The plan with `splits` chosen by the caller (tests, benchmarks); 1 ≤ splits ≤
+    /// the number of 64-token steps.
+    pub fn with_splits(shape: DecodeShape, splits: u32) -> Result<DecodePlan> {
+        let plan = DecodePlan::new(shape, 1)?;
+        let steps = shape.topk / DECODE_BLOCK_TOKENS;
+        if splits == 0 || splits > steps {
+            return Err(invalid("splits", splits.to_string(), format!("1..={steps} (top-k / 64)")));
+        }
+        let blocks_per_split = steps.div_ceil(splits);
+        Ok(DecodePlan { splits: steps.div_ceil(blocks_per_split), blocks_per_split, ..plan })
+    }
+
+    /// Rejects a hand-edited plan that would drop tokens or mis-tile heads.
+    fn check(&self) -> Result<()> {
+        let steps = self.shape.topk / DECODE_BLOCK_TOKENS;
+        let consistent = Some(self.head_tile) == decode_head_tile(self.shape.heads)
+            && self.splits >= 1
+            && self.blocks_per_split >= 1
+            && self.splits * self.blocks_per_split >= steps
+            && (self.splits - 1) * self.blocks_per_split < steps;
+        if !consistent {
+            return Err(invalid(
+                "plan",
+                format!("{self:?}"),
+                "a plan from DecodePlan::new or DecodePlan::with_splits (splits × blocks_per_split covers top-k / 64)",
+            ));
+        }
+        Ok(())
+    }
+
+    pub fn head_tiles(&self) -> u32 {
+        self.shape.heads.div_ceil(self.head_tile)
+    }
+
+    /// CTAs of the decode launch.
+    pub fn ctas(&self) -> usize {
+        self.shape.rows() * self.head_tiles() as usize * self.splits as usize
+    }
+
+    /// f32 elements of split-KV partials (O then LSE); 0 when not split.
+    pub fn workspace_floats(&self) -> usize {
+        if self.splits == 1 {
+            return 0;
+        }
+        let per_split = self.shape.rows() * self.splits as usize * self.shape.heads as usize;
+        per_split * (KV_LORA_RANK + 1)
+    }
+
+    /// Bytes of workspace [`sparse_decode`] needs for this plan.
+    pub fn workspace_bytes(&self) -> usize {
+        4 * self.workspace_floats()
+    }
+
+    /// One line for logs: the variant, the grid and why.
+    pub fn explain(&self) -> String {
+        let s = &self.shape;
+        format!(
+            "sparse_decode h{} k{} p{}: {} rows × {} head tile(s) of {} × {} split(s) of {} steps = {} CTAs{}",
+            s.heads,
+            s.topk,
+            s.page_size,
+            s.rows(),
+            self.head_tiles(),
+            self.head_tile,
+            self.splits,
+            self.blocks_per_split,
+            self.ctas(),
+            if self.splits > 1 { " + combine (too few rows to fill the GPU)" } else { "" }
+        )
+    }
+}
+
+/// The FP8-656 MLA cache of one layer as the decode kernel reads it: `num_pages`
+/// pages of `page_size` records, `page_stride` bytes apart (a dense pool has
+/// `page_stride = page_size × 656`). An index is `page × page_size + offset`.
+#[derive(Debug)]
+pub struct Fp8PagedCache<'a> {
+    pub data: CudaView<'a, u8>,
+    pub page_size: u32,
+    pub page_stride: usize,
+}
+
+impl<'a> Fp8PagedCache<'a> {
+    /// A dense pool (`[slots, 656]` bytes) viewed as pages of `page_size`.
+    pub fn dense(data: CudaView<'a, u8>, page_size: u32) -> Self {
+        Fp8PagedCache { data, page_size, page_stride: page_size as usize * FP8_TOKEN_BYTES }
+    }
+
+    /// Whole pages the view holds.
+    pub fn num_pages(&self) -> usize {
+        let page_bytes = self.page_size as usize * FP8_TOKEN_BYTES;
+        if self.data.len() < page_bytes || self.page_stride == 0 {
+            return 0;
+        }
+        (self.data.len() - page_bytes) / self.page_stride + 1
+    }
+}
+
+/// Inputs of one decode call (shapes as in spec §8.3).
+#[derive(Debug)]
+pub struct SparseDecodeInputs<'a> {
+    /// `[batch, s_q, heads, 576]` bf16: absorbed q_nope (512) ‖ q_rope (64).
+    pub q: CudaView<'a, bf16>,
+    pub cache: Fp8PagedCache<'a>,
+    /// `[batch, s_q, topk]` physical slots; −1 marks an unused entry.
+    pub indices: CudaView<'a, i32>,
+    /// `[batch × s_q]`: only the first `topk_length[r]` indices of row r count.
+    pub topk_length: Option<CudaView<'a, i32>>,
+    pub sm_scale: f32,
+}
+
+/// Mirrors `nsa::decode::Params` (sparse_decode.cuh) field for field.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct SparseDecodeParams {
+    q: u64,
+    cache: u64,
+    indices: u64,
+    topk_length: u64,
+    out: u64,
+    lse: u64,
+    o_part: u64,
+    lse_part: u64,
+    page_stride: i64,
+    num_slots: i64,
+    rows: i32,
+    splits: i32,
+    blocks_per_split: i32,
+    sm_scale: f32,
+}
+// SAFETY: plain old data with the C layout the kernel declares.
+unsafe impl DeviceRepr for SparseDecodeParams {}
+
+/// Mirrors `nsa::decode::CombineParams`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct CombineParams {
+    o_part: u64,
+    lse_part: u64,
+    out: u64,
+    lse: u64,
+    rows: i32,
+    splits: i32,
+}
+// SAFETY: as above.
+unsafe impl DeviceRepr for CombineParams {}
+
+const SLOT_EXPECTED: &str =
+    "−1 or a slot below num_pages × page_size of the cache (page × page_size + offset); the entry was skipped";
+
+fn check_inputs(plan: &DecodePlan, inputs: &SparseDecodeInputs<'_>, out: usize, lse: usize, ws: usize) -> Result<()> {
+    plan.check()?;
+    let s = &plan.shape;
+    let rows = s.rows();
+    let heads = s.heads as usize;
+    check_len("q", inputs.q.len(), rows * heads * BF16_TOKEN_ELEMS, "batch × s_q × heads × 576")?;
+    check_len("indices", inputs.indices.len(), rows * s.topk as usize, "batch × s_q × topk")?;
+    if let Some(l) = &inputs.topk_length {
+        check_len("topk_length", l.len(), rows, "one entry per query row (batch × s_q)")?;
+    }
+    check_len("out", out, rows * heads * KV_LORA_RANK, "batch × s_q × heads × 512")?;
+    check_len("lse", lse, rows * heads, "batch × s_q × heads")?;
+    if ws < plan.workspace_floats() {
+        return Err(invalid(
+            "workspace",
+            format!("{ws} f32"),
+            format!(
+                "at least {} f32 (DecodePlan::workspace_floats) for {} splits",
+                plan.workspace_floats(),
+                plan.splits
+            ),
+        ));
+    }
+    let c = &inputs.cache;
+    if c.page_size != s.page_size {
+        return Err(invalid(
+            "cache.page_size",
+            c.page_size.to_string(),
+            format!("the plan's page size {} (kernels are specialised on it)", s.page_size),
+        ));
+    }
+    let page_bytes = c.page_size as usize * FP8_TOKEN_BYTES;
+    if c.page_stride < page_bytes || c.page_stride % 16 != 0 {
+        return Err(invalid(
+            "cache.page_stride",
+            c.page_stride.to_string(),
+            format!("a multiple of 16 bytes, at least page_size × 656 = {page_bytes}"),
+        ));
+    }
+    if !inputs.sm_scale.is_finite() || inputs.sm_scale <= 0.0 {
+        return Err(invalid("sm_scale", inputs.sm_scale.to_string(), "a finite positive softmax scale"));
+    }
+    Ok(())
+}
+
+/// Sparse MLA decode: `out[r, h] = softmax_j(sm_scale · q·c_j) · c_j[..512]` over the
+/// valid indices of row r, `lse[r, h]` in natural log (+inf and out 0 for a row
+/// without any valid index). `workspace` holds the split partials
+/// ([`DecodePlan::workspace_floats`]; may be empty when `plan.splits == 1`).
+pub fn sparse_decode(
+    rt: &Runtime,
+    plan: &DecodePlan,
+    inputs: &SparseDecodeInputs<'_>,
+    out: &mut CudaViewMut<'_, bf16>,
+    lse: &mut CudaViewMut<'_, f32>,
+    workspace: &mut CudaViewMut<'_, f32>,
+) -> Result<()> {
+    check_inputs(plan, inputs, out.len(), lse.len(), workspace.len())?;
+    let s = plan.shape;
+    if s.rows() == 0 {
+        return Ok(());
+    }
+    let stream = rt.gpu().stream();
+    check_aligned("q", &inputs.q, 16, stream)?;
+    check_aligned("cache", &inputs.cache.data, 16, stream)?;
+    check_aligned("out", out, 16, stream)?;
+    check_aligned("workspace", workspace, 16, stream)?;
+    let decode = rt.kernel(KernelFamily::SparseDecode { heads: s.heads, topk: s.topk, page_size: s.page_size })?;
+    let num_slots = (inputs.cache.num_pages() * s.page_size as usize) as i64;
+    let partials = s.rows() * plan.splits as usize * s.heads as usize;
+    let (q, _g1) = inputs.q.device_ptr(stream);
+    let (cache, _g2) = inputs.cache.data.device_ptr(stream);
+    let (indices, _g3) = inputs.indices.device_ptr(stream);
+    let topk_length = inputs.topk_length.as_ref().map(|l| l.device_ptr(stream));
+    let (out_ptr, _g4) = out.device_ptr_mut(stream);
+    let (lse_ptr, _g5) = lse.device_ptr_mut(stream);
+    let (ws, _g6) = workspace.device_ptr_mut(stream);
+    let params = SparseDecodeParams {
+        q,
+        cache,
+        indices,
+        topk_length: topk_length.as_ref().map_or(0, |(p, _)| *p),
+        out: out_ptr,
+        lse: lse_ptr,
+        o_part: ws,
+        lse_part: ws + 4 * (partials * KV_LORA_RANK) as u64,
+        page_stride: inputs.cache.page_stride as i64,
+        num_slots,
+        rows: s.rows() as i32,
+        splits: plan.splits as i32,
+        blocks_per_split: plan.blocks_per_split as i32,
+        sm_scale: inputs.sm_scale,
+    };
+    let mut args = rt.args(&decode);
+    args.arg(&params);
+    rt.launch(&decode, args, plan.ctas(), "indices", SLOT_EXPECTED)?;
+    if plan.splits == 1 {
+        return Ok(());
+    }
+    let combine = rt.kernel(KernelFamily::SparseDecodeCombine { heads: s.heads })?;
+    let cp = CombineParams {
+        o_part: params.o_part,
+        lse_part: params.lse_part,
+        out: out_ptr,
+        lse: lse_ptr,
+        rows: params.rows,
+        splits: params.splits,
+    };
+    let mut args = rt.args(&combine);
+    args.arg(&cp);
+    rt.launch(&combine, args, s.rows() * s.heads as usize, "partials", "")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn splits_fill_the_gpu_only_when_rows_are_few() {
+        // (query rows × head tiles, 64-token steps, SMs) → splits
+        let table = [
+            (2, 32, 132, 32),  // b1 h128: one step per CTA
+            (1, 32, 132, 32),  // b1 h16
+            (64, 32, 132, 2),  // b32 h128
+            (32, 32, 132, 4),  // b32 h16
+            (128, 32, 132, 1), // b128 h16: one wave already
+            (256, 32, 132, 1), // b128 h128, b64 h128 s_q2
+            (150, 32, 132, 4), // just over a wave: quarters beat a second full wave
+            (2, 1, 132, 1),    // top-k 64: nothing to split
+            (4, 9, 132, 9),    // top-k 576
+        ];
+        for (base, steps, sms, want) in table {
+            assert_eq!(choose_splits(base, steps, sms), want, "base {base} steps {steps} sms {sms}");
+        }
+    }
+
+    #[test]
+    fn plan_rejects_unsupported_shapes_naming_the_field() {
+        let ok = DecodeShape { batch: 4, s_q: 2, heads: 128, topk: 2048, page_size: 64 };
+        assert!(DecodePlan::new(ok, 132).is_ok());
+        let cases = [
+            (DecodeShape { heads: 24, ..ok }, "heads"),
+            (DecodeShape { heads: 256, ..ok }, "heads"),
+            (DecodeShape { topk: 100, ..ok }, "topk"),
+            (DecodeShape { topk: 8192, ..ok }, "topk"),
+            (DecodeShape { page_size: 0, ..ok }, "page_size"),
+            (DecodeShape { s_q: 0, ..ok }, "s_q"),
+        ];
+        for (shape, field) in cases {
+            let err = DecodePlan::new(shape, 132).unwrap_err().to_string();
+            assert!(err.contains(&format!("`{field}`")), "{err}");
+        }
+    }
+
+    #[test]
+    fn workspace_covers_partials_only_when_split() {
+        let shape = DecodeShape { batch: 1, s_q: 1, heads: 128, topk: 2048, page_size: 64 };
+        let plan = DecodePlan::new(shape, 132).unwrap();
+        assert_eq!(plan.splits, 32);
+        assert_eq!(plan.workspace_floats(), 32 * 128 * 513);
+        let big = DecodePlan::new(DecodeShape { batch: 128, ..shape }, 132).unwrap();
+        assert_eq!((big.splits, big.workspace_floats()), (1, 0));
+        assert!(plan.explain().contains("combine"), "{}", plan.explain());
+    }
+}

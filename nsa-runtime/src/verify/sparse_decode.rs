@@ -1,0 +1,242 @@
+//! Sparse MLA decode on the GPU against the CPU reference (spec §8.1, §8.3).
+//!
+//! Tolerances (stated once, used by every case): out within `2⁻⁷·|ref| + 4·10⁻³`
+//! (the kernel rounds P to bf16 for the PV product and the output to bf16; the
+//! reference is f64), lse within `10⁻⁵·|ref| + 2·10⁻⁴` (f32 scores, ex2/lg2
+//! approximations), empty rows exactly out 0 and lse +inf.
+
+use super::{download, upload, Check};
+use crate::ops::sparse_decode::{self, DecodePlan, DecodeShape, Fp8PagedCache, SparseDecodeInputs};
+use crate::reference::kv_cache::quantize_fp8_token;
+use crate::reference::sparse_mla::{attend, valid_slots, PagedFp8};
+use crate::runtime::Runtime;
+use crate::testdata;
+use crate::Result;
+use half::bf16;
+use nsa_kernels::layout::*;
+use nsa_kernels::{KernelFamily, KernelSpec};
+use rand::Rng;
+
+/// How the index rows of a case are filled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IndexPattern {
+    /// Distinct random slots with random −1 holes (about 1 in 8).
+    Holes,
+    /// Distinct random slots, no holes.
+    Full,
+    /// Every entry −1: out 0, lse +inf.
+    AllInvalid,
+    /// Slots drawn with repeats (each occurrence counts).
+    Duplicates,
+}
+
+/// One decode test case.
+#[derive(Clone, Debug)]
+pub struct DecodeCase {
+    pub shape: DecodeShape,
+    pub pattern: IndexPattern,
+    /// Random per-row `topk_length` in 0..=topk (0 for some rows).
+    pub lengths: bool,
+    /// Extra bytes between pages (multiple of 16): a non-dense page stride.
+    pub page_pad: usize,
+    /// Slots of the cache (rounded up to whole pages).
+    pub slots: usize,
+    /// `None`: the plan's own split choice.
+    pub splits: Option<u32>,
+    /// Rows compared against the reference (evenly spread, first and last included).
+    pub check_rows: usize,
+    /// Put one out-of-cache index in row 0 (the kernel must skip it).
+    pub bad_index: bool,
+    pub seed: u64,
+}
+
+impl DecodeCase {
+    pub fn new(shape: DecodeShape, pattern: IndexPattern, seed: u64) -> Self {
+        DecodeCase {
+            shape,
+            pattern,
+            lengths: false,
+            page_pad: 0,
+            slots: 8192,
+            splits: None,
+            check_rows: 64,
+            bad_index: false,
+            seed,
+        }
+    }
+}
+
+const SM_SCALE: f32 = 0.1352337788608801; // DeepSeek V3.2: 192^-0.5 · mscale² (spec §1)
+
+fn within(got: f32, want: f32, rel: f32, abs: f32) -> bool {
+    if want.is_infinite() {
+        return got == want;
+    }
+    (got - want).abs() <= rel * want.abs() + abs
+}
+
+/// Builds a paged FP8 cache, random queries and index rows, runs the kernel and
+/// compares the sampled rows with the reference.
+pub fn run(rt: &Runtime, case: &DecodeCase) -> Result<Check> {
+    let stream = rt.gpu().stream();
+    let s = case.shape;
+    let plan = match case.splits {
+        Some(n) => DecodePlan::with_splits(s, n)?,
+        None => DecodePlan::new(s, rt.gpu().caps().sm_count)?,
+    };
+    let mut rng = testdata::rng(case.seed);
+    let page = s.page_size as usize;
+    let pages = case.slots.div_ceil(page).max(1);
+    let stride = page * FP8_TOKEN_BYTES + case.page_pad;
+    let mut bytes = vec![0x5au8; pages * stride];
+    let num_slots = pages * page;
+    for slot in 0..num_slots {
+        let tok: Vec<bf16> = (0..BF16_TOKEN_ELEMS).map(|_| bf16::from_f32(rng.random_range(-2.0..2.0))).collect();
+        let rec = quantize_fp8_token(&tok[..KV_LORA_RANK], &tok[KV_LORA_RANK..]);
+        let at = slot / page * stride + slot % page * FP8_TOKEN_BYTES;
+        bytes[at..at + FP8_TOKEN_BYTES].copy_from_slice(&rec);
+    }
+    let rows = s.rows();
+    let heads = s.heads as usize;
+    let k = s.topk as usize;
+    let q: Vec<bf16> =
+        (0..rows * heads * BF16_TOKEN_ELEMS).map(|_| bf16::from_f32(rng.random_range(-1.0..1.0))).collect();
+    let mut indices = vec![-1i32; rows * k];
+    for r in 0..rows {
+        let row = &mut indices[r * k..(r + 1) * k];
+        match case.pattern {
+            IndexPattern::AllInvalid => {}
+            IndexPattern::Duplicates => row.iter_mut().for_each(|v| *v = rng.random_range(0..num_slots.min(97)) as i32),
+            IndexPattern::Full | IndexPattern::Holes => {
+                let n = k.min(num_slots);
+                let picks = testdata::distinct_slots(n, num_slots, rng.random());
+                row[..n].copy_from_slice(&picks);
+                if case.pattern == IndexPattern::Holes {
+                    row.iter_mut().filter(|_| rng.random_range(0..8) == 0).for_each(|v| *v = -1);
+                }
+            }
+        }
+    }
+    if case.bad_index && rows > 0 {
+        indices[0] = num_slots as i32 + 5;
+    }
+    let lengths: Option<Vec<i32>> =
+        case.lengths.then(|| (0..rows).map(|r| if r % 5 == 0 { 0 } else { rng.random_range(0..=k as i32) }).collect());
+
+    let d_q = upload(stream, &q)?;
+    let d_cache = upload(stream, &bytes)?;
+    let d_idx = upload(stream, &indices)?;
+    let d_len = lengths.as_ref().map(|l| upload(stream, l)).transpose()?;
+    let mut d_out = upload(stream, &vec![bf16::from_bits(0x7fc1); rows * heads * KV_LORA_RANK])?;
+    let mut d_lse = upload(stream, &vec![f32::NAN; rows * heads])?;
+    let mut d_ws = upload(stream, &vec![f32::NAN; plan.workspace_floats().max(4)])?;
+    let inputs = SparseDecodeInputs {
+        q: d_q.slice(0..q.len()),
+        cache: Fp8PagedCache { data: d_cache.slice(0..), page_size: s.page_size, page_stride: stride },
+        indices: d_idx.slice(0..indices.len()),
+        topk_length: d_len.as_ref().map(|l| l.slice(0..rows)),
+        sm_scale: SM_SCALE,
+    };
+    sparse_decode::sparse_decode(
+        rt,
+        &plan,
+        &inputs,
+        &mut d_out.slice_mut(0..rows * heads * KV_LORA_RANK),
+        &mut d_lse.slice_mut(0..rows * heads),
+        &mut d_ws.slice_mut(0..),
+    )?;
+    let out = download(stream, &d_out, rows * heads * KV_LORA_RANK)?;
+    let lse = download(stream, &d_lse, rows * heads)?;
+
+    let cache = PagedFp8 { bytes: &bytes, page_size: page, page_stride: stride };
+    let picked: Vec<usize> = sample_rows(rows, case.check_rows);
+    let results = reference_rows(&cache, &q, &indices, lengths.as_deref(), s, &picked);
+    let mut mismatches = 0;
+    let mut first = None;
+    for (r, (want_o, want_l)) in picked.iter().zip(results) {
+        let mut bad = None;
+        for h in 0..heads {
+            let (gl, wl) = (lse[r * heads + h], want_l[h]);
+            if !within(gl, wl, 1e-5, 2e-4) {
+                bad = Some(format!("row {r} head {h}: lse gpu {gl} vs reference {wl}"));
+                break;
+            }
+            for d in 0..KV_LORA_RANK {
+                let g = out[(r * heads + h) * KV_LORA_RANK + d].to_f32();
+                let w = want_o[h * KV_LORA_RANK + d];
+                if !within(g, w, 1.0 / 128.0, 4e-3) {
+                    bad = Some(format!("row {r} head {h} dim {d}: out gpu {g} vs reference {w}"));
+                    break;
+                }
+            }
+            if bad.is_some() {
+                break;
+            }
+        }
+        if let Some(b) = bad {
+            mismatches += 1;
+            first.get_or_insert(b);
+        }
+    }
+    let id = KernelSpec::new(
+        KernelFamily::SparseDecode { heads: s.heads, topk: s.topk, page_size: s.page_size },
+        rt.target(),
+    )
+    .id();
+    Ok(Check {
+        kernel: id,
+        case: format!(
+            "b{} s_q{} {:?}{}{} splits {}",
+            s.batch,
+            s.s_q,
+            case.pattern,
+            if case.lengths { " +len" } else { "" },
+            if case.page_pad > 0 { " padded pages" } else { "" },
+            plan.splits
+        ),
+        items: picked.len(),
+        mismatches,
+        first_mismatch: first,
+    })
+}
+
+/// `want` rows spread evenly over `0..rows`, first and last included.
+fn sample_rows(rows: usize, want: usize) -> Vec<usize> {
+    if rows <= want {
+        return (0..rows).collect();
+    }
+    let mut v: Vec<usize> = (0..want).map(|i| i * (rows - 1) / (want - 1).max(1)).collect();
+    v.dedup();
+    v
+}
+
+/// Reference (out, lse) of each picked row, computed on all cores.
+fn reference_rows(
+    cache: &PagedFp8<'_>,
+    q: &[bf16],
+    indices: &[i32],
+    lengths: Option<&[i32]>,
+    s: DecodeShape,
+    picked: &[usize],
+) -> Vec<(Vec<f32>, Vec<f32>)> {
+    let heads = s.heads as usize;
+    let k = s.topk as usize;
+    let one = |r: usize| {
+        let len = lengths.map_or(k, |l| l[r].clamp(0, k as i32) as usize);
+        let slots = valid_slots(&indices[r * k..(r + 1) * k], len, cache.num_slots());
+        let keys: Vec<Vec<f32>> = slots.iter().map(|&slot| cache.token(slot)).collect();
+        let key_refs: Vec<&[f32]> = keys.iter().map(|v| v.as_slice()).collect();
+        let qr: Vec<f32> =
+            q[r * heads * BF16_TOKEN_ELEMS..(r + 1) * heads * BF16_TOKEN_ELEMS].iter().map(|v| v.to_f32()).collect();
+        attend(&qr, heads, &key_refs, SM_SCALE)
+    };
+    let threads = std::thread::available_parallelism().map_or(4, |n| n.get()).min(picked.len().max(1));
+    let chunk = picked.len().div_ceil(threads.max(1)).max(1);
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = picked
+            .chunks(chunk)
+            .map(|part| scope.spawn(move || part.iter().map(|&r| one(r)).collect::<Vec<_>>()))
+            .collect();
+        handles.into_iter().flat_map(|h| h.join().expect("reference thread panicked")).collect()
+    })
+}
