@@ -81,6 +81,10 @@ fn kernel_set_is_sorted_unique_and_covers_each_target() {
             ]);
             if cfg.kv_cache == KvCacheFormat::Fp8 {
                 expected.insert("kv_dequant");
+                // Sparse decode reads the FP8 cache; NVIDIA only (mma.sync) so far.
+                if t.vendor() == nsa_kernels::Vendor::Nvidia {
+                    expected.extend(["sparse_decode", "sparse_decode_combine"]);
+                }
             }
             assert_eq!(families, expected, "{name} on {t}");
         }
@@ -326,8 +330,10 @@ fn is_c_identifier(s: &str) -> bool {
 fn ids_and_symbols_are_unique_and_round_trip() {
     let specs = all_specs();
     // 4 store kernels + 9 top-k + 3 deterministic + 3 throughput top-k + 1 index transform
-    // + 3 metadata replay modes × 2 page sizes + 3 split stages × 3 transforms per target.
-    assert_eq!(specs.len(), 35 * Target::ALL.len());
+    // + 3 metadata replay modes × 2 page sizes + 3 split stages × 3 transforms per target;
+    // on NVIDIA also 9 sparse decode variants and 5 combines.
+    let nvidia = Target::ALL.iter().filter(|t| t.vendor() == nsa_kernels::Vendor::Nvidia).count();
+    assert_eq!(specs.len(), 35 * Target::ALL.len() + 14 * nvidia);
     let mut ids = BTreeMap::new();
     let mut symbols = BTreeMap::new();
     let mut sources = BTreeSet::new();
@@ -389,7 +395,8 @@ fn each_source_defines_its_symbol_once() {
 fn int_constants(text: &str) -> BTreeMap<String, i64> {
     let mut out: BTreeMap<String, i64> = BTreeMap::new();
     for line in text.lines() {
-        let Some(rest) = line.trim().strip_prefix("constexpr int ") else {
+        // Namespace-scope constants only (unindented); function-local ones depend on template arguments.
+        let Some(rest) = line.strip_prefix("constexpr int ") else {
             continue;
         };
         let (name, expr) = rest.split_once('=').unwrap();
@@ -496,6 +503,25 @@ fn launch_geometry_matches_the_device_code() {
             }
             // One page-table row per block; every block scans the whole batch.
             KernelFamily::MetadataReplay { .. } => {
+                assert_eq!(spec.tokens_per_block(), 1, "{spec}");
+                assert!(r_has_bounds(&spec, threads), "{spec}");
+                continue;
+            }
+            // One (head tile, row, split) per CTA; combine: one (row, head) per block.
+            KernelFamily::SparseDecode { heads, .. } => {
+                let d = int_constants(header("nsa/sparse_decode.cuh").unwrap());
+                assert_eq!(spec.tokens_per_block(), 1, "{spec}");
+                assert_eq!(threads as i64, d["kThreads"], "{spec}");
+                assert_eq!(nsa_kernels::spec::DECODE_BLOCK_TOKENS as i64, d["kBlockTokens"], "{spec}");
+                let tile = nsa_kernels::spec::decode_head_tile(heads).unwrap();
+                assert!(spec.dynamic_smem_bytes() <= 227 * 1024, "{spec}: {} bytes", spec.dynamic_smem_bytes());
+                assert!(render(&spec).unwrap().source.contains(&format!("<{heads}, {tile}, ")), "{spec}");
+                assert!(r_has_bounds(&spec, threads), "{spec}");
+                continue;
+            }
+            KernelFamily::SparseDecodeCombine { .. } => {
+                // 4 output dims per thread cover the 512-wide latent.
+                assert_eq!(threads * 4, 512, "{spec}");
                 assert_eq!(spec.tokens_per_block(), 1, "{spec}");
                 assert!(r_has_bounds(&spec, threads), "{spec}");
                 continue;
