@@ -57,8 +57,8 @@ pub fn decode_head_tile(heads: u32) -> Option<u32> {
 
 /// Tokens one sparse-decode pipeline step covers (top-k must be a multiple).
 pub const DECODE_BLOCK_TOKENS: u32 = 64;
-/// Threads of a sparse-decode CTA (8 warps).
-const DECODE_BLOCK_THREADS: u32 = 256;
+/// Threads of a sparse-decode CTA (16 warps).
+const DECODE_BLOCK_THREADS: u32 = 512;
 /// Threads of a combine block (4 output dims each).
 const DECODE_COMBINE_THREADS: u32 = 128;
 
@@ -67,7 +67,8 @@ const DECODE_COMBINE_THREADS: u32 = 128;
 /// per-warp row partials, validity flags.
 pub fn decode_smem_bytes(head_tile: u32) -> u32 {
     let row = 576 * 2;
-    let warps_per_mtile = 8 / (head_tile / 16);
+    // Q K^T warps per 16-head m-tile (`Smem::kNW`): 16 warps, at least 8 tokens each.
+    let warps_per_mtile = (16 / (head_tile / 16)).min(8);
     head_tile * row
         + 2 * DECODE_BLOCK_TOKENS * row
         + head_tile * (DECODE_BLOCK_TOKENS * 2 + 16)

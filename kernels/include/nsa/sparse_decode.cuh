@@ -1,5 +1,5 @@
 // Sparse MLA decode over the FP8-656 cache (spec §8.1, §8.3), stage D1 of the
-// kernel playbook: one CTA per (query row, head tile, KV split), 8 warps,
+// kernel playbook: one CTA per (query row, head tile, KV split), 16 warps,
 // mma.sync m16n8k16 (bf16 in, f32 accumulate) from ldmatrix, 128-bit gathers of the
 // chosen tokens dequantized in registers into a double-buffered shared tile,
 // online softmax in the log2 domain, split-KV partials merged by `combine`.
@@ -13,13 +13,15 @@ namespace decode {
 constexpr int kDqk = 576;              // latent 512 + rope 64
 constexpr int kDv = 512;               // V = the latent part of the same row
 constexpr int kBlockTokens = 64;       // tokens per pipeline step
-constexpr int kWarps = 8;
+constexpr int kWarps = 16;  // 4 per scheduler: the gather/dequant chains need the latency hiding
 constexpr int kThreads = kWarps * 32;
 constexpr int kRowBytes = kDqk * 2;    // one bf16 row of Q or K in shared memory
 constexpr int kTokenBytes = 656;       // FP8 cache record
 constexpr int kScalesOffset = 512;
 constexpr int kRopeOffset = 528;
-constexpr int kPartsPerToken = kThreads / kBlockTokens;  // 4: one per 128-dim tile
+constexpr int kPartsPerToken = kThreads / kBlockTokens;  // 8 gather threads per token
+constexpr int kNopePerPart = kDv / kPartsPerToken;       // 64 e4m3 bytes (half a scale tile)
+constexpr int kRopePerPart = 64 / kPartsPerToken;        // 8 rope dims
 constexpr int kPRowBytes = kBlockTokens * 2 + 16;        // padded: ldmatrix rows hit distinct banks
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
@@ -29,7 +31,7 @@ NSA_DEVICE float fmax2(float a, float b) { return a > b ? a : b; }
 // Running max start: finite, so exp2(m_old - m_new) never sees -inf - -inf.
 constexpr float kMaxInit = -1e30f;
 
-static_assert(kPartsPerToken * 128 == kDv, "each gather thread owns one 128-dim scale tile");
+static_assert(kNopePerPart == 64 && kRopePerPart == 8, "gather thread share: 4 + 1 16-byte loads");
 
 // Mirrors `SparseDecodeParams` in nsa-runtime (ops/sparse_decode.rs) field for field.
 struct Params {
@@ -58,7 +60,8 @@ NSA_DEVICE u32 tile_offset(u32 r, u32 c) { return r * kRowBytes + ((c ^ (r & 7u)
 // per-warp row partials (max, then sums), token validity flags.
 template <int kHT>
 struct Smem {
-  static constexpr int kNW = kWarps / (kHT / 16);  // warps sharing one 16-head m-tile
+  // QK^T warps per 16-head m-tile: at least 8 tokens (one n8 tile) each.
+  static constexpr int kNW = kWarps / (kHT / 16) < 8 ? kWarps / (kHT / 16) : 8;
   static constexpr u32 kQ = 0;
   static constexpr u32 kK = kQ + kHT * kRowBytes;
   static constexpr u32 kP = kK + 2 * kBlockTokens * kRowBytes;
@@ -67,11 +70,11 @@ struct Smem {
   static constexpr u32 kBytes = kValid + 2 * kBlockTokens;
 };
 
-// One thread's share of a 64-token step: token `tid / 4`, scale tile `tid % 4`
-// (128 e4m3 bytes, 16 rope dims, its scale).
+// One thread's share of a 64-token step: token `tid / 8`, part `tid % 8`
+// (64 e4m3 bytes of scale tile part / 2, 8 rope dims, that tile's scale).
 struct Gather {
-  Vec16 nope[8];
-  Vec16 rope[2];
+  Vec16 nope[4];
+  Vec16 rope;
   float scale;
   bool valid;
 };
@@ -89,10 +92,9 @@ NSA_DEVICE void issue_gather(const Params& p, i32 slot, u32 part, Gather& g) {
   if (!g.valid) return;
   const u8* rec = record<kPage>(p, slot);
 #pragma unroll
-  for (int i = 0; i < 8; ++i) g.nope[i] = mma::ldg_nc_v4(rec + part * 128 + i * 16);
-#pragma unroll
-  for (int i = 0; i < 2; ++i) g.rope[i] = mma::ldg_nc_v4(rec + kRopeOffset + part * 32 + i * 16);
-  g.scale = *reinterpret_cast<const float*>(rec + kScalesOffset + part * 4);
+  for (int i = 0; i < 4; ++i) g.nope[i] = mma::ldg_nc_v4(rec + part * kNopePerPart + i * 16);
+  g.rope = mma::ldg_nc_v4(rec + kRopeOffset + part * 16);
+  g.scale = *reinterpret_cast<const float*>(rec + kScalesOffset + (part / 2) * 4);
 }
 
 // 8 e4m3 bytes -> 8 bf16 = bf16(f32(e4m3) * scale), the rounding of nsa's dequant kernel.
@@ -115,14 +117,13 @@ NSA_DEVICE Vec16 dequant8(u32 w0, u32 w1, float scale) {
 NSA_DEVICE void store_gather(const Gather& g, u32 kbuf, u8* valid_flags, u32 token, u32 part) {
   const Vec16 zero = {{0u, 0u, 0u, 0u}};
 #pragma unroll
-  for (int i = 0; i < 8; ++i) {
+  for (int i = 0; i < 4; ++i) {
     const Vec16 lo = g.valid ? dequant8(g.nope[i].w[0], g.nope[i].w[1], g.scale) : zero;
     const Vec16 hi = g.valid ? dequant8(g.nope[i].w[2], g.nope[i].w[3], g.scale) : zero;
-    mma::sts_v4(kbuf + tile_offset(token, part * 16 + 2 * i), lo);
-    mma::sts_v4(kbuf + tile_offset(token, part * 16 + 2 * i + 1), hi);
+    mma::sts_v4(kbuf + tile_offset(token, part * 8 + 2 * i), lo);
+    mma::sts_v4(kbuf + tile_offset(token, part * 8 + 2 * i + 1), hi);
   }
-#pragma unroll
-  for (int i = 0; i < 2; ++i) mma::sts_v4(kbuf + tile_offset(token, 64 + part * 2 + i), g.valid ? g.rope[i] : zero);
+  mma::sts_v4(kbuf + tile_offset(token, 64 + part), g.valid ? g.rope : zero);
   if (part == 0) valid_flags[token] = g.valid ? 1 : 0;
 }
 
@@ -147,12 +148,13 @@ NSA_DEVICE void sparse_decode(const Params& p, u32* status) {
   static_assert(kHT == 16 || kHT == 32 || kHT == 64, "head tile");
   static_assert(kTopk % kBlockTokens == 0, "top-k is a multiple of 64");
   typedef Smem<kHT> L;
-  constexpr int kMW = kHT / 16;                 // m-tiles (16 heads each)
-  constexpr int kNW = L::kNW;                   // warps per m-tile
+  constexpr int kMW = kHT / 16;                    // m-tiles (16 heads each)
+  constexpr int kNW = L::kNW;                      // QK^T warps per m-tile
   constexpr int kTokPerWarp = kBlockTokens / kNW;  // QK^T columns per warp
-  constexpr int kNT = kTokPerWarp / 8;          // n8 tiles per warp in QK^T
-  constexpr int kDimsPerWarp = kDv / kNW;       // PV columns per warp
-  constexpr int kNV = kDimsPerWarp / 8;         // n8 tiles per warp in PV
+  constexpr int kNT = kTokPerWarp / 8;             // n8 tiles per warp in QK^T
+  constexpr int kPW = kWarps / kMW;                // PV warps per m-tile (all warps)
+  constexpr int kDimsPerWarp = kDv / kPW;          // PV columns per warp
+  constexpr int kNV = kDimsPerWarp / 8;            // n8 tiles per warp in PV
   constexpr int kHeadTiles = (kHeads + kHT - 1) / kHT;
   static_assert(kNT >= 1 && kNV % 2 == 0, "warp tiling");
 
@@ -162,7 +164,10 @@ NSA_DEVICE void sparse_decode(const Params& p, u32* status) {
   const u32 tid = thread_x();
   const u32 warp = tid / 32, lane = tid % 32;
   const u32 g = lane / 4, t = lane % 4;
+  // Every warp takes part in P V (m-tile mw, column group nw); the first kMW * kNW
+  // also compute Q K^T for (mw, token group nw) and own the row sums.
   const u32 mw = warp % kMW, nw = warp / kMW;
+  const bool qk_warp = nw < (u32)kNW;
 
   // Block order: head tiles of one (row, split) are adjacent, so they gather the
   // same tokens at about the same time and share them through L2.
@@ -226,58 +231,60 @@ NSA_DEVICE void sparse_decode(const Params& p, u32* status) {
                                    : -1;
     }
 
-    // S = Q K^T for 16 heads x kTokPerWarp tokens.
+    // S = Q K^T for 16 heads x kTokPerWarp tokens (QK^T warps only).
     float s[kNT][4];
 #pragma unroll
     for (int j = 0; j < kNT; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
     const u32 tok0 = nw * kTokPerWarp;
-    if constexpr (kNT == 1) {
-      // One n8 tile per warp: each x4 load of K spans two k16 steps instead.
+    if (qk_warp) {
+      if constexpr (kNT == 1) {
+        // One n8 tile per warp: each x4 load of K spans two k16 steps instead.
 #pragma unroll 2
-      for (int kc = 0; kc < kDqk / 8; kc += 4) {
-        u32 a0[4], a1[4], b[4];
-        mma::ldsm_x4(q_rows + tile_offset(mw * 16 + (lane & 15), kc + (lane >> 4)), a0);
-        mma::ldsm_x4(q_rows + tile_offset(mw * 16 + (lane & 15), kc + 2 + (lane >> 4)), a1);
-        mma::ldsm_x4(kbuf + tile_offset(tok0 + (lane & 7), kc + (lane >> 3)), b);
-        mma::mma_bf16(s[0], a0, b[0], b[1]);
-        mma::mma_bf16(s[0], a1, b[2], b[3]);
-      }
-    } else {
+        for (int kc = 0; kc < kDqk / 8; kc += 4) {
+          u32 a0[4], a1[4], b[4];
+          mma::ldsm_x4(q_rows + tile_offset(mw * 16 + (lane & 15), kc + (lane >> 4)), a0);
+          mma::ldsm_x4(q_rows + tile_offset(mw * 16 + (lane & 15), kc + 2 + (lane >> 4)), a1);
+          mma::ldsm_x4(kbuf + tile_offset(tok0 + (lane & 7), kc + (lane >> 3)), b);
+          mma::mma_bf16(s[0], a0, b[0], b[1]);
+          mma::mma_bf16(s[0], a1, b[2], b[3]);
+        }
+      } else {
 #pragma unroll 2
-      for (int kc = 0; kc < kDqk / 8; kc += 2) {
-        u32 a[4];
-        mma::ldsm_x4(q_rows + tile_offset(mw * 16 + (lane & 15), kc + (lane >> 4)), a);
+        for (int kc = 0; kc < kDqk / 8; kc += 2) {
+          u32 a[4];
+          mma::ldsm_x4(q_rows + tile_offset(mw * 16 + (lane & 15), kc + (lane >> 4)), a);
 #pragma unroll
-        for (int j = 0; j < kNT; j += 2) {
-          u32 b[4];
-          mma::ldsm_x4(kbuf + tile_offset(tok0 + j * 8 + (lane & 7) + ((lane >> 4) << 3), kc + ((lane >> 3) & 1)), b);
-          mma::mma_bf16(s[j], a, b[0], b[1]);
-          mma::mma_bf16(s[j + 1], a, b[2], b[3]);
+          for (int j = 0; j < kNT; j += 2) {
+            u32 b[4];
+            mma::ldsm_x4(kbuf + tile_offset(tok0 + j * 8 + (lane & 7) + ((lane >> 4) << 3), kc + ((lane >> 3) & 1)), b);
+            mma::mma_bf16(s[j], a, b[0], b[1]);
+            mma::mma_bf16(s[j + 1], a, b[2], b[3]);
+          }
         }
       }
-    }
 
-    // Scale into the log2 domain, mask invalid tokens, row max across the warps.
-    const u8* flags = valid_flags + buf * kBlockTokens;
-    float mx[2] = {kNegInf(), kNegInf()};
+      // Scale into the log2 domain, mask invalid tokens, row max across the warps.
+      const u8* flags = valid_flags + buf * kBlockTokens;
+      float mx[2] = {kNegInf(), kNegInf()};
 #pragma unroll
-    for (int j = 0; j < kNT; ++j) {
+      for (int j = 0; j < kNT; ++j) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const u32 col = tok0 + j * 8 + 2 * t + (e & 1);
-        const float x = flags[col] ? s[j][e] * c_scale : kNegInf();
-        s[j][e] = x;
-        mx[e >> 1] = x > mx[e >> 1] ? x : mx[e >> 1];
+        for (int e = 0; e < 4; ++e) {
+          const u32 col = tok0 + j * 8 + 2 * t + (e & 1);
+          const float x = flags[col] ? s[j][e] * c_scale : kNegInf();
+          s[j][e] = x;
+          mx[e >> 1] = x > mx[e >> 1] ? x : mx[e >> 1];
+        }
       }
-    }
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      mx[h] = fmax2(mx[h], shfl_xor(mx[h], 1));
-      mx[h] = fmax2(mx[h], shfl_xor(mx[h], 2));
-    }
-    if (t == 0) {
-      red[nw * kHT + mw * 16 + g] = mx[0];
-      red[nw * kHT + mw * 16 + g + 8] = mx[1];
+      for (int h = 0; h < 2; ++h) {
+        mx[h] = fmax2(mx[h], shfl_xor(mx[h], 1));
+        mx[h] = fmax2(mx[h], shfl_xor(mx[h], 2));
+      }
+      if (t == 0) {
+        red[nw * kHT + mw * 16 + g] = mx[0];
+        red[nw * kHT + mw * 16 + g + 8] = mx[1];
+      }
     }
     sync_block();
     float alpha[2];
@@ -293,18 +300,20 @@ NSA_DEVICE void sparse_decode(const Params& p, u32* status) {
     }
 
     // P = exp2(S - m) as bf16 into shared memory (the A operand of P V).
+    if (qk_warp) {
 #pragma unroll
-    for (int j = 0; j < kNT; ++j) {
-      const float p0 = mma::exp2_approx(s[j][0] - m_run[0]);
-      const float p1 = mma::exp2_approx(s[j][1] - m_run[0]);
-      const float p2 = mma::exp2_approx(s[j][2] - m_run[1]);
-      const float p3 = mma::exp2_approx(s[j][3] - m_run[1]);
-      l_run[0] += p0 + p1;
-      l_run[1] += p2 + p3;
-      const u32 col = tok0 + j * 8 + 2 * t;
-      const u32 r0 = mw * 16 + g;
-      *reinterpret_cast<u32*>(smem + L::kP + r0 * kPRowBytes + col * 2) = mma::pack_bf16x2(p0, p1);
-      *reinterpret_cast<u32*>(smem + L::kP + (r0 + 8) * kPRowBytes + col * 2) = mma::pack_bf16x2(p2, p3);
+      for (int j = 0; j < kNT; ++j) {
+        const float p0 = mma::exp2_approx(s[j][0] - m_run[0]);
+        const float p1 = mma::exp2_approx(s[j][1] - m_run[0]);
+        const float p2 = mma::exp2_approx(s[j][2] - m_run[1]);
+        const float p3 = mma::exp2_approx(s[j][3] - m_run[1]);
+        l_run[0] += p0 + p1;
+        l_run[1] += p2 + p3;
+        const u32 col = tok0 + j * 8 + 2 * t;
+        const u32 r0 = mw * 16 + g;
+        *reinterpret_cast<u32*>(smem + L::kP + r0 * kPRowBytes + col * 2) = mma::pack_bf16x2(p0, p1);
+        *reinterpret_cast<u32*>(smem + L::kP + (r0 + 8) * kPRowBytes + col * 2) = mma::pack_bf16x2(p2, p3);
+  }
     }
 #pragma unroll
     for (int j = 0; j < kNV; ++j) {
@@ -341,7 +350,7 @@ NSA_DEVICE void sparse_decode(const Params& p, u32* status) {
     l_run[h] += shfl_xor(l_run[h], 1);
     l_run[h] += shfl_xor(l_run[h], 2);
   }
-  if (t == 0) {
+  if (qk_warp && t == 0) {
     red[nw * kHT + mw * 16 + g] = l_run[0];
     red[nw * kHT + mw * 16 + g + 8] = l_run[1];
   }

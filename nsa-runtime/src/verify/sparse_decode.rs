@@ -66,7 +66,7 @@ impl DecodeCase {
     }
 }
 
-const SM_SCALE: f32 = 0.1352337788608801; // DeepSeek V3.2: 192^-0.5 · mscale² (spec §1)
+const SM_SCALE: f32 = 0.135_233_77; // DeepSeek V3.2: 192^-0.5 · mscale² (spec §1)
 
 fn within(got: f32, want: f32, rel: f32, abs: f32) -> bool {
     if want.is_infinite() {
