@@ -41,14 +41,15 @@ pub enum KernelFamily {
     SparseDecodeCombine { heads: u32 },
 }
 
-/// Heads one sparse-decode CTA computes: the largest of 64, 32, 16 dividing
-/// `heads`; 1..=15 heads run one 16-row tile whose extra rows are zero and never
-/// written (no head padding in memory). `None` for counts that fit no tile.
+/// Heads one sparse-decode CTA computes: 32 when `heads` is a multiple of 32, else
+/// 16; 1..=15 heads run one 16-row tile whose extra rows are zero and never
+/// written (no head padding in memory). Larger tiles would need more than the
+/// 128 registers a 512-thread CTA allows for the P V accumulators. `None` for
+/// counts that fit no tile.
 pub fn decode_head_tile(heads: u32) -> Option<u32> {
     match heads {
         1..=16 => Some(16),
         h if h > 128 => None,
-        h if h % 64 == 0 => Some(64),
         h if h % 32 == 0 => Some(32),
         h if h % 16 == 0 => Some(16),
         _ => None,
@@ -57,7 +58,7 @@ pub fn decode_head_tile(heads: u32) -> Option<u32> {
 
 /// Tokens one sparse-decode pipeline step covers (top-k must be a multiple).
 pub const DECODE_BLOCK_TOKENS: u32 = 64;
-/// Threads of a sparse-decode CTA (16 warps).
+/// Threads of a sparse-decode CTA (8 producer + 8 consumer warps).
 const DECODE_BLOCK_THREADS: u32 = 512;
 /// Threads of a combine block (4 output dims each).
 const DECODE_COMBINE_THREADS: u32 = 128;
@@ -67,8 +68,8 @@ const DECODE_COMBINE_THREADS: u32 = 128;
 /// per-warp row partials, validity flags.
 pub fn decode_smem_bytes(head_tile: u32) -> u32 {
     let row = 576 * 2;
-    // Q K^T warps per 16-head m-tile (`Smem::kNW`): 16 warps, at least 8 tokens each.
-    let warps_per_mtile = (16 / (head_tile / 16)).min(8);
+    // Consumer warps per 16-head m-tile (`Smem::kNW`).
+    let warps_per_mtile = 8 / (head_tile / 16);
     head_tile * row
         + 2 * DECODE_BLOCK_TOKENS * row
         + head_tile * (DECODE_BLOCK_TOKENS * 2 + 16)

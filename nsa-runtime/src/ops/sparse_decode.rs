@@ -35,7 +35,7 @@ impl DecodeShape {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DecodePlan {
     pub shape: DecodeShape,
-    /// Heads per CTA (16, 32 or 64).
+    /// Heads per CTA (16 or 32).
     pub head_tile: u32,
     /// KV splits per query row; 1 writes the output directly (no combine).
     pub splits: u32,

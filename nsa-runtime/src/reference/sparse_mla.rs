@@ -1,8 +1,10 @@
-//! Sparse MLA attention on the CPU (spec §8.1): f64 math over the dequantized
-//! cache (`bf16(f32(e4m3) · scale)`, exactly what the GPU kernels gather).
+//! Sparse MLA attention on the CPU (spec §8.1): f64 math over the cache as the
+//! decode kernel dequantizes it (FlashMLA's decode rounding, spec §2.3).
 
-use super::kv_cache::dequantize_fp8_token;
-use nsa_kernels::layout::{BF16_TOKEN_ELEMS, FP8_TOKEN_BYTES, KV_LORA_RANK};
+use super::fp8::e4m3_to_f32;
+use super::kv_cache::{f32_to_bf16, fp8_scale};
+use half::bf16;
+use nsa_kernels::layout::*;
 
 /// An FP8-656 cache as the decode kernel addresses it: slot `page · page_size +
 /// offset` lives at byte `page · page_stride + offset · 656`.
@@ -28,10 +30,37 @@ impl PagedFp8<'_> {
         &self.bytes[at..at + FP8_TOKEN_BYTES]
     }
 
-    /// The token at `slot` as f32 (576 values).
+    /// The token at `slot` as f32 (576 values), dequantized like the decode kernel.
     pub fn token(&self, slot: usize) -> Vec<f32> {
-        dequantize_fp8_token(self.record(slot)).iter().map(|v| v.to_f32()).collect()
+        decode_dequant(self.record(slot))
     }
+}
+
+/// The scale the decode kernel multiplies by: bf16(scale), computed as
+/// bf16(scale · 2¹¹²) · 2⁻¹¹² below 2¹⁵ (the same value for every normal scale;
+/// the kernel's factor), else bf16(scale).
+pub fn decode_scale(scale: f32) -> f32 {
+    const TWO_112: f32 = 5.192_297e33;
+    if scale < 32768.0 {
+        ((f32_to_bf16(scale * TWO_112).to_f32() as f64) / TWO_112 as f64) as f32
+    } else {
+        f32_to_bf16(scale).to_f32()
+    }
+}
+
+/// One 656-byte record as the decode kernel sees it: `bf16(e4m3 · decode_scale)`
+/// (the product is exact in f32, so this is one bf16 rounding), rope copied.
+pub fn decode_dequant(record: &[u8]) -> Vec<f32> {
+    let mut out = Vec::with_capacity(BF16_TOKEN_ELEMS);
+    for d in 0..KV_LORA_RANK {
+        let s = decode_scale(fp8_scale(record, d / FP8_TILE));
+        out.push(f32_to_bf16(e4m3_to_f32(record[d]) * s).to_f32());
+    }
+    for r in 0..ROPE_DIM {
+        let at = FP8_ROPE_OFFSET + 2 * r;
+        out.push(bf16::from_bits(u16::from_le_bytes([record[at], record[at + 1]])).to_f32());
+    }
+    out
 }
 
 /// The valid slots of one index row: the first `len` entries, skipping −1 and

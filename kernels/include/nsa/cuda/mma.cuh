@@ -62,6 +62,12 @@ NSA_DEVICE u32 pack_bf16x2(float lo, float hi) {
   return r;
 }
 
+// Named barriers (ids 1..15) between warp groups: `sync` waits until `n` threads
+// have arrived at `id`; `arrive` counts this thread without waiting. Both order the
+// shared-memory accesses before them (the producer/consumer hand-off).
+NSA_DEVICE void bar_sync(u32 id, u32 n) { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory"); }
+NSA_DEVICE void bar_arrive(u32 id, u32 n) { asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(n) : "memory"); }
+
 NSA_DEVICE float exp2_approx(float x) {
   float r;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));

@@ -29,6 +29,9 @@ pub struct BenchArgs {
     /// Write all results as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// Sparse-decode shapes as batch x s_q x heads (default: the decode issue's table).
+    #[arg(long, value_delimiter = ',')]
+    pub decode_shapes: Vec<String>,
     /// Which benchmarks: kv (store/dequant + JIT), topk, metadata, decode, or all.
     #[arg(long, value_enum, default_value_t = Suite::All)]
     pub suite: Suite,
@@ -394,7 +397,11 @@ pub fn run(args: BenchArgs) -> Result<()> {
     println!("bench on {device}");
     let want = |s: Suite| args.suite == s || args.suite == Suite::All;
     let topk = if want(Suite::Topk) { topk_bench(&rt, args.reps)? } else { vec![] };
-    let decode = if want(Suite::Decode) { crate::bench_decode::decode_bench(&rt, args.reps)? } else { vec![] };
+    let decode = if want(Suite::Decode) {
+        crate::bench_decode::decode_bench(&rt, args.reps, &args.decode_shapes)?
+    } else {
+        vec![]
+    };
     let metadata = if want(Suite::Metadata) { metadata_bench(&rt, args.reps)? } else { vec![] };
     let bandwidth = if want(Suite::Kv) { bandwidth(&rt, &args.tokens, args.reps)? } else { vec![] };
     let (jit_cold, disk_ms, kernels, hit_ns) = if want(Suite::Kv) { jit(&rt)? } else { (vec![], 0.0, 0, 0.0) };

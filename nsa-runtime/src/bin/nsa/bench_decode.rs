@@ -49,7 +49,20 @@ fn fp8_pool(slots: usize, rng: &mut impl Rng) -> Vec<u8> {
     base.chunks(FP8_TOKEN_BYTES).cycle().take(slots).flatten().copied().collect()
 }
 
-pub fn decode_bench(rt: &Runtime, reps: usize) -> Result<Vec<DecodeRow>> {
+/// The decode issue's table: (batch, s_q, heads).
+const DEFAULT_CASES: [(usize, usize, u32); 8] =
+    [(1, 1, 128), (32, 1, 128), (128, 1, 128), (64, 2, 128), (128, 1, 64), (128, 1, 16), (1, 1, 16), (32, 1, 16)];
+
+fn parse_shape(s: &str) -> Result<(usize, usize, u32)> {
+    let bad = || Error::Other(format!("--decode-shapes: `{s}` is not batch x s_q x heads (e.g. 128x1x16)"));
+    let parts: Vec<&str> = s.split('x').collect();
+    match parts[..] {
+        [b, q, h] => Ok((b.parse().map_err(|_| bad())?, q.parse().map_err(|_| bad())?, h.parse().map_err(|_| bad())?)),
+        _ => Err(bad()),
+    }
+}
+
+pub fn decode_bench(rt: &Runtime, reps: usize, shapes: &[String]) -> Result<Vec<DecodeRow>> {
     let stream = rt.gpu().stream().clone();
     let sms = rt.gpu().caps().sm_count;
     let copy_gbps = {
@@ -57,13 +70,16 @@ pub fn decode_bench(rt: &Runtime, reps: usize) -> Result<Vec<DecodeRow>> {
         bytes as f64 / copy_us(&stream, bytes, 20)? / 1e3
     };
     let mut rng = testdata::rng(11);
-    let cases =
-        [(1, 1, 128), (32, 1, 128), (128, 1, 128), (64, 2, 128), (128, 1, 64), (128, 1, 16), (1, 1, 16), (32, 1, 16)];
+    let cases: Vec<(usize, usize, u32)> = if shapes.is_empty() {
+        DEFAULT_CASES.to_vec()
+    } else {
+        shapes.iter().map(|s| parse_shape(s)).collect::<Result<_>>()?
+    };
     let max_batch = cases.iter().map(|c| c.0).max().unwrap_or(1);
     let pool = fp8_pool(max_batch * KEYS_PER_REQUEST, &mut rng);
     let d_pool = upload(&stream, &pool)?;
     let mut out_rows = Vec::new();
-    for (batch, s_q, heads) in cases {
+    for &(batch, s_q, heads) in &cases {
         let shape = DecodeShape { batch, s_q, heads, topk: TOPK, page_size: 64 };
         let plan = DecodePlan::new(shape, sms)?;
         let rows = shape.rows();
