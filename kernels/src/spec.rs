@@ -67,8 +67,8 @@ const DECODE_COMBINE_THREADS: u32 = 128;
 /// `nsa::decode::Smem` (sparse_decode.cuh): Q tile, two K/V tiles, padded P tile,
 /// per-warp row partials, validity flags.
 pub fn decode_smem_bytes(head_tile: u32) -> u32 {
-    let row = 576 * 2;
-    // Consumer warps per 16-head m-tile (`Smem::kNW`).
+    let row = 576 * 2 + 16; // padded rows (`kRowBytes`)
+                            // Consumer warps per 16-head m-tile (`Smem::kNW`).
     let warps_per_mtile = 8 / (head_tile / 16);
     head_tile * row
         + 2 * DECODE_BLOCK_TOKENS * row

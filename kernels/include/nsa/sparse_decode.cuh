@@ -20,7 +20,10 @@ constexpr int kProducerWarps = 8;
 constexpr int kConsumerThreads = kConsumerWarps * 32;
 constexpr int kProducerThreads = kProducerWarps * 32;
 constexpr int kThreads = kConsumerThreads + kProducerThreads;
-constexpr int kRowBytes = kDqk * 2;    // one bf16 row of Q or K in shared memory
+// One bf16 row of Q or K in shared memory, padded by 16 bytes: the 8 rows one
+// ldmatrix (or 8 tokens' stores) touch start 4 banks apart, so they never conflict,
+// and addresses stay base + immediate (no swizzle arithmetic per access).
+constexpr int kRowBytes = kDqk * 2 + 16;
 constexpr int kTokenBytes = 656;       // FP8 cache record
 constexpr int kScalesOffset = 512;
 constexpr int kRopeOffset = 528;
@@ -61,10 +64,8 @@ struct Params {
   float sm_scale;
 };
 
-// Byte offset of 16-byte chunk `c` of row `r` in a [rows][72 chunks] bf16 tile:
-// chunks are XOR-swizzled within groups of 8 so that the 8 rows one ldmatrix
-// reads (same chunk, consecutive rows) fall in 8 distinct bank groups.
-NSA_DEVICE u32 tile_offset(u32 r, u32 c) { return r * kRowBytes + ((c ^ (r & 7u)) << 4); }
+// Byte offset of 16-byte chunk `c` of row `r` in a [rows][72 chunks] bf16 tile.
+NSA_DEVICE u32 tile_offset(u32 r, u32 c) { return r * kRowBytes + c * 16; }
 
 // Shared memory: Q [kHT][576], K/V x2 [64][576], P [kHT][64] (padded rows),
 // per-warp row partials (max, then sums), token validity flags.
@@ -142,6 +143,7 @@ NSA_DEVICE TileScale tile_scale(float scale) {
 }
 
 // 8 e4m3 bytes -> 8 bf16 (memory order kept).
+template <bool kTwoStep>
 NSA_DEVICE Vec16 dequant8(u32 w0, u32 w1, const TileScale& ts) {
   Vec16 o;
   const u32 w[2] = {w0, w1};
@@ -150,7 +152,7 @@ NSA_DEVICE Vec16 dequant8(u32 w0, u32 w1, const TileScale& ts) {
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       u32 v = mul_bf16x2(e4m3x2_to_bf16x2_rebased(w[i] >> (16 * half)), ts.first);
-      if (ts.second != 0u) v = mul_bf16x2(v, ts.second);
+      if (kTwoStep) v = mul_bf16x2(v, ts.second);
       o.w[2 * i + half] = v;
     }
   }
@@ -159,16 +161,26 @@ NSA_DEVICE Vec16 dequant8(u32 w0, u32 w1, const TileScale& ts) {
 
 // Writes a gathered token share into K/V buffer `kbuf` (zeros for an invalid token,
 // so masked keys can never inject NaN through 0 * garbage).
-NSA_DEVICE void store_gather(const Gather& g, u32 kbuf, u8* valid_flags, u32 token, u32 part) {
+template <bool kTwoStep>
+NSA_DEVICE void store_nope(const Gather& g, const TileScale& ts, u32 kbuf, u32 token, u32 part) {
   const Vec16 zero = {{0u, 0u, 0u, 0u}};
-  const TileScale ts = tile_scale(g.scale);
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
-    const Vec16 lo = g.valid ? dequant8(g.nope[i].w[0], g.nope[i].w[1], ts) : zero;
-    const Vec16 hi = g.valid ? dequant8(g.nope[i].w[2], g.nope[i].w[3], ts) : zero;
+    const Vec16 lo = g.valid ? dequant8<kTwoStep>(g.nope[i].w[0], g.nope[i].w[1], ts) : zero;
+    const Vec16 hi = g.valid ? dequant8<kTwoStep>(g.nope[i].w[2], g.nope[i].w[3], ts) : zero;
     mma::sts_v4(kbuf + tile_offset(token, part * 16 + 2 * i), lo);
     mma::sts_v4(kbuf + tile_offset(token, part * 16 + 2 * i + 1), hi);
   }
+}
+
+NSA_DEVICE void store_gather(const Gather& g, u32 kbuf, u8* valid_flags, u32 token, u32 part) {
+  const Vec16 zero = {{0u, 0u, 0u, 0u}};
+  const TileScale ts = tile_scale(g.scale);
+  // Uniform per thread (one tile): the common case pays one multiply per pair.
+  if (ts.second == 0u)
+    store_nope<false>(g, ts, kbuf, token, part);
+  else
+    store_nope<true>(g, ts, kbuf, token, part);
 #pragma unroll
   for (int i = 0; i < 2; ++i) mma::sts_v4(kbuf + tile_offset(token, 64 + part * 2 + i), g.valid ? g.rope[i] : zero);
   if (part == 0) valid_flags[token] = g.valid ? 1 : 0;
@@ -295,7 +307,7 @@ NSA_DEVICE void sparse_decode(const Params& p, u32* status) {
     for (int j = 0; j < kNT; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
     if constexpr (kNT == 1) {
       // One n8 tile per warp: each x4 load of K spans two k16 steps instead.
-#pragma unroll 2
+#pragma unroll
       for (int kc = 0; kc < kDqk / 8; kc += 4) {
         u32 a0[4], a1[4], b[4];
         mma::ldsm_x4(q_rows + tile_offset(mw * 16 + (lane & 15), kc + (lane >> 4)), a0);
@@ -305,7 +317,7 @@ NSA_DEVICE void sparse_decode(const Params& p, u32* status) {
         mma::mma_bf16(s[0], a1, b[2], b[3]);
       }
     } else {
-#pragma unroll 2
+#pragma unroll
       for (int kc = 0; kc < kDqk / 8; kc += 2) {
         u32 a[4];
         mma::ldsm_x4(q_rows + tile_offset(mw * 16 + (lane & 15), kc + (lane >> 4)), a);

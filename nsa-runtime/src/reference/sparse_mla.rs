@@ -106,3 +106,60 @@ pub fn attend(q: &[f32], heads: usize, keys: &[&[f32]], sm_scale: f32) -> (Vec<f
     }
     (out, lse)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::reference::kv_cache::{dequantize_fp8_token, quantize_fp8_token};
+
+    #[test]
+    fn one_key_and_two_equal_keys() {
+        let heads = 2;
+        let q: Vec<f32> = (0..heads * BF16_TOKEN_ELEMS).map(|i| ((i % 7) as f32 - 3.0) / 8.0).collect();
+        let k: Vec<f32> = (0..BF16_TOKEN_ELEMS).map(|i| ((i % 5) as f32 - 2.0) / 4.0).collect();
+        let (o1, l1) = attend(&q, heads, &[&k], 0.5);
+        let (o2, l2) = attend(&q, heads, &[&k, &k], 0.5);
+        for h in 0..heads {
+            let s: f64 = q[h * BF16_TOKEN_ELEMS..][..BF16_TOKEN_ELEMS]
+                .iter()
+                .zip(&k)
+                .map(|(a, b)| *a as f64 * *b as f64)
+                .sum::<f64>()
+                * 0.5;
+            assert!((l1[h] as f64 - s).abs() < 1e-5, "one key: lse = score");
+            assert!((l2[h] as f64 - (s + 2f64.ln())).abs() < 1e-5, "a duplicate counts twice");
+            assert_eq!(&o1[h * KV_LORA_RANK..][..KV_LORA_RANK], &k[..KV_LORA_RANK]);
+            assert_eq!(&o2[h * KV_LORA_RANK..][..KV_LORA_RANK], &k[..KV_LORA_RANK]);
+        }
+    }
+
+    #[test]
+    fn no_key_gives_zero_and_plus_infinity() {
+        let (o, l) = attend(&vec![1.0; 3 * BF16_TOKEN_ELEMS], 3, &[], 0.1);
+        assert!(o.iter().all(|&v| v == 0.0));
+        assert!(l.iter().all(|&v| v == f32::INFINITY));
+    }
+
+    #[test]
+    fn valid_slots_skip_padding_and_out_of_cache_but_keep_duplicates() {
+        assert_eq!(valid_slots(&[3, -1, 3, 99, 7, 5], 5, 10), vec![3, 3, 7]);
+        assert_eq!(valid_slots(&[1, 2], 0, 10), Vec::<usize>::new());
+    }
+
+    #[test]
+    fn decode_scale_is_bf16_of_the_scale() {
+        for s in [0.0f32, 1e-3, 0.0078125, 0.01234, 1.0, 3.3, 40000.0, 1e20] {
+            assert_eq!(decode_scale(s), f32_to_bf16(s).to_f32(), "{s}");
+        }
+    }
+
+    #[test]
+    fn decode_dequant_matches_the_dequant_kernel_when_scales_are_bf16_exact() {
+        // amax 3.5 → scale 2^-7: bf16(scale) = scale, so both roundings agree.
+        let nope: Vec<bf16> = (0..KV_LORA_RANK).map(|i| bf16::from_f32(3.5 * ((i % 9) as f32 - 4.0) / 4.0)).collect();
+        let rope: Vec<bf16> = (0..ROPE_DIM).map(|i| bf16::from_f32(i as f32)).collect();
+        let rec = quantize_fp8_token(&nope, &rope);
+        let a: Vec<f32> = dequantize_fp8_token(&rec).iter().map(|v| v.to_f32()).collect();
+        assert_eq!(decode_dequant(&rec), a);
+    }
+}

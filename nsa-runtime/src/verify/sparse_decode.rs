@@ -47,6 +47,9 @@ pub struct DecodeCase {
     pub check_rows: usize,
     /// Put one out-of-cache index in row 0 (the kernel must skip it).
     pub bad_index: bool,
+    /// Every 11th slot has one 128-dim tile scaled by 2^24: its FP8 scale is ≥ 2^15,
+    /// the kernel's two-multiply dequant path.
+    pub huge_scales: bool,
     pub seed: u64,
 }
 
@@ -61,6 +64,7 @@ impl DecodeCase {
             splits: None,
             check_rows: 64,
             bad_index: false,
+            huge_scales: false,
             seed,
         }
     }
@@ -91,7 +95,13 @@ pub fn run(rt: &Runtime, case: &DecodeCase) -> Result<Check> {
     let mut bytes = vec![0x5au8; pages * stride];
     let num_slots = pages * page;
     for slot in 0..num_slots {
-        let tok: Vec<bf16> = (0..BF16_TOKEN_ELEMS).map(|_| bf16::from_f32(rng.random_range(-2.0..2.0))).collect();
+        let huge = case.huge_scales && slot % 11 == 0;
+        let tok: Vec<bf16> = (0..BF16_TOKEN_ELEMS)
+            .map(|d| {
+                let v: f32 = rng.random_range(-2.0..2.0);
+                bf16::from_f32(if huge && (128..256).contains(&d) { v * 16_777_216.0 } else { v })
+            })
+            .collect();
         let rec = quantize_fp8_token(&tok[..KV_LORA_RANK], &tok[KV_LORA_RANK..]);
         let at = slot / page * stride + slot % page * FP8_TOKEN_BYTES;
         bytes[at..at + FP8_TOKEN_BYTES].copy_from_slice(&rec);
@@ -186,12 +196,13 @@ pub fn run(rt: &Runtime, case: &DecodeCase) -> Result<Check> {
     Ok(Check {
         kernel: id,
         case: format!(
-            "b{} s_q{} {:?}{}{} splits {}",
+            "b{} s_q{} {:?}{}{}{} splits {}",
             s.batch,
             s.s_q,
             case.pattern,
             if case.lengths { " +len" } else { "" },
             if case.page_pad > 0 { " padded pages" } else { "" },
+            if case.huge_scales { " huge scales" } else { "" },
             plan.splits
         ),
         items: picked.len(),

@@ -77,6 +77,19 @@ fn invalid_rows_lengths_and_duplicates() {
     assert_all(&checks);
 }
 
+/// FP8 scales of 2^15 and more take the kernel's two-multiply dequant path.
+#[test]
+fn huge_fp8_scales() {
+    let rt = rt();
+    let mut checks = Vec::new();
+    for (i, heads) in [16u32, 64].into_iter().enumerate() {
+        let mut c = DecodeCase::new(shape(3, 1, heads, 576, 64), IndexPattern::Full, 980 + i as u64);
+        c.huge_scales = true;
+        checks.push(run(&rt, &c).unwrap());
+    }
+    assert_all(&checks);
+}
+
 /// The split path (partials + combine) and the direct path agree with the reference
 /// for every split count, including uneven last splits.
 #[test]

@@ -32,6 +32,10 @@ pub struct BenchArgs {
     /// Sparse-decode shapes as batch x s_q x heads (default: the decode issue's table).
     #[arg(long, value_delimiter = ',')]
     pub decode_shapes: Vec<String>,
+    /// Sparse decode: every request draws from the same 16K slots (an L2-resident
+    /// working set; separates gather latency from compute).
+    #[arg(long)]
+    pub decode_shared_keys: bool,
     /// Which benchmarks: kv (store/dequant + JIT), topk, metadata, decode, or all.
     #[arg(long, value_enum, default_value_t = Suite::All)]
     pub suite: Suite,
@@ -398,7 +402,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let want = |s: Suite| args.suite == s || args.suite == Suite::All;
     let topk = if want(Suite::Topk) { topk_bench(&rt, args.reps)? } else { vec![] };
     let decode = if want(Suite::Decode) {
-        crate::bench_decode::decode_bench(&rt, args.reps, &args.decode_shapes)?
+        crate::bench_decode::decode_bench(&rt, args.reps, &args.decode_shapes, args.decode_shared_keys)?
     } else {
         vec![]
     };

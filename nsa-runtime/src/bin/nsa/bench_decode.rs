@@ -62,7 +62,7 @@ fn parse_shape(s: &str) -> Result<(usize, usize, u32)> {
     }
 }
 
-pub fn decode_bench(rt: &Runtime, reps: usize, shapes: &[String]) -> Result<Vec<DecodeRow>> {
+pub fn decode_bench(rt: &Runtime, reps: usize, shapes: &[String], shared_keys: bool) -> Result<Vec<DecodeRow>> {
     let stream = rt.gpu().stream().clone();
     let sms = rt.gpu().caps().sm_count;
     let copy_gbps = {
@@ -87,7 +87,7 @@ pub fn decode_bench(rt: &Runtime, reps: usize, shapes: &[String]) -> Result<Vec<
         // Request b owns slots [b·16K, (b+1)·16K); each query row picks 2048 distinct ones.
         let mut indices = Vec::with_capacity(rows * k);
         for r in 0..rows {
-            let b = r / s_q;
+            let b = if shared_keys { 0 } else { r / s_q };
             let picks = testdata::distinct_slots(k, KEYS_PER_REQUEST, rng.random());
             indices.extend(picks.iter().map(|p| (b * KEYS_PER_REQUEST) as i32 + p));
         }
