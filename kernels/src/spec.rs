@@ -421,6 +421,11 @@ impl KernelSpec {
             ctx.insert("head_tile".into(), json!(decode_head_tile(heads)));
             ctx.insert("topk".into(), json!(topk));
             ctx.insert("page_size".into(), json!(page_size));
+            // Fully unrolled Q K^T on sm_90a (addresses become immediates); at 128
+            // registers ptxas spills that on sm_100a, which gets a partial unroll
+            // and a rolled P V token loop (no spills: tests/compile_all.rs).
+            let qk_unroll = if self.target == Target::Sm100a { 4 } else { 36 };
+            ctx.insert("qk_unroll".into(), json!(qk_unroll));
         }
         if let KernelFamily::SparseDecodeCombine { heads } = self.family {
             ctx.insert("heads".into(), json!(heads));

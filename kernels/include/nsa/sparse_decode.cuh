@@ -186,6 +186,9 @@ NSA_DEVICE void store_gather(const Gather& g, u32 kbuf, u8* valid_flags, u32 tok
   if (part == 0) valid_flags[token] = g.valid ? 1 : 0;
 }
 
+// Out of line: the rare error path must not take registers from the hot loop.
+__noinline__ __device__ void report_rejected_slot(u32* status, i64 index) { report_bad_entry(status, index); }
+
 // The slot of index position `pos` of `row`, or -1 when it is past the row's valid
 // prefix, is -1, or is rejected (counted in `status`: outside the cache).
 template <int kTopk>
@@ -194,7 +197,7 @@ NSA_DEVICE i32 slot_at(const Params& p, i64 row, i32 pos, i32 valid_len, bool re
   const i32 s = p.indices[row * kTopk + pos];
   if (s == -1) return -1;
   if (s < -1 || (i64)s >= p.num_slots) {
-    if (report) report_bad_entry(status, row * kTopk + pos);
+    if (report) report_rejected_slot(status, row * kTopk + pos);
     return -1;
   }
   return s;
@@ -225,8 +228,10 @@ NSA_DEVICE void produce(const Params& p, u32 k_base, u8* valid_flags, i64 row, i
 }
 
 // kHeads query heads; kHT heads per CTA (16 or 32; kHeads < 16 runs one 16-row
-// tile with the missing heads zero and unwritten).
-template <int kHeads, int kHT, int kTopk, int kPage>
+// tile with the missing heads zero and unwritten). kQkUnroll: unroll of the Q K^T
+// loop; 36 (full) on sm_90a, less where ptxas would spill (sm_100a), which also
+// keeps the P V token loop rolled.
+template <int kHeads, int kHT, int kTopk, int kPage, int kQkUnroll>
 NSA_DEVICE void sparse_decode(const Params& p, u32* status) {
   static_assert(kHT == 16 || kHT == 32, "head tile: 16 or 32 (consumer registers cap the P V columns per warp)");
   static_assert(kTopk % kBlockTokens == 0, "top-k is a multiple of 64");
@@ -307,7 +312,7 @@ NSA_DEVICE void sparse_decode(const Params& p, u32* status) {
     for (int j = 0; j < kNT; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
     if constexpr (kNT == 1) {
       // One n8 tile per warp: each x4 load of K spans two k16 steps instead.
-#pragma unroll
+#pragma unroll(kQkUnroll)
       for (int kc = 0; kc < kDqk / 8; kc += 4) {
         u32 a0[4], a1[4], b[4];
         mma::ldsm_x4(q_rows + tile_offset(mw * 16 + (lane & 15), kc + (lane >> 4)), a0);
@@ -317,7 +322,7 @@ NSA_DEVICE void sparse_decode(const Params& p, u32* status) {
         mma::mma_bf16(s[0], a1, b[2], b[3]);
       }
     } else {
-#pragma unroll
+#pragma unroll(kQkUnroll)
       for (int kc = 0; kc < kDqk / 8; kc += 2) {
         u32 a[4];
         mma::ldsm_x4(q_rows + tile_offset(mw * 16 + (lane & 15), kc + (lane >> 4)), a);
@@ -390,7 +395,7 @@ NSA_DEVICE void sparse_decode(const Params& p, u32* status) {
     mma::bar_sync(kBarConsumers, kConsumerThreads);
 
     // O += P V for 16 heads x kDimsPerWarp dims.
-#pragma unroll
+#pragma unroll(kQkUnroll < 36 ? 1 : 4)
     for (int kt = 0; kt < kBlockTokens; kt += 16) {
       u32 a[4];
       mma::ldsm_x4(p_tile + (mw * 16 + (lane & 15)) * kPRowBytes + (kt + ((lane >> 4) << 3)) * 2, a);
