@@ -259,6 +259,9 @@ fn check_inputs(plan: &DecodePlan, inputs: &SparseDecodeInputs<'_>, out: usize, 
     }
     check_len("out", out, rows * heads * KV_LORA_RANK, "batch × s_q × heads × 512")?;
     check_len("lse", lse, rows * heads, "batch × s_q × heads")?;
+    // One CTA per (row, head tile, split) and one combine block per (row, head): grid.x limits.
+    check_count_fits_i32("batch × s_q × head tiles × splits", plan.ctas())?;
+    check_count_fits_i32("batch × s_q × heads", rows * heads)?;
     if ws < plan.workspace_floats() {
         return Err(invalid(
             "workspace",
