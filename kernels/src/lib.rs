@@ -43,6 +43,9 @@ pub mod layout {
     pub const INDEXER_TOKEN_BYTES: usize = INDEXER_HEAD_DIM + 4;
     /// Bytes per indexer page: values of all 64 tokens, then their 64 scales.
     pub const INDEXER_PAGE_BYTES: usize = INDEXER_PAGE_TOKENS * INDEXER_TOKEN_BYTES;
+    /// DeepSeek V3.2 softmax scale (`layer.scaling`, spec §1): 192^-0.5 · mscale²
+    /// with the V3 yarn settings.
+    pub const DEEPSEEK_V32_SM_SCALE: f32 = 0.135_233_77;
     /// Floor of the indexer amax before the power-of-two scale is taken.
     pub const INDEXER_AMAX_FLOOR: f32 = 1e-4;
 

@@ -426,6 +426,7 @@ impl KernelSpec {
             // and a rolled P V token loop (no spills: tests/compile_all.rs).
             let qk_unroll = if self.target == Target::Sm100a { 4 } else { 36 };
             ctx.insert("qk_unroll".into(), json!(qk_unroll));
+            ctx.insert("smem_bytes".into(), json!(self.dynamic_smem_bytes()));
         }
         if let KernelFamily::SparseDecodeCombine { heads } = self.family {
             ctx.insert("heads".into(), json!(heads));

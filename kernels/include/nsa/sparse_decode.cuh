@@ -38,8 +38,8 @@ constexpr u32 kBarConsumers = 5;
 constexpr int kPRowBytes = kBlockTokens * 2 + 16;        // padded: ldmatrix rows hit distinct banks
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
-NSA_DEVICE float kNegInf() { return u32_as_f32(0xff800000u); }
-NSA_DEVICE float kPosInf() { return u32_as_f32(0x7f800000u); }
+NSA_DEVICE float neg_inf() { return u32_as_f32(0xff800000u); }
+NSA_DEVICE float pos_inf() { return u32_as_f32(0x7f800000u); }
 NSA_DEVICE float fmax2(float a, float b) { return a > b ? a : b; }
 // Running max start: finite, so exp2(m_old - m_new) never sees -inf - -inf.
 constexpr float kMaxInit = -1e30f;
@@ -338,13 +338,13 @@ NSA_DEVICE void sparse_decode(const Params& p, u32* status) {
 
     // Scale into the log2 domain, mask invalid tokens, row max across the warps.
     const u8* flags = valid_flags + buf * kBlockTokens;
-    float mx[2] = {kNegInf(), kNegInf()};
+    float mx[2] = {neg_inf(), neg_inf()};
 #pragma unroll
     for (int j = 0; j < kNT; ++j) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const u32 col = tok0 + j * 8 + 2 * t + (e & 1);
-        const float x = flags[col] ? s[j][e] * c_scale : kNegInf();
+        const float x = flags[col] ? s[j][e] * c_scale : neg_inf();
         s[j][e] = x;
         mx[e >> 1] = x > mx[e >> 1] ? x : mx[e >> 1];
       }
@@ -442,7 +442,7 @@ NSA_DEVICE void sparse_decode(const Params& p, u32* status) {
       for (int j = 0; j < kNV; ++j)
         *reinterpret_cast<u32*>(dst + j * 8) = mma::pack_bf16x2(o[j][2 * h] * inv[h], o[j][2 * h + 1] * inv[h]);
       if (nw == 0 && t == 0)
-        p.lse[row * kHeads + head] = empty ? kPosInf() : (m_run[h] + mma::log2_approx(l_tot[h])) * kLn2;
+        p.lse[row * kHeads + head] = empty ? pos_inf() : (m_run[h] + mma::log2_approx(l_tot[h])) * kLn2;
     } else {
       const i64 slot = (row * p.splits + split) * kHeads + head;
       float* dst = p.o_part + slot * kDv + d0 + 2 * t;
@@ -453,7 +453,7 @@ NSA_DEVICE void sparse_decode(const Params& p, u32* status) {
         v.w[1] = f32_as_u32(o[j][2 * h + 1] * inv[h]);
         *reinterpret_cast<Vec8*>(dst + j * 8) = v;
       }
-      if (nw == 0 && t == 0) p.lse_part[slot] = empty ? kNegInf() : m_run[h] + mma::log2_approx(l_tot[h]);
+      if (nw == 0 && t == 0) p.lse_part[slot] = empty ? neg_inf() : m_run[h] + mma::log2_approx(l_tot[h]);
     }
   }
 }
@@ -478,11 +478,11 @@ NSA_DEVICE void combine(const CombineParams& p) {
   if (row >= p.rows) return;
   const u32 tid = thread_x();
   const float* lse_i = p.lse_part + row * p.splits * kHeads + head;
-  float m = kNegInf();
+  float m = neg_inf();
   for (i32 s = 0; s < p.splits; ++s) m = fmax2(m, lse_i[s * kHeads]);
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   float total = 0.0f;
-  if (m != kNegInf()) {
+  if (m != neg_inf()) {
     for (i32 s = 0; s < p.splits; ++s) {
       const float w = mma::exp2_approx(lse_i[s * kHeads] - m);
       total += w;
@@ -497,7 +497,7 @@ NSA_DEVICE void combine(const CombineParams& p) {
   *reinterpret_cast<u32*>(dst) = mma::pack_bf16x2(acc[0] * inv, acc[1] * inv);
   *reinterpret_cast<u32*>(dst + 2) = mma::pack_bf16x2(acc[2] * inv, acc[3] * inv);
   if (tid == 0)
-    p.lse[row * kHeads + head] = total > 0.0f ? (m + mma::log2_approx(total)) * kLn2 : kPosInf();
+    p.lse[row * kHeads + head] = total > 0.0f ? (m + mma::log2_approx(total)) * kLn2 : pos_inf();
 }
 
 }  // namespace decode

@@ -69,44 +69,54 @@ pub fn choose_splits(base_ctas: usize, steps: u32, sm_count: u32) -> u32 {
     best.1
 }
 
+/// The head tile of a shape the kernels support, or an error naming the field.
+fn check_shape(shape: &DecodeShape) -> Result<u32> {
+    let head_tile = decode_head_tile(shape.heads).ok_or_else(|| {
+        invalid("heads", shape.heads.to_string(), "1..=16, or a multiple of 16 up to 128 (query heads on this GPU)")
+    })?;
+    if shape.topk == 0 || shape.topk % DECODE_BLOCK_TOKENS != 0 || shape.topk > 4096 {
+        return Err(invalid(
+            "topk",
+            shape.topk.to_string(),
+            "a multiple of 64 in 64..=4096 (index rows are padded with -1 to it)",
+        ));
+    }
+    if shape.page_size == 0 || shape.page_size > 1024 {
+        return Err(invalid("page_size", shape.page_size.to_string(), "1..=1024 tokens per page"));
+    }
+    if !(1..=16).contains(&shape.s_q) {
+        return Err(invalid("s_q", shape.s_q.to_string(), "1..=16 query tokens per request"));
+    }
+    check_count_fits_i32("batch × s_q", shape.rows())?;
+    Ok(head_tile)
+}
+
 impl DecodePlan {
     /// Checks the shape against what the kernels support and picks the splits for
     /// a GPU with `sm_count` SMs.
     pub fn new(shape: DecodeShape, sm_count: u32) -> Result<DecodePlan> {
-        let head_tile = decode_head_tile(shape.heads).ok_or_else(|| {
-            invalid("heads", shape.heads.to_string(), "1..=16, or a multiple of 16 up to 128 (query heads on this GPU)")
-        })?;
-        if shape.topk == 0 || shape.topk % DECODE_BLOCK_TOKENS != 0 || shape.topk > 4096 {
-            return Err(invalid(
-                "topk",
-                shape.topk.to_string(),
-                "a multiple of 64 in 64..=4096 (index rows are padded with -1 to it)",
-            ));
-        }
-        if shape.page_size == 0 || shape.page_size > 1024 {
-            return Err(invalid("page_size", shape.page_size.to_string(), "1..=1024 tokens per page"));
-        }
-        if !(1..=16).contains(&shape.s_q) {
-            return Err(invalid("s_q", shape.s_q.to_string(), "1..=16 query tokens per request"));
-        }
-        check_count_fits_i32("batch × s_q", shape.rows())?;
-        let steps = shape.topk / DECODE_BLOCK_TOKENS;
+        let head_tile = check_shape(&shape)?;
         let head_tiles = shape.heads.div_ceil(head_tile) as usize;
-        let splits = choose_splits(shape.rows() * head_tiles, steps, sm_count);
-        let blocks_per_split = steps.div_ceil(splits);
-        Ok(DecodePlan { shape, head_tile, splits, blocks_per_split })
+        let splits = choose_splits(shape.rows() * head_tiles, shape.topk / DECODE_BLOCK_TOKENS, sm_count);
+        Ok(DecodePlan::split(shape, head_tile, splits))
     }
 
     /// The plan with `splits` chosen by the caller (tests, benchmarks); 1 ≤ splits ≤
     /// the number of 64-token steps.
     pub fn with_splits(shape: DecodeShape, splits: u32) -> Result<DecodePlan> {
-        let plan = DecodePlan::new(shape, 1)?;
+        let head_tile = check_shape(&shape)?;
         let steps = shape.topk / DECODE_BLOCK_TOKENS;
         if splits == 0 || splits > steps {
             return Err(invalid("splits", splits.to_string(), format!("1..={steps} (top-k / 64)")));
         }
+        Ok(DecodePlan::split(shape, head_tile, splits))
+    }
+
+    /// Even split of the steps; a count that would leave empty tails is reduced.
+    fn split(shape: DecodeShape, head_tile: u32, splits: u32) -> DecodePlan {
+        let steps = shape.topk / DECODE_BLOCK_TOKENS;
         let blocks_per_split = steps.div_ceil(splits);
-        Ok(DecodePlan { splits: steps.div_ceil(blocks_per_split), blocks_per_split, ..plan })
+        DecodePlan { shape, head_tile, splits: steps.div_ceil(blocks_per_split), blocks_per_split }
     }
 
     /// Rejects a hand-edited plan that would drop tokens or mis-tile heads.
@@ -401,6 +411,25 @@ mod tests {
         for (shape, field) in cases {
             let err = DecodePlan::new(shape, 132).unwrap_err().to_string();
             assert!(err.contains(&format!("`{field}`")), "{err}");
+        }
+    }
+
+    #[test]
+    fn caller_splits_are_even_and_hand_edited_plans_are_rejected() {
+        let shape = DecodeShape { batch: 2, s_q: 1, heads: 32, topk: 576, page_size: 64 };
+        let p = DecodePlan::with_splits(shape, 5).unwrap();
+        assert_eq!((p.splits, p.blocks_per_split), (5, 2));
+        // 8 splits of 9 steps would leave an empty tail: 5 splits of 2 steps instead.
+        let p = DecodePlan::with_splits(shape, 8).unwrap();
+        assert_eq!((p.splits, p.blocks_per_split), (5, 2));
+        assert!(p.check().is_ok());
+        assert!(DecodePlan::with_splits(shape, 10).unwrap_err().to_string().contains("`splits`"));
+        for bad in [
+            DecodePlan { blocks_per_split: 1, ..p }, // 5 × 1 steps drop 4 of 9
+            DecodePlan { splits: 9, ..p },           // empty splits
+            DecodePlan { head_tile: 16, ..p },       // not the kernel's tile
+        ] {
+            assert!(bad.check().unwrap_err().to_string().contains("`plan`"), "{bad:?}");
         }
     }
 

@@ -70,10 +70,16 @@ pub fn fp8_scale(record: &[u8], tile: usize) -> f32 {
 
 /// Dequantizes one 656-byte record to bf16 576: `bf16(f32(q) * scale)`, rope copied.
 pub fn dequantize_fp8_token(record: &[u8]) -> Vec<bf16> {
+    dequantize_fp8_token_with(record, |scale| scale)
+}
+
+/// [`dequantize_fp8_token`] multiplying by `effective(scale)` instead of the stored
+/// scale (the decode kernel rounds it to bf16 first).
+pub fn dequantize_fp8_token_with(record: &[u8], effective: impl Fn(f32) -> f32) -> Vec<bf16> {
     assert_eq!(record.len(), FP8_TOKEN_BYTES);
     let mut out = Vec::with_capacity(BF16_TOKEN_ELEMS);
     for d in 0..KV_LORA_RANK {
-        out.push(f32_to_bf16(e4m3_to_f32(record[d]) * fp8_scale(record, d / FP8_TILE)));
+        out.push(f32_to_bf16(e4m3_to_f32(record[d]) * effective(fp8_scale(record, d / FP8_TILE))));
     }
     for r in 0..ROPE_DIM {
         let at = FP8_ROPE_OFFSET + 2 * r;

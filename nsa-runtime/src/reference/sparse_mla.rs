@@ -1,9 +1,7 @@
 //! Sparse MLA attention on the CPU (spec §8.1): f64 math over the cache as the
 //! decode kernel dequantizes it (FlashMLA's decode rounding, spec §2.3).
 
-use super::fp8::e4m3_to_f32;
-use super::kv_cache::{f32_to_bf16, fp8_scale};
-use half::bf16;
+use super::kv_cache::{dequantize_fp8_token_with, f32_to_bf16};
 use nsa_kernels::layout::*;
 
 /// An FP8-656 cache as the decode kernel addresses it: slot `page · page_size +
@@ -51,16 +49,7 @@ pub fn decode_scale(scale: f32) -> f32 {
 /// One 656-byte record as the decode kernel sees it: `bf16(e4m3 · decode_scale)`
 /// (the product is exact in f32, so this is one bf16 rounding), rope copied.
 pub fn decode_dequant(record: &[u8]) -> Vec<f32> {
-    let mut out = Vec::with_capacity(BF16_TOKEN_ELEMS);
-    for d in 0..KV_LORA_RANK {
-        let s = decode_scale(fp8_scale(record, d / FP8_TILE));
-        out.push(f32_to_bf16(e4m3_to_f32(record[d]) * s).to_f32());
-    }
-    for r in 0..ROPE_DIM {
-        let at = FP8_ROPE_OFFSET + 2 * r;
-        out.push(bf16::from_bits(u16::from_le_bytes([record[at], record[at + 1]])).to_f32());
-    }
-    out
+    dequantize_fp8_token_with(record, decode_scale).iter().map(|v| v.to_f32()).collect()
 }
 
 /// The valid slots of one index row: the first `len` entries, skipping −1 and
@@ -111,6 +100,7 @@ pub fn attend(q: &[f32], heads: usize, keys: &[&[f32]], sm_scale: f32) -> (Vec<f
 mod tests {
     use super::*;
     use crate::reference::kv_cache::{dequantize_fp8_token, quantize_fp8_token};
+    use half::bf16;
 
     #[test]
     fn one_key_and_two_equal_keys() {

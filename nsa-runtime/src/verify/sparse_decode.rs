@@ -70,8 +70,6 @@ impl DecodeCase {
     }
 }
 
-const SM_SCALE: f32 = 0.135_233_77; // DeepSeek V3.2: 192^-0.5 · mscale² (spec §1)
-
 fn within(got: f32, want: f32, rel: f32, abs: f32) -> bool {
     if want.is_infinite() {
         return got == want;
@@ -145,7 +143,7 @@ pub fn run(rt: &Runtime, case: &DecodeCase) -> Result<Check> {
         cache: Fp8PagedCache { data: d_cache.slice(0..), page_size: s.page_size, page_stride: stride },
         indices: d_idx.slice(0..indices.len()),
         topk_length: d_len.as_ref().map(|l| l.slice(0..rows)),
-        sm_scale: SM_SCALE,
+        sm_scale: DEEPSEEK_V32_SM_SCALE,
     };
     sparse_decode::sparse_decode(
         rt,
@@ -239,7 +237,7 @@ fn reference_rows(
         let key_refs: Vec<&[f32]> = keys.iter().map(|v| v.as_slice()).collect();
         let qr: Vec<f32> =
             q[r * heads * BF16_TOKEN_ELEMS..(r + 1) * heads * BF16_TOKEN_ELEMS].iter().map(|v| v.to_f32()).collect();
-        attend(&qr, heads, &key_refs, SM_SCALE)
+        attend(&qr, heads, &key_refs, DEEPSEEK_V32_SM_SCALE)
     };
     let threads = std::thread::available_parallelism().map_or(4, |n| n.get()).min(picked.len().max(1));
     let chunk = picked.len().div_ceil(threads.max(1)).max(1);

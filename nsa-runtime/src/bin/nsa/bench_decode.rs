@@ -106,7 +106,7 @@ pub fn decode_bench(rt: &Runtime, reps: usize, shapes: &[String], shared_keys: b
             cache: Fp8PagedCache::dense(d_pool.slice(0..), 64),
             indices: d_idx.slice(0..),
             topk_length: None,
-            sm_scale: 0.1352,
+            sm_scale: DEEPSEEK_V32_SM_SCALE,
         };
         let us = time_us(&stream, reps, || {
             sparse_decode(
