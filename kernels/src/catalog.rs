@@ -29,18 +29,25 @@ pub fn kernel_set(cfg: &NsaConfig) -> Vec<KernelSpec> {
     for mode in MetadataMode::ALL {
         families.push(KernelFamily::MetadataReplay { page_size: cfg.page_size, mode });
     }
-    // Sparse MLA decode (spec §8.3) reads the FP8 cache; NVIDIA only for now.
-    let mut decode = Vec::new();
+    // Sparse MLA (NVIDIA only for now): prefill over bf16 rows (spec §8.2; the bf16
+    // pool for PAGED, the dequantized prefix for RAGGED) for every format; decode
+    // (spec §8.3) reads the FP8 cache.
+    let d_qk = cfg.kv_lora_rank + cfg.qk_rope_head_dim;
+    let mut sparse_mla = vec![KernelFamily::SparsePrefill { heads: cfg.num_q_heads, topk: cfg.topk, d_qk }];
     if cfg.kv_cache == KvCacheFormat::Fp8 {
-        decode.push(KernelFamily::SparseDecode { heads: cfg.num_q_heads, topk: cfg.topk, page_size: cfg.page_size });
-        decode.push(KernelFamily::SparseDecodeCombine { heads: cfg.num_q_heads });
+        sparse_mla.push(KernelFamily::SparseDecode {
+            heads: cfg.num_q_heads,
+            topk: cfg.topk,
+            page_size: cfg.page_size,
+        });
+        sparse_mla.push(KernelFamily::SparseDecodeCombine { heads: cfg.num_q_heads });
     }
     let mut specs: Vec<KernelSpec> = cfg
         .targets
         .iter()
         .flat_map(|t| {
             let nvidia = t.vendor() == Vendor::Nvidia;
-            let extra = if nvidia { &decode[..] } else { &[][..] };
+            let extra = if nvidia { &sparse_mla[..] } else { &[][..] };
             families.iter().chain(extra).map(move |f| KernelSpec::new(*f, *t))
         })
         .collect();

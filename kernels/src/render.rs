@@ -22,6 +22,7 @@ pub const TEMPLATES: &[(&str, &str)] = embed! {
     "metadata_replay.cu.tera" => "../../templates/metadata_replay.cu.tera",
     "sparse_decode.cu.tera" => "../../templates/sparse_decode.cu.tera",
     "sparse_decode_combine.cu.tera" => "../../templates/sparse_decode_combine.cu.tera",
+    "sparse_prefill.cu.tera" => "../../templates/sparse_prefill.cu.tera",
 };
 
 /// Device headers, by the include name sources use. Passed to the compiler as
@@ -39,7 +40,9 @@ pub const HEADERS: &[(&str, &str)] = embed! {
     "nsa/topk.cuh" => "../include/nsa/topk.cuh",
     "nsa/index_transform.cuh" => "../include/nsa/index_transform.cuh",
     "nsa/metadata_replay.cuh" => "../include/nsa/metadata_replay.cuh",
+    "nsa/sparse_attend.cuh" => "../include/nsa/sparse_attend.cuh",
     "nsa/sparse_decode.cuh" => "../include/nsa/sparse_decode.cuh",
+    "nsa/sparse_prefill.cuh" => "../include/nsa/sparse_prefill.cuh",
 };
 
 /// blake3 over every embedded header (name and bytes), part of every cache key.

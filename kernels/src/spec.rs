@@ -39,9 +39,13 @@ pub enum KernelFamily {
     SparseDecode { heads: u32, topk: u32, page_size: u32 },
     /// Merges the split-KV partials of [`KernelFamily::SparseDecode`].
     SparseDecodeCombine { heads: u32 },
+    /// Sparse MLA prefill over bf16 KV rows (spec §8.2): heads, top-k and the Q/K
+    /// width `d_qk` (576 = latent + rope, or 512 without rope) are constants. One
+    /// CTA per (query token, head tile); no batch dimension (indices carry it).
+    SparsePrefill { heads: u32, topk: u32, d_qk: u32 },
 }
 
-/// Heads one sparse-decode CTA computes: 32 when `heads` is a multiple of 32, else
+/// Heads one sparse-attention (decode or prefill) CTA computes: 32 when `heads` is a multiple of 32, else
 /// 16; 1..=15 heads run one 16-row tile whose extra rows are zero and never
 /// written (no head padding in memory). Larger tiles would need more than the
 /// 128 registers a 512-thread CTA allows for the P V accumulators. `None` for
@@ -63,13 +67,12 @@ const DECODE_BLOCK_THREADS: u32 = 512;
 /// Threads of a combine block (4 output dims each).
 const DECODE_COMBINE_THREADS: u32 = 128;
 
-/// Dynamic shared memory of a sparse-decode CTA with `head_tile` heads; mirrors
-/// `nsa::decode::Smem` (sparse_decode.cuh): Q tile, two K/V tiles, padded P tile,
-/// per-warp row partials, validity flags.
-pub fn decode_smem_bytes(head_tile: u32) -> u32 {
-    let row = 576 * 2 + 16; // padded rows (`kRowBytes`)
-                            // Consumer warps per 16-head m-tile (`Smem::kNW`).
-    let warps_per_mtile = 8 / (head_tile / 16);
+/// Dynamic shared memory of a sparse-attention CTA with `head_tile` heads of
+/// `d_qk`-wide rows; mirrors `nsa::attend::Smem` (sparse_attend.cuh): Q tile, two
+/// K/V tiles, padded P tile, per-warp row partials, validity flags.
+pub fn attend_smem_bytes(head_tile: u32, d_qk: u32) -> u32 {
+    let row = d_qk * 2 + 16; // padded rows (`Rows::kBytes`)
+    let warps_per_mtile = 8 / (head_tile / 16); // consumer warps per 16-head m-tile (`Smem::kNW`)
     head_tile * row
         + 2 * DECODE_BLOCK_TOKENS * row
         + head_tile * (DECODE_BLOCK_TOKENS * 2 + 16)
@@ -183,6 +186,10 @@ impl TopkTransform {
 
 /// Head counts of the representative sparse-decode variants (TP16 … TP1).
 pub const DECODE_HEADS: [u32; 5] = [8, 16, 32, 64, 128];
+/// Head counts of the representative sparse-prefill variants (TP8 … TP1).
+pub const PREFILL_HEADS: [u32; 4] = [16, 32, 64, 128];
+/// Q/K widths the sparse prefill supports: latent + rope, or latent only.
+pub const PREFILL_DQK: [u32; 2] = [576, 512];
 
 /// One kernel variant for one target.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -239,6 +246,7 @@ impl KernelSpec {
             KernelFamily::TopkSplit { .. } => "topk_split",
             KernelFamily::SparseDecode { .. } => "sparse_decode",
             KernelFamily::SparseDecodeCombine { .. } => "sparse_decode_combine",
+            KernelFamily::SparsePrefill { .. } => "sparse_prefill",
         }
     }
 
@@ -267,6 +275,9 @@ impl KernelSpec {
                 vec![format!("h{heads}"), format!("k{topk}"), format!("p{page_size}")]
             }
             KernelFamily::SparseDecodeCombine { heads } => vec![format!("h{heads}")],
+            KernelFamily::SparsePrefill { heads, topk, d_qk } => {
+                vec![format!("h{heads}"), format!("k{topk}"), format!("d{d_qk}")]
+            }
         };
         let mut parts = vec![self.family_name().to_string()];
         parts.extend(knobs);
@@ -296,6 +307,7 @@ impl KernelSpec {
             KernelFamily::TopkSplit { .. } => "topk_split.cu.tera",
             KernelFamily::SparseDecode { .. } => "sparse_decode.cu.tera",
             KernelFamily::SparseDecodeCombine { .. } => "sparse_decode_combine.cu.tera",
+            KernelFamily::SparsePrefill { .. } => "sparse_prefill.cu.tera",
         }
     }
 
@@ -308,7 +320,7 @@ impl KernelSpec {
             KernelFamily::MetadataReplay { .. } => METADATA_BLOCK_THREADS,
             KernelFamily::TopkSplit { stage: TopkSplitStage::Finish, .. } => TOPK_BLOCK_THREADS,
             KernelFamily::TopkSplit { .. } => TOPK_BLOCK_THREADS / 2,
-            KernelFamily::SparseDecode { .. } => DECODE_BLOCK_THREADS,
+            KernelFamily::SparseDecode { .. } | KernelFamily::SparsePrefill { .. } => DECODE_BLOCK_THREADS,
             KernelFamily::SparseDecodeCombine { .. } => DECODE_COMBINE_THREADS,
             _ => STORE_BLOCK_THREADS,
         }
@@ -318,7 +330,12 @@ impl KernelSpec {
     pub fn dynamic_smem_bytes(&self) -> u32 {
         match self.family {
             KernelFamily::TopK { .. } | KernelFamily::TopkSplit { .. } => 4 * self.topk_smem_words(),
-            KernelFamily::SparseDecode { heads, .. } => decode_head_tile(heads).map_or(0, decode_smem_bytes),
+            KernelFamily::SparseDecode { heads, .. } => {
+                decode_head_tile(heads).map_or(0, |t| attend_smem_bytes(t, 576))
+            }
+            KernelFamily::SparsePrefill { heads, d_qk, .. } => {
+                decode_head_tile(heads).map_or(0, |t| attend_smem_bytes(t, d_qk))
+            }
             _ => 0,
         }
     }
@@ -364,7 +381,9 @@ impl KernelSpec {
         match self.family {
             KernelFamily::TopK { .. } | KernelFamily::TopkSplit { .. } => 1,
             // One (head tile, row, split) per CTA; combine: one (row, head) per block.
-            KernelFamily::SparseDecode { .. } | KernelFamily::SparseDecodeCombine { .. } => 1,
+            KernelFamily::SparseDecode { .. }
+            | KernelFamily::SparseDecodeCombine { .. }
+            | KernelFamily::SparsePrefill { .. } => 1,
             // One page-table row per block (the kernel strides over rows past the grid).
             KernelFamily::MetadataReplay { .. } => 1,
             KernelFamily::IndexTransform { .. } => self.block_threads(),
@@ -431,6 +450,16 @@ impl KernelSpec {
         if let KernelFamily::SparseDecodeCombine { heads } = self.family {
             ctx.insert("heads".into(), json!(heads));
         }
+        if let KernelFamily::SparsePrefill { heads, topk, d_qk } = self.family {
+            ctx.insert("heads".into(), json!(heads));
+            ctx.insert("head_tile".into(), json!(decode_head_tile(heads)));
+            ctx.insert("topk".into(), json!(topk));
+            ctx.insert("d_qk".into(), json!(d_qk));
+            // As for decode: full Q K^T unroll on sm_90a, partial on sm_100a.
+            let qk_unroll = if self.target == Target::Sm100a { 4 } else { d_qk / 16 };
+            ctx.insert("qk_unroll".into(), json!(qk_unroll));
+            ctx.insert("smem_bytes".into(), json!(self.dynamic_smem_bytes()));
+        }
         if let KernelFamily::KvStore { format } = self.family {
             ctx.insert("format".into(), json!(format.tag()));
             let (func, elem) = match format {
@@ -449,7 +478,9 @@ impl KernelSpec {
     /// transform at 2048; metadata replay of every mode at page sizes 64 and 1;
     /// on NVIDIA, sparse decode (+ combine) for every head count of
     /// [`DECODE_HEADS`] at top-k 2048 / page 64, top-k 512 and 1024 at 128 heads,
-    /// and page sizes 1 and 61. Sparse decode has no ROCm variant yet (mma.sync).
+    /// and page sizes 1 and 61; sparse prefill for every head count of
+    /// [`PREFILL_HEADS`] at top-k 2048 / d_qk 576, top-k 512 and 1024 and d_qk 512
+    /// at 128 heads. Sparse MLA has no ROCm variant yet (mma.sync).
     pub fn all_for(target: Target) -> Vec<KernelSpec> {
         let mut families = vec![
             KernelFamily::KvStore { format: KvCacheFormat::Bf16 },
@@ -489,6 +520,13 @@ impl KernelSpec {
             for page_size in [1, 61] {
                 families.push(KernelFamily::SparseDecode { heads: 16, topk: 2048, page_size });
             }
+            for heads in PREFILL_HEADS {
+                families.push(KernelFamily::SparsePrefill { heads, topk: 2048, d_qk: 576 });
+            }
+            for topk in [512, 1024] {
+                families.push(KernelFamily::SparsePrefill { heads: 128, topk, d_qk: 576 });
+            }
+            families.push(KernelFamily::SparsePrefill { heads: 128, topk: 2048, d_qk: 512 });
         }
         families.into_iter().map(|family| KernelSpec::new(family, target)).collect()
     }
@@ -521,6 +559,11 @@ impl KernelSpec {
                 heads: h.strip_prefix('h').and_then(|n| n.parse::<u32>().ok())?,
                 topk: k_of(k)?,
                 page_size: p.strip_prefix('p').and_then(|n| n.parse::<u32>().ok())?,
+            },
+            ("sparse_prefill", [h, k, d]) => KernelFamily::SparsePrefill {
+                heads: h.strip_prefix('h').and_then(|n| n.parse::<u32>().ok())?,
+                topk: k_of(k)?,
+                d_qk: d.strip_prefix('d').and_then(|n| n.parse::<u32>().ok())?,
             },
             ("sparse_decode_combine", [h]) => {
                 KernelFamily::SparseDecodeCombine { heads: h.strip_prefix('h').and_then(|n| n.parse::<u32>().ok())? }

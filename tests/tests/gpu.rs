@@ -16,6 +16,8 @@ use std::sync::{Mutex, OnceLock};
 mod metadata;
 #[path = "gpu/sparse_decode.rs"]
 mod sparse_decode;
+#[path = "gpu/sparse_prefill.rs"]
+mod sparse_prefill;
 #[path = "gpu/topk.rs"]
 mod topk;
 

@@ -79,10 +79,15 @@ fn kernel_set_is_sorted_unique_and_covers_each_target() {
                 "metadata_replay",
                 "topk_split",
             ]);
+            let nvidia = t.vendor() == nsa_kernels::Vendor::Nvidia;
+            // Sparse MLA is NVIDIA only (mma.sync) so far: prefill for every format.
+            if nvidia {
+                expected.insert("sparse_prefill");
+            }
             if cfg.kv_cache == KvCacheFormat::Fp8 {
                 expected.insert("kv_dequant");
-                // Sparse decode reads the FP8 cache; NVIDIA only (mma.sync) so far.
-                if t.vendor() == nsa_kernels::Vendor::Nvidia {
+                // Sparse decode reads the FP8 cache.
+                if nvidia {
                     expected.extend(["sparse_decode", "sparse_decode_combine"]);
                 }
             }
@@ -331,9 +336,9 @@ fn ids_and_symbols_are_unique_and_round_trip() {
     let specs = all_specs();
     // 4 store kernels + 9 top-k + 3 deterministic + 3 throughput top-k + 1 index transform
     // + 3 metadata replay modes × 2 page sizes + 3 split stages × 3 transforms per target;
-    // on NVIDIA also 9 sparse decode variants and 5 combines.
+    // on NVIDIA also 9 sparse decode variants, 5 combines and 7 sparse prefill variants.
     let nvidia = Target::ALL.iter().filter(|t| t.vendor() == nsa_kernels::Vendor::Nvidia).count();
-    assert_eq!(specs.len(), 35 * Target::ALL.len() + 14 * nvidia);
+    assert_eq!(specs.len(), 35 * Target::ALL.len() + 21 * nvidia);
     let mut ids = BTreeMap::new();
     let mut symbols = BTreeMap::new();
     let mut sources = BTreeSet::new();
@@ -508,8 +513,9 @@ fn launch_geometry_matches_the_device_code() {
                 continue;
             }
             // One (head tile, row, split) per CTA; combine: one (row, head) per block.
-            KernelFamily::SparseDecode { heads, .. } => {
-                let d = int_constants(header("nsa/sparse_decode.cuh").unwrap());
+            // Prefill: one (head tile, query token) per CTA.
+            KernelFamily::SparseDecode { heads, .. } | KernelFamily::SparsePrefill { heads, .. } => {
+                let d = int_constants(header("nsa/sparse_attend.cuh").unwrap());
                 assert_eq!(spec.tokens_per_block(), 1, "{spec}");
                 assert_eq!(threads as i64, d["kThreads"], "{spec}");
                 assert_eq!(nsa_kernels::spec::DECODE_BLOCK_TOKENS as i64, d["kBlockTokens"], "{spec}");

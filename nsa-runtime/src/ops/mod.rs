@@ -4,6 +4,7 @@
 pub mod kv_cache;
 pub mod metadata;
 pub mod sparse_decode;
+pub mod sparse_prefill;
 pub mod topk;
 
 use crate::{Error, Result};

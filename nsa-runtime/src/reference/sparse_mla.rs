@@ -62,20 +62,33 @@ pub fn valid_slots(indices: &[i32], len: usize, num_slots: usize) -> Vec<usize> 
         .collect()
 }
 
-/// One query row's attention for every head: `q` is `[heads, 576]`, `keys` the
-/// valid tokens (576 each). Returns (`out [heads, 512]`, `lse [heads]` natural log);
-/// no key gives out 0 and lse +inf.
-pub fn attend(q: &[f32], heads: usize, keys: &[&[f32]], sm_scale: f32) -> (Vec<f32>, Vec<f32>) {
-    let mut out = vec![0.0f32; heads * KV_LORA_RANK];
-    let mut lse = vec![f32::INFINITY; heads];
+/// One query row's attention for every head (spec §8.1), natural-log statistics.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Attention {
+    /// `[heads, 512]`; 0 when no key is valid.
+    pub out: Vec<f32>,
+    /// `[heads]` `ln Σ_j exp(s_j)`; +inf when no key is valid.
+    pub lse: Vec<f32>,
+    /// `[heads]` `max_j s_j`; −inf when no key is valid.
+    pub max_logits: Vec<f32>,
+}
+
+/// `q` is `[heads, d_qk]`, `keys` the valid tokens (at least `d_qk` values each,
+/// the first 512 also V), `s_j = sm_scale · q·k_j[..d_qk]`, all in f64.
+pub fn attend(q: &[f32], heads: usize, d_qk: usize, keys: &[&[f32]], sm_scale: f32) -> Attention {
+    let mut a = Attention {
+        out: vec![0.0f32; heads * KV_LORA_RANK],
+        lse: vec![f32::INFINITY; heads],
+        max_logits: vec![f32::NEG_INFINITY; heads],
+    };
     if keys.is_empty() {
-        return (out, lse);
+        return a;
     }
     let mut s = vec![0.0f64; keys.len()];
     for h in 0..heads {
-        let qh = &q[h * BF16_TOKEN_ELEMS..(h + 1) * BF16_TOKEN_ELEMS];
+        let qh = &q[h * d_qk..(h + 1) * d_qk];
         for (j, k) in keys.iter().enumerate() {
-            let dot: f64 = qh.iter().zip(k.iter()).map(|(&a, &b)| a as f64 * b as f64).sum();
+            let dot: f64 = qh.iter().zip(&k[..d_qk]).map(|(&a, &b)| a as f64 * b as f64).sum();
             s[j] = sm_scale as f64 * dot;
         }
         let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
@@ -89,11 +102,12 @@ pub fn attend(q: &[f32], heads: usize, keys: &[&[f32]], sm_scale: f32) -> (Vec<f
             }
         }
         for (d, od) in o.iter().enumerate() {
-            out[h * KV_LORA_RANK + d] = (od / l) as f32;
+            a.out[h * KV_LORA_RANK + d] = (od / l) as f32;
         }
-        lse[h] = (m + l.ln()) as f32;
+        a.lse[h] = (m + l.ln()) as f32;
+        a.max_logits[h] = m as f32;
     }
-    (out, lse)
+    a
 }
 
 #[cfg(test)]
@@ -107,8 +121,9 @@ mod tests {
         let heads = 2;
         let q: Vec<f32> = (0..heads * BF16_TOKEN_ELEMS).map(|i| ((i % 7) as f32 - 3.0) / 8.0).collect();
         let k: Vec<f32> = (0..BF16_TOKEN_ELEMS).map(|i| ((i % 5) as f32 - 2.0) / 4.0).collect();
-        let (o1, l1) = attend(&q, heads, &[&k], 0.5);
-        let (o2, l2) = attend(&q, heads, &[&k, &k], 0.5);
+        let a1 = attend(&q, heads, BF16_TOKEN_ELEMS, &[&k], 0.5);
+        let a2 = attend(&q, heads, BF16_TOKEN_ELEMS, &[&k, &k], 0.5);
+        let (o1, l1, o2, l2) = (&a1.out, &a1.lse, &a2.out, &a2.lse);
         for h in 0..heads {
             let s: f64 = q[h * BF16_TOKEN_ELEMS..][..BF16_TOKEN_ELEMS]
                 .iter()
@@ -117,6 +132,8 @@ mod tests {
                 .sum::<f64>()
                 * 0.5;
             assert!((l1[h] as f64 - s).abs() < 1e-5, "one key: lse = score");
+            assert!((a1.max_logits[h] as f64 - s).abs() < 1e-5, "one key: max = score");
+            assert_eq!(a1.max_logits[h], a2.max_logits[h], "a duplicate does not move the max");
             assert!((l2[h] as f64 - (s + 2f64.ln())).abs() < 1e-5, "a duplicate counts twice");
             assert_eq!(&o1[h * KV_LORA_RANK..][..KV_LORA_RANK], &k[..KV_LORA_RANK]);
             assert_eq!(&o2[h * KV_LORA_RANK..][..KV_LORA_RANK], &k[..KV_LORA_RANK]);
@@ -125,9 +142,23 @@ mod tests {
 
     #[test]
     fn no_key_gives_zero_and_plus_infinity() {
-        let (o, l) = attend(&vec![1.0; 3 * BF16_TOKEN_ELEMS], 3, &[], 0.1);
-        assert!(o.iter().all(|&v| v == 0.0));
-        assert!(l.iter().all(|&v| v == f32::INFINITY));
+        let a = attend(&vec![1.0; 3 * BF16_TOKEN_ELEMS], 3, BF16_TOKEN_ELEMS, &[], 0.1);
+        assert!(a.out.iter().all(|&v| v == 0.0));
+        assert!(a.lse.iter().all(|&v| v == f32::INFINITY));
+        assert!(a.max_logits.iter().all(|&v| v == f32::NEG_INFINITY));
+    }
+
+    #[test]
+    fn no_rope_width_ignores_the_rope_dims() {
+        // Keys differ only in the rope dims: with d_qk 512 they score the same.
+        let q = vec![0.25f32; 2 * KV_LORA_RANK];
+        let mut k1 = vec![0.5f32; BF16_TOKEN_ELEMS];
+        let k2 = k1.clone();
+        k1[KV_LORA_RANK..].iter_mut().for_each(|v| *v = 9.0);
+        let a = attend(&q, 2, KV_LORA_RANK, &[&k1, &k2], 0.3);
+        let s = 0.3 * 0.25 * 0.5 * KV_LORA_RANK as f64;
+        assert!((a.max_logits[1] as f64 - s).abs() < 1e-5);
+        assert!((a.lse[0] as f64 - (s + 2f64.ln())).abs() < 1e-5);
     }
 
     #[test]

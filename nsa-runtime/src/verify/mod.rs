@@ -223,6 +223,8 @@ pub fn kv_cache_suite(rt: &Runtime, sizes: &[usize], seed: u64) -> Result<Vec<Ch
     }
     Ok(checks)
 }
+pub mod attention;
 pub mod metadata;
 pub mod sparse_decode;
+pub mod sparse_prefill;
 pub mod topk;

@@ -1,10 +1,9 @@
 //! Sparse MLA decode on the GPU against the CPU reference (spec §8.1, §8.3).
 //!
-//! Tolerances (stated once, used by every case): out within `2⁻⁷·|ref| + 4·10⁻³`
-//! (the kernel rounds P to bf16 for the PV product and the output to bf16; the
-//! reference is f64), lse within `10⁻⁵·|ref| + 2·10⁻⁴` (f32 scores, ex2/lg2
-//! approximations), empty rows exactly out 0 and lse +inf.
+//! Tolerances: [`super::attention`].
 
+pub use super::attention::IndexPattern;
+use super::attention::{compare, index_row, reference_rows, sample_rows, GpuAttention};
 use super::{download, upload, Check};
 use crate::ops::sparse_decode::{self, DecodePlan, DecodeShape, Fp8PagedCache, SparseDecodeInputs};
 use crate::reference::kv_cache::quantize_fp8_token;
@@ -16,19 +15,6 @@ use half::bf16;
 use nsa_kernels::layout::*;
 use nsa_kernels::{KernelFamily, KernelSpec};
 use rand::Rng;
-
-/// How the index rows of a case are filled.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum IndexPattern {
-    /// Distinct random slots with random −1 holes (about 1 in 8).
-    Holes,
-    /// Distinct random slots, no holes.
-    Full,
-    /// Every entry −1: out 0, lse +inf.
-    AllInvalid,
-    /// Slots drawn with repeats (each occurrence counts).
-    Duplicates,
-}
 
 /// One decode test case.
 #[derive(Clone, Debug)]
@@ -70,13 +56,6 @@ impl DecodeCase {
     }
 }
 
-fn within(got: f32, want: f32, rel: f32, abs: f32) -> bool {
-    if want.is_infinite() {
-        return got == want;
-    }
-    (got - want).abs() <= rel * want.abs() + abs
-}
-
 /// Builds a paged FP8 cache, random queries and index rows, runs the kernel and
 /// compares the sampled rows with the reference.
 pub fn run(rt: &Runtime, case: &DecodeCase) -> Result<Check> {
@@ -109,21 +88,9 @@ pub fn run(rt: &Runtime, case: &DecodeCase) -> Result<Check> {
     let k = s.topk as usize;
     let q: Vec<bf16> =
         (0..rows * heads * BF16_TOKEN_ELEMS).map(|_| bf16::from_f32(rng.random_range(-1.0..1.0))).collect();
-    let mut indices = vec![-1i32; rows * k];
-    for r in 0..rows {
-        let row = &mut indices[r * k..(r + 1) * k];
-        match case.pattern {
-            IndexPattern::AllInvalid => {}
-            IndexPattern::Duplicates => row.iter_mut().for_each(|v| *v = rng.random_range(0..num_slots.min(97)) as i32),
-            IndexPattern::Full | IndexPattern::Holes => {
-                let n = k.min(num_slots);
-                let picks = testdata::distinct_slots(n, num_slots, rng.random());
-                row[..n].copy_from_slice(&picks);
-                if case.pattern == IndexPattern::Holes {
-                    row.iter_mut().filter(|_| rng.random_range(0..8) == 0).for_each(|v| *v = -1);
-                }
-            }
-        }
+    let mut indices = Vec::with_capacity(rows * k);
+    for _ in 0..rows {
+        indices.extend(index_row(case.pattern, k, num_slots, &mut rng));
     }
     if case.bad_index && rows > 0 {
         indices[0] = num_slots as i32 + 5;
@@ -158,34 +125,17 @@ pub fn run(rt: &Runtime, case: &DecodeCase) -> Result<Check> {
 
     let cache = PagedFp8 { bytes: &bytes, page_size: page, page_stride: stride };
     let picked: Vec<usize> = sample_rows(rows, case.check_rows);
-    let results = reference_rows(&cache, &q, &indices, lengths.as_deref(), s, &picked);
-    let mut mismatches = 0;
-    let mut first = None;
-    for (r, (want_o, want_l)) in picked.iter().zip(results) {
-        let mut bad = None;
-        for h in 0..heads {
-            let (gl, wl) = (lse[r * heads + h], want_l[h]);
-            if !within(gl, wl, 1e-5, 2e-4) {
-                bad = Some(format!("row {r} head {h}: lse gpu {gl} vs reference {wl}"));
-                break;
-            }
-            for d in 0..KV_LORA_RANK {
-                let g = out[(r * heads + h) * KV_LORA_RANK + d].to_f32();
-                let w = want_o[h * KV_LORA_RANK + d];
-                if !within(g, w, 1.0 / 128.0, 4e-3) {
-                    bad = Some(format!("row {r} head {h} dim {d}: out gpu {g} vs reference {w}"));
-                    break;
-                }
-            }
-            if bad.is_some() {
-                break;
-            }
-        }
-        if let Some(b) = bad {
-            mismatches += 1;
-            first.get_or_insert(b);
-        }
-    }
+    let want = reference_rows(&picked, |r| {
+        let len = lengths.as_ref().map_or(k, |l| l[r].clamp(0, k as i32) as usize);
+        let slots = valid_slots(&indices[r * k..(r + 1) * k], len, cache.num_slots());
+        let keys: Vec<Vec<f32>> = slots.iter().map(|&slot| cache.token(slot)).collect();
+        let key_refs: Vec<&[f32]> = keys.iter().map(|v| v.as_slice()).collect();
+        let qr: Vec<f32> =
+            q[r * heads * BF16_TOKEN_ELEMS..(r + 1) * heads * BF16_TOKEN_ELEMS].iter().map(|v| v.to_f32()).collect();
+        attend(&qr, heads, BF16_TOKEN_ELEMS, &key_refs, DEEPSEEK_V32_SM_SCALE)
+    });
+    let gpu = GpuAttention { heads, out: &out, lse: &lse, max_logits: None };
+    let (mismatches, first) = compare(&gpu, &picked, &want);
     let id = KernelSpec::new(
         KernelFamily::SparseDecode { heads: s.heads, topk: s.topk, page_size: s.page_size },
         rt.target(),
@@ -206,46 +156,5 @@ pub fn run(rt: &Runtime, case: &DecodeCase) -> Result<Check> {
         items: picked.len(),
         mismatches,
         first_mismatch: first,
-    })
-}
-
-/// `want` rows spread evenly over `0..rows`, first and last included.
-fn sample_rows(rows: usize, want: usize) -> Vec<usize> {
-    if rows <= want {
-        return (0..rows).collect();
-    }
-    let mut v: Vec<usize> = (0..want).map(|i| i * (rows - 1) / (want - 1).max(1)).collect();
-    v.dedup();
-    v
-}
-
-/// Reference (out, lse) of each picked row, computed on all cores.
-fn reference_rows(
-    cache: &PagedFp8<'_>,
-    q: &[bf16],
-    indices: &[i32],
-    lengths: Option<&[i32]>,
-    s: DecodeShape,
-    picked: &[usize],
-) -> Vec<(Vec<f32>, Vec<f32>)> {
-    let heads = s.heads as usize;
-    let k = s.topk as usize;
-    let one = |r: usize| {
-        let len = lengths.map_or(k, |l| l[r].clamp(0, k as i32) as usize);
-        let slots = valid_slots(&indices[r * k..(r + 1) * k], len, cache.num_slots());
-        let keys: Vec<Vec<f32>> = slots.iter().map(|&slot| cache.token(slot)).collect();
-        let key_refs: Vec<&[f32]> = keys.iter().map(|v| v.as_slice()).collect();
-        let qr: Vec<f32> =
-            q[r * heads * BF16_TOKEN_ELEMS..(r + 1) * heads * BF16_TOKEN_ELEMS].iter().map(|v| v.to_f32()).collect();
-        attend(&qr, heads, &key_refs, DEEPSEEK_V32_SM_SCALE)
-    };
-    let threads = std::thread::available_parallelism().map_or(4, |n| n.get()).min(picked.len().max(1));
-    let chunk = picked.len().div_ceil(threads.max(1)).max(1);
-    std::thread::scope(|scope| {
-        let handles: Vec<_> = picked
-            .chunks(chunk)
-            .map(|part| scope.spawn(move || part.iter().map(|&r| one(r)).collect::<Vec<_>>()))
-            .collect();
-        handles.into_iter().flat_map(|h| h.join().expect("reference thread panicked")).collect()
     })
 }

@@ -50,6 +50,20 @@ NSA_DEVICE Vec16 ldg_nc_v4(const void* p) {
   return v;
 }
 
+// 16 bytes global -> shared without a register round trip; `src_bytes` 0 reads
+// nothing and fills the 16 bytes with zeros (a masked row). L2::256B prefetches the
+// neighbouring chunks of the same gathered row.
+NSA_DEVICE void cp_async_16(u32 dst, const void* src, u32 src_bytes) {
+  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes)
+               : "memory");
+}
+NSA_DEVICE void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+// Waits until at most `kPending` of this thread's committed groups are in flight.
+template <int kPending>
+NSA_DEVICE void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
+}
+
 NSA_DEVICE void sts_v4(u32 addr, const Vec16& v) {
   asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(v.w[0]), "r"(v.w[1]), "r"(v.w[2]),
                "r"(v.w[3]));

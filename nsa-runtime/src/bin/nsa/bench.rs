@@ -36,7 +36,7 @@ pub struct BenchArgs {
     /// working set; separates gather latency from compute).
     #[arg(long)]
     pub decode_shared_keys: bool,
-    /// Which benchmarks: kv (store/dequant + JIT), topk, metadata, decode, or all.
+    /// Which benchmarks: kv (store/dequant + JIT), topk, metadata, decode, prefill, or all.
     #[arg(long, value_enum, default_value_t = Suite::All)]
     pub suite: Suite,
 }
@@ -47,6 +47,7 @@ pub enum Suite {
     Topk,
     Metadata,
     Decode,
+    Prefill,
     All,
 }
 
@@ -95,6 +96,7 @@ struct Report {
     date_utc: String,
     topk: Vec<TopkRow>,
     decode: Vec<crate::bench_decode::DecodeRow>,
+    prefill: Vec<crate::bench_prefill::PrefillRow>,
     metadata: Vec<MetadataRow>,
     bandwidth: Vec<BandwidthRow>,
     jit_cold: Vec<JitRow>,
@@ -406,6 +408,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
     } else {
         vec![]
     };
+    let prefill =
+        if want(Suite::Prefill) { crate::bench_prefill::prefill_bench(&rt, args.reps.min(20))? } else { vec![] };
     let metadata = if want(Suite::Metadata) { metadata_bench(&rt, args.reps)? } else { vec![] };
     let bandwidth = if want(Suite::Kv) { bandwidth(&rt, &args.tokens, args.reps)? } else { vec![] };
     let (jit_cold, disk_ms, kernels, hit_ns) = if want(Suite::Kv) { jit(&rt)? } else { (vec![], 0.0, 0, 0.0) };
@@ -425,6 +429,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         date_utc,
         topk,
         decode,
+        prefill,
         metadata,
         bandwidth,
         jit_cold,

@@ -9,9 +9,11 @@ use nsa_runtime::cache::{CacheConfig, CachedKernel, KernelCache, Origin};
 use nsa_runtime::jit::{clang_hip::ClangHipCompiler, nvrtc::NvrtcCompiler, Compiler};
 use nsa_runtime::metadata::GraphMode;
 use nsa_runtime::ops::sparse_decode::DecodeShape;
+use nsa_runtime::ops::sparse_prefill::PrefillShape;
 use nsa_runtime::testdata::ScorePattern;
 use nsa_runtime::verify::metadata::{self as vmeta, ReplayCase};
 use nsa_runtime::verify::sparse_decode::{self as vdecode, DecodeCase, IndexPattern};
+use nsa_runtime::verify::sparse_prefill::{self as vprefill, KvSource, PrefillCase};
 use nsa_runtime::verify::topk::{self as vtopk, TopkCase};
 use nsa_runtime::verify::{self, Check};
 use nsa_runtime::{device, Error, Result, Runtime};
@@ -257,6 +259,17 @@ pub fn verify(args: VerifyArgs) -> Result<()> {
                 }
                 // Checked with its decode kernel (split plans).
                 KernelFamily::SparseDecodeCombine { .. } => continue,
+                KernelFamily::SparsePrefill { heads, topk, d_qk } => {
+                    let shape = PrefillShape { s_q: 1 + n % 97, heads, topk, d_qk };
+                    let mut case = PrefillCase::new(shape, 2 * topk as usize + n, IndexPattern::Holes, seed);
+                    case.lengths = i % 2 == 1;
+                    case.check_rows = 16;
+                    // The FP8 configuration's prefill reads the dequantized prefix.
+                    if cfg.kv_cache == nsa_kernels::KvCacheFormat::Fp8 && d_qk == 576 {
+                        case.source = KvSource::Fp8Ragged;
+                    }
+                    vprefill::run(&rt, &case)?
+                }
             });
         }
     }

@@ -1,0 +1,288 @@
+// The consumer half shared by sparse MLA decode (FP8 cache) and prefill (bf16 KV),
+// spec §8.1: a CTA holds a Q tile of kHT heads and a double-buffered K/V tile of 64
+// gathered tokens in shared memory; 8 consumer warps run mma.sync m16n8k16 (bf16
+// in, f32 accumulate) from ldmatrix with an online softmax in the log2 domain,
+// while 8 producer warps (the family's own code) fill the other buffer. Named
+// barriers hand the buffers over.
+#pragma once
+#include "nsa/cuda/mma.cuh"
+
+namespace nsa {
+namespace attend {
+
+constexpr int kDv = 512;               // V = the latent part of the same row
+constexpr int kBlockTokens = 64;       // tokens per pipeline step
+constexpr int kConsumerWarps = 8;
+constexpr int kProducerWarps = 8;
+constexpr int kConsumerThreads = kConsumerWarps * 32;
+constexpr int kProducerThreads = kProducerWarps * 32;
+constexpr int kThreads = kConsumerThreads + kProducerThreads;
+// Named barriers: buffer b full (producers arrive, consumers wait), buffer b
+// empty (consumers arrive, producers wait), and the consumers' own.
+constexpr u32 kBarFull = 1;
+constexpr u32 kBarEmpty = 3;
+constexpr u32 kBarConsumers = 5;
+constexpr int kPRowBytes = kBlockTokens * 2 + 16;  // padded: ldmatrix rows hit distinct banks
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+NSA_DEVICE float neg_inf() { return u32_as_f32(0xff800000u); }
+NSA_DEVICE float pos_inf() { return u32_as_f32(0x7f800000u); }
+NSA_DEVICE float fmax2(float a, float b) { return a > b ? a : b; }
+// Running max start: finite, so exp2(m_old - m_new) never sees -inf - -inf.
+constexpr float kMaxInit = -1e30f;
+
+// One bf16 row of Q or K (kDqk dims) in shared memory, padded by 16 bytes: the 8
+// rows one ldmatrix (or 8 tokens' stores) touch start 4 banks apart, so they never
+// conflict, and addresses stay base + immediate (no swizzle arithmetic per access).
+template <int kDqk>
+struct Rows {
+  static_assert(kDqk % 64 == 0 && kDqk >= kDv, "Q/K width: the 512 latent dims, optionally rope");
+  static constexpr int kChunks = kDqk / 8;  // 16-byte chunks per row
+  static constexpr int kBytes = kDqk * 2 + 16;
+  // Byte offset of 16-byte chunk `c` of row `r`.
+  static NSA_DEVICE u32 offset(u32 r, u32 c) { return r * kBytes + c * 16; }
+};
+
+// Shared memory: Q [kHT][kDqk], K/V x2 [64][kDqk], P [kHT][64] (padded rows),
+// per-warp row partials (max, then sums), token validity flags.
+template <int kHT, int kDqk>
+struct Smem {
+  // Consumer warps per 16-head m-tile (each: a token group in Q K^T, a column group in P V).
+  static constexpr int kNW = kConsumerWarps / (kHT / 16);
+  static constexpr u32 kQ = 0;
+  static constexpr u32 kK = kQ + kHT * Rows<kDqk>::kBytes;
+  static constexpr u32 kP = kK + 2 * kBlockTokens * Rows<kDqk>::kBytes;
+  static constexpr u32 kRed = kP + kHT * kPRowBytes;
+  static constexpr u32 kValid = kRed + kNW * kHT * 4;
+  static constexpr u32 kBytes = kValid + 2 * kBlockTokens;
+  static constexpr u32 kBufBytes = kBlockTokens * Rows<kDqk>::kBytes;
+};
+
+// Q rows of heads head0 .. head0 + kHT - 1 of one query row into shared memory, by
+// every thread (heads past kHeads are zero rows).
+template <int kHeads, int kHT, int kDqk>
+NSA_DEVICE void load_q_tile(const u16* q_row, u32 head0, u32 q_tile) {
+  typedef Rows<kDqk> R;
+  for (u32 i = thread_x(); i < (u32)kHT * R::kChunks; i += kThreads) {
+    const u32 r = i / R::kChunks, c = i % R::kChunks;
+    Vec16 v = {{0u, 0u, 0u, 0u}};
+    if (head0 + r < (u32)kHeads) v = *reinterpret_cast<const Vec16*>(q_row + (head0 + r) * kDqk + c * 8);
+    mma::sts_v4(q_tile + R::offset(r, c), v);
+  }
+}
+
+// One consumer warp's state: heads 16 mw .. 16 mw + 15 of the tile (rows g and
+// g + 8 of the m-tile per thread), Q K^T over the tokens of group nw, P V over the
+// output columns of group nw. kQkUnroll: unroll of the Q K^T loop (full on sm_90a;
+// less where ptxas would spill, which also keeps the P V token loop rolled).
+template <int kHT, int kDqk, int kQkUnroll>
+struct Consumer {
+  static_assert(kHT == 16 || kHT == 32, "head tile: 16 or 32 (consumer registers cap the P V columns per warp)");
+  typedef Smem<kHT, kDqk> L;
+  typedef Rows<kDqk> R;
+  static constexpr int kMW = kHT / 16;                    // m-tiles (16 heads each)
+  static constexpr int kNW = L::kNW;                      // consumer warps per m-tile
+  static constexpr int kTokPerWarp = kBlockTokens / kNW;  // Q K^T columns per warp
+  static constexpr int kNT = kTokPerWarp / 8;             // n8 tiles per warp in Q K^T
+  static constexpr int kDimsPerWarp = kDv / kNW;          // P V columns per warp
+  static constexpr int kNV = kDimsPerWarp / 8;            // n8 tiles per warp in P V
+  static constexpr bool kFullUnroll = kQkUnroll * 2 >= R::kChunks;
+  static_assert(kNT >= 1 && kNV % 2 == 0, "warp tiling");
+
+  u32 base, g, t, mw, nw, tok0, d0;
+  // Per-thread ldmatrix row addresses, fixed for the whole kernel: every access in
+  // the loops is one of these plus an immediate.
+  u32 q_addr;  // Q rows (A of Q K^T), shared address
+  u32 k_off;   // K rows (B of Q K^T), offset inside a K/V buffer
+  u32 p_addr;  // P rows (A of P V), shared address
+  u32 v_off;   // V rows (B of P V, transposed), offset inside a K/V buffer
+  float m_run[2];  // running max (log2 domain, scaled) of rows g and g + 8
+  float l_run[2];  // this thread's share of the row sums
+  float o[kNV][4];
+
+  NSA_DEVICE Consumer(u32 smem_base, u32 warp, u32 lane) : base(smem_base) {
+    g = lane / 4;
+    t = lane % 4;
+    mw = warp % kMW;
+    nw = warp / kMW;
+    tok0 = nw * kTokPerWarp;
+    d0 = nw * kDimsPerWarp;
+    q_addr = base + L::kQ + R::offset(mw * 16 + (lane & 15), lane >> 4);
+    k_off = kNT == 1 ? R::offset(tok0 + (lane & 7), lane >> 3)
+                     : R::offset(tok0 + (lane & 7) + ((lane >> 4) << 3), (lane >> 3) & 1);
+    p_addr = base + L::kP + (mw * 16 + (lane & 15)) * kPRowBytes + ((lane >> 4) << 3) * 2;
+    v_off = R::offset((lane & 7) + (((lane >> 3) & 1) << 3), d0 / 8 + (lane >> 4));
+    m_run[0] = m_run[1] = kMaxInit;
+    l_run[0] = l_run[1] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kNV; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+  }
+
+  NSA_DEVICE float* red(u8* smem) const { return reinterpret_cast<float*>(smem + L::kRed); }  // [kNW][kHT]
+
+  // Consumes `steps` 64-token buffers in order; `c_scale` = sm_scale · log2(e).
+  NSA_DEVICE void run(u8* smem, i32 steps, float c_scale) {
+    for (i32 step = 0; step < steps; ++step) {
+      const u32 buf = step & 1;
+      mma::bar_sync(kBarFull + buf, kThreads);
+      consume(smem, buf, c_scale);
+      // Release the buffer only when a producer will wait for it (step + 2 refills it).
+      if (step + 2 < steps) mma::bar_arrive(kBarEmpty + buf, kThreads);
+    }
+  }
+
+  NSA_DEVICE void consume(u8* smem, u32 buf, float c_scale) {
+    const u32 kbuf = base + L::kK + buf * L::kBufBytes;
+    float* rd = red(smem);
+
+    // S = Q K^T for 16 heads x kTokPerWarp tokens.
+    float s[kNT][4];
+#pragma unroll
+    for (int j = 0; j < kNT; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+    const u32 k_addr = kbuf + k_off;
+    if constexpr (kNT == 1) {
+      // One n8 tile per warp: each x4 load of K spans two k16 steps instead.
+#pragma unroll(kQkUnroll)
+      for (int kc = 0; kc < R::kChunks; kc += 4) {
+        u32 a0[4], a1[4], b[4];
+        mma::ldsm_x4(q_addr + kc * 16, a0);
+        mma::ldsm_x4(q_addr + (kc + 2) * 16, a1);
+        mma::ldsm_x4(k_addr + kc * 16, b);
+        mma::mma_bf16(s[0], a0, b[0], b[1]);
+        mma::mma_bf16(s[0], a1, b[2], b[3]);
+      }
+    } else {
+#pragma unroll(kQkUnroll)
+      for (int kc = 0; kc < R::kChunks; kc += 2) {
+        u32 a[4];
+        mma::ldsm_x4(q_addr + kc * 16, a);
+#pragma unroll
+        for (int j = 0; j < kNT; j += 2) {
+          u32 b[4];
+          mma::ldsm_x4(k_addr + j * 8 * R::kBytes + kc * 16, b);
+          mma::mma_bf16(s[j], a, b[0], b[1]);
+          mma::mma_bf16(s[j + 1], a, b[2], b[3]);
+        }
+      }
+    }
+
+    // Scale into the log2 domain, mask invalid tokens, row max across the warps.
+    const u8* flags = smem + L::kValid + buf * kBlockTokens;
+    float mx[2] = {neg_inf(), neg_inf()};
+#pragma unroll
+    for (int j = 0; j < kNT; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const u32 col = tok0 + j * 8 + 2 * t + (e & 1);
+        const float x = flags[col] ? s[j][e] * c_scale : neg_inf();
+        s[j][e] = x;
+        mx[e >> 1] = x > mx[e >> 1] ? x : mx[e >> 1];
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      mx[h] = fmax2(mx[h], shfl_xor(mx[h], 1));
+      mx[h] = fmax2(mx[h], shfl_xor(mx[h], 2));
+    }
+    if (t == 0) {
+      rd[nw * kHT + mw * 16 + g] = mx[0];
+      rd[nw * kHT + mw * 16 + g + 8] = mx[1];
+    }
+    mma::bar_sync(kBarConsumers, kConsumerThreads);
+    float alpha[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float m_blk = rd[mw * 16 + g + 8 * h];
+#pragma unroll
+      for (int w = 1; w < kNW; ++w) m_blk = fmax2(m_blk, rd[w * kHT + mw * 16 + g + 8 * h]);
+      const float m_new = fmax2(m_run[h], m_blk);
+      alpha[h] = mma::exp2_approx(m_run[h] - m_new);
+      m_run[h] = m_new;
+      l_run[h] *= alpha[h];
+    }
+
+    // P = exp2(S - m) as bf16 into shared memory (the A operand of P V).
+#pragma unroll
+    for (int j = 0; j < kNT; ++j) {
+      const float p0 = mma::exp2_approx(s[j][0] - m_run[0]);
+      const float p1 = mma::exp2_approx(s[j][1] - m_run[0]);
+      const float p2 = mma::exp2_approx(s[j][2] - m_run[1]);
+      const float p3 = mma::exp2_approx(s[j][3] - m_run[1]);
+      l_run[0] += p0 + p1;
+      l_run[1] += p2 + p3;
+      const u32 col = tok0 + j * 8 + 2 * t;
+      const u32 r0 = mw * 16 + g;
+      *reinterpret_cast<u32*>(smem + L::kP + r0 * kPRowBytes + col * 2) = mma::pack_bf16x2(p0, p1);
+      *reinterpret_cast<u32*>(smem + L::kP + (r0 + 8) * kPRowBytes + col * 2) = mma::pack_bf16x2(p2, p3);
+    }
+#pragma unroll
+    for (int j = 0; j < kNV; ++j) {
+      o[j][0] *= alpha[0];
+      o[j][1] *= alpha[0];
+      o[j][2] *= alpha[1];
+      o[j][3] *= alpha[1];
+    }
+    mma::bar_sync(kBarConsumers, kConsumerThreads);
+
+    // O += P V for 16 heads x kDimsPerWarp dims.
+    const u32 v_addr = kbuf + v_off;
+#pragma unroll(kFullUnroll ? 4 : 1)
+    for (int kt = 0; kt < kBlockTokens; kt += 16) {
+      u32 a[4];
+      mma::ldsm_x4(p_addr + kt * 2, a);
+#pragma unroll
+      for (int j = 0; j < kNV; j += 2) {
+        u32 b[4];
+        mma::ldsm_x4_trans(v_addr + kt * R::kBytes + j * 16, b);
+        mma::mma_bf16(o[j], a, b[0], b[1]);
+        mma::mma_bf16(o[j + 1], a, b[2], b[3]);
+      }
+    }
+  }
+
+  // Full row sums of rows g and g + 8 (across the quad, then across the warps
+  // sharing the m-tile); every consumer thread must call it.
+  NSA_DEVICE void row_sums(u8* smem, float (&l_tot)[2]) {
+    float* rd = red(smem);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      l_run[h] += shfl_xor(l_run[h], 1);
+      l_run[h] += shfl_xor(l_run[h], 2);
+    }
+    if (t == 0) {
+      rd[nw * kHT + mw * 16 + g] = l_run[0];
+      rd[nw * kHT + mw * 16 + g + 8] = l_run[1];
+    }
+    mma::bar_sync(kBarConsumers, kConsumerThreads);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      l_tot[h] = 0.0f;
+#pragma unroll
+      for (int w = 0; w < kNW; ++w) l_tot[h] += rd[w * kHT + mw * 16 + g + 8 * h];
+    }
+  }
+
+  // This thread's output columns of head-row g + 8 h, scaled by `inv`, as bf16 to
+  // `dst` (the head's [512] output row).
+  NSA_DEVICE void store_bf16(u16* dst, int h, float inv) const {
+    dst += d0 + 2 * t;
+#pragma unroll
+    for (int j = 0; j < kNV; ++j)
+      *reinterpret_cast<u32*>(dst + j * 8) = mma::pack_bf16x2(o[j][2 * h] * inv, o[j][2 * h + 1] * inv);
+  }
+
+  // As store_bf16, in f32 (split partials).
+  NSA_DEVICE void store_f32(float* dst, int h, float inv) const {
+    dst += d0 + 2 * t;
+#pragma unroll
+    for (int j = 0; j < kNV; ++j) {
+      Vec8 v;
+      v.w[0] = f32_as_u32(o[j][2 * h] * inv);
+      v.w[1] = f32_as_u32(o[j][2 * h + 1] * inv);
+      *reinterpret_cast<Vec8*>(dst + j * 8) = v;
+    }
+  }
+};
+
+}  // namespace attend
+}  // namespace nsa

@@ -1,0 +1,119 @@
+// Sparse MLA prefill over bf16 KV (spec §8.1, §8.2), playbook stage P1: one CTA
+// per (query token, head tile). Producers (8 warps) gather the chosen KV rows
+// straight into the double-buffered K/V tile with 16-byte cp.async (zero-filled
+// for a masked index, so no register staging and no dequant); the consumer warps
+// are the decode kernel's (sparse_attend.cuh). Outputs out, max_logits and lse in
+// natural-log units.
+#pragma once
+#include "nsa/sparse_attend.cuh"
+
+namespace nsa {
+namespace prefill {
+
+using namespace attend;
+constexpr int kPartsPerToken = kProducerThreads / kBlockTokens;  // 4 producer threads per row
+
+// Mirrors `SparsePrefillParams` in nsa-runtime (ops/sparse_prefill.rs) field for field.
+struct Params {
+  const u16* q;            // [s_q, heads, d_qk] bf16
+  const u16* kv;           // s_kv rows of d_qk bf16 (512 latent first), kv_stride elements apart
+  const i32* indices;      // [s_q, kTopk] kv rows; -1, negative or >= s_kv = masked
+  const i32* topk_length;  // [s_q] valid prefix of each index row, or null (all kTopk)
+  u16* out;                // [s_q, heads, 512] bf16
+  float* max_logits;       // [s_q, heads] max of sm_scale * q.k, -inf for a row with no key
+  float* lse;              // [s_q, heads] natural log, +inf for a row with no key
+  i64 kv_stride;           // elements from one kv row to the next (multiple of 8)
+  i64 s_kv;
+  i64 s_q;
+  float sm_scale;
+};
+
+// Producer warps: each 64-token step, 4 threads per token copy one contiguous
+// quarter of its row; the next step's index is read while this one is in flight.
+// A buffer is published (full) once its cp.async group has landed, one step
+// behind the issue, so two steps of loads are in flight.
+template <int kTopk, int kDqk>
+NSA_DEVICE void produce(const Params& p, u32 k_base, u8* flags, i64 row, i32 valid_len, i32 steps) {
+  typedef Rows<kDqk> R;
+  constexpr int kPerPart = R::kChunks / kPartsPerToken;
+  static_assert(R::kChunks % kPartsPerToken == 0, "row split across the producer threads of a token");
+  const u32 ptid = thread_x() - kConsumerThreads;
+  const i32 token = (i32)(ptid / kPartsPerToken);
+  const u32 part = ptid % kPartsPerToken;
+  const i32* idx_row = p.indices + row * kTopk;
+  i32 next = token < valid_len ? idx_row[token] : -1;
+  for (i32 step = 0; step < steps; ++step) {
+    const u32 buf = step & 1;
+    const i32 idx = next;
+    const i32 pos = (step + 1) * kBlockTokens + token;
+    next = (step + 1 < steps && pos < valid_len) ? idx_row[pos] : -1;
+    if (step >= 2) mma::bar_sync(kBarEmpty + buf, kThreads);
+    const bool valid = idx >= 0 && (i64)idx < p.s_kv;
+    const u16* src = p.kv + (valid ? (i64)idx * p.kv_stride : 0) + part * kPerPart * 8;
+    const u32 dst = k_base + buf * Smem<16, kDqk>::kBufBytes + R::offset(token, part * kPerPart);
+#pragma unroll
+    for (int c = 0; c < kPerPart; ++c) mma::cp_async_16(dst + c * 16, src + c * 8, valid ? 16u : 0u);
+    mma::cp_async_commit();
+    if (part == 0) flags[buf * kBlockTokens + token] = valid ? 1 : 0;
+    if (step >= 1) {
+      mma::cp_async_wait<1>();
+      mma::bar_arrive(kBarFull + (buf ^ 1), kThreads);
+    }
+  }
+  mma::cp_async_wait<0>();
+  mma::bar_arrive(kBarFull + ((steps - 1) & 1), kThreads);
+}
+
+template <int kHeads, int kHT, int kTopk, int kDqk, int kQkUnroll>
+NSA_DEVICE void sparse_prefill(const Params& p) {
+  static_assert(kTopk % kBlockTokens == 0, "top-k is a multiple of 64");
+  typedef Smem<kHT, kDqk> L;
+  constexpr int kHeadTiles = (kHeads + kHT - 1) / kHT;
+
+  extern NSA_SHARED Vec16 smem_vec[];  // 16-byte aligned (ldmatrix, cp.async)
+  u8* smem = reinterpret_cast<u8*>(smem_vec);
+  const u32 base = mma::smem_addr(smem);
+  const u32 warp = thread_x() / 32, lane = thread_x() % 32;
+
+  // Head tiles of one query token are adjacent: they gather the same rows at about
+  // the same time and share them through L2.
+  const u32 bid = block_x();
+  const u32 ht = bid % kHeadTiles;
+  const i64 row = bid / kHeadTiles;
+  if (row >= p.s_q) return;
+
+  i32 valid_len = kTopk;
+  if (p.topk_length != nullptr) {
+    const i32 l = p.topk_length[row];
+    valid_len = l < 0 ? 0 : (l < kTopk ? l : kTopk);
+  }
+  const i32 steps = (valid_len + kBlockTokens - 1) / kBlockTokens;
+
+  const u32 head0 = ht * kHT;
+  load_q_tile<kHeads, kHT, kDqk>(p.q + row * kHeads * kDqk, head0, base + L::kQ);
+  sync_block();
+  if (warp >= (u32)kConsumerWarps) {
+    if (steps > 0) produce<kTopk, kDqk>(p, base + L::kK, smem + L::kValid, row, valid_len, steps);
+    return;
+  }
+
+  Consumer<kHT, kDqk, kQkUnroll> c(base, warp, lane);
+  c.run(smem, steps, p.sm_scale * kLog2e);
+  float l_tot[2];
+  c.row_sums(smem, l_tot);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const u32 head = head0 + c.mw * 16 + c.g + 8 * h;
+    if (head >= (u32)kHeads) continue;
+    const bool empty = !(l_tot[h] > 0.0f);
+    const i64 at = row * kHeads + head;
+    c.store_bf16(p.out + at * kDv, h, empty ? 0.0f : 1.0f / l_tot[h]);
+    if (c.nw == 0 && c.t == 0) {
+      p.max_logits[at] = empty ? neg_inf() : c.m_run[h] * kLn2;
+      p.lse[at] = empty ? pos_inf() : (c.m_run[h] + mma::log2_approx(l_tot[h])) * kLn2;
+    }
+  }
+}
+
+}  // namespace prefill
+}  // namespace nsa

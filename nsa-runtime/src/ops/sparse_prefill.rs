@@ -1,0 +1,254 @@
+//! Sparse MLA prefill over bf16 KV rows (spec §8.1, §8.2, §8.4): the launcher, and
+//! the two ways a server feeds it (spec §5.2): PAGED over the bf16 pool with slot
+//! indices, and RAGGED over a dequantized FP8 prefix (+ new tokens) with ragged
+//! row indices.
+
+use super::kv_cache::dequant_fp8;
+use super::{check_aligned, check_count_fits_i32, check_len, invalid, Rows};
+use crate::runtime::Runtime;
+use crate::Result;
+use cudarc::driver::{CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr, PushKernelArg};
+use half::bf16;
+use nsa_kernels::layout::{BF16_TOKEN_ELEMS, KV_LORA_RANK};
+use nsa_kernels::spec::{decode_head_tile, DECODE_BLOCK_TOKENS, PREFILL_DQK};
+use nsa_kernels::KernelFamily;
+
+/// The shape of one prefill call: `s_q` query tokens (every request of the batch
+/// folded together: indices carry the batch), each with its own `topk` indices.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PrefillShape {
+    pub s_q: usize,
+    pub heads: u32,
+    pub topk: u32,
+    /// Q/K width: 576 (latent 512 ‖ rope 64) or 512 (no rope). V is always the first 512.
+    pub d_qk: u32,
+}
+
+impl PrefillShape {
+    /// Heads per CTA, or an error naming the unsupported field.
+    pub fn head_tile(&self) -> Result<u32> {
+        let tile = decode_head_tile(self.heads).ok_or_else(|| {
+            invalid("heads", self.heads.to_string(), "1..=16, or a multiple of 16 up to 128 (query heads on this GPU)")
+        })?;
+        if self.topk == 0 || self.topk % DECODE_BLOCK_TOKENS != 0 || self.topk > 4096 {
+            return Err(invalid(
+                "topk",
+                self.topk.to_string(),
+                "a multiple of 64 in 64..=4096 (index rows are padded with -1 to it)",
+            ));
+        }
+        if !PREFILL_DQK.contains(&self.d_qk) {
+            return Err(invalid("d_qk", self.d_qk.to_string(), "576 (latent + rope) or 512 (latent only)"));
+        }
+        Ok(tile)
+    }
+
+    /// CTAs of the launch: one per (query token, head tile).
+    pub fn ctas(&self) -> Result<usize> {
+        Ok(self.s_q * self.heads.div_ceil(self.head_tile()?) as usize)
+    }
+
+    /// One line for logs: the variant and the grid.
+    pub fn explain(&self) -> String {
+        match self.head_tile() {
+            Ok(t) => format!(
+                "sparse_prefill h{} k{} d{}: {} query tokens × {} head tile(s) of {} = {} CTAs",
+                self.heads,
+                self.topk,
+                self.d_qk,
+                self.s_q,
+                self.heads.div_ceil(t),
+                t,
+                self.s_q * self.heads.div_ceil(t) as usize
+            ),
+            Err(e) => format!("sparse_prefill: unsupported shape ({e})"),
+        }
+    }
+}
+
+/// The query side of one prefill call (spec §8.2).
+#[derive(Debug)]
+pub struct PrefillQuery<'a> {
+    /// `[s_q, heads, d_qk]` bf16: absorbed q_nope (512) ‖ q_rope (64 when d_qk = 576).
+    pub q: CudaView<'a, bf16>,
+    /// `[s_q, topk]` row numbers of the KV rows; −1, any negative value or ≥ s_kv is masked.
+    pub indices: CudaView<'a, i32>,
+    /// `[s_q]`: only the first `topk_length[t]` indices of query t count.
+    pub topk_length: Option<CudaView<'a, i32>>,
+    pub sm_scale: f32,
+}
+
+/// Inputs of one prefill call: the query side and the KV rows it indexes.
+#[derive(Debug)]
+pub struct SparsePrefillInputs<'a> {
+    pub query: PrefillQuery<'a>,
+    /// `s_kv` rows of `d_qk` bf16 (`count` = s_kv, `width` = d_qk, any 16-byte
+    /// multiple stride): the whole bf16 pool (PAGED) or a ragged KV buffer (RAGGED).
+    pub kv: Rows<'a, bf16>,
+}
+
+/// The FP8 cache rows a RAGGED prefill reads (spec §5.2, §8.2): `kv_slots` is
+/// `page_table_1_flattened` (every request's prefix and new tokens, request after
+/// request), dequantized into `buffer` (`[kv_slots.len(), 576]` bf16,
+/// [`ragged_kv_elems`]).
+#[derive(Debug)]
+pub struct Fp8RaggedKv<'a, 'b> {
+    /// `[pool_slots, 656]` bytes.
+    pub cache: CudaView<'a, u8>,
+    pub kv_slots: CudaView<'a, i32>,
+    pub buffer: &'a mut CudaViewMut<'b, bf16>,
+}
+
+/// Outputs of one prefill call. `max_logits` and `lse` are natural-log values:
+/// `max_j(sm_scale·q·k_j)` and `ln Σ_j exp(sm_scale·q·k_j)`; a query without any
+/// valid index gets out 0, max_logits −inf and lse +inf.
+#[derive(Debug)]
+pub struct SparsePrefillOutputs<'a, 'b> {
+    /// `[s_q, heads, 512]` bf16.
+    pub out: &'a mut CudaViewMut<'b, bf16>,
+    /// `[s_q, heads]` f32.
+    pub max_logits: &'a mut CudaViewMut<'b, f32>,
+    /// `[s_q, heads]` f32.
+    pub lse: &'a mut CudaViewMut<'b, f32>,
+}
+
+/// Mirrors `nsa::prefill::Params` (sparse_prefill.cuh) field for field.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct SparsePrefillParams {
+    q: u64,
+    kv: u64,
+    indices: u64,
+    topk_length: u64,
+    out: u64,
+    max_logits: u64,
+    lse: u64,
+    kv_stride: i64,
+    s_kv: i64,
+    s_q: i64,
+    sm_scale: f32,
+}
+// SAFETY: plain old data with the C layout the kernel declares.
+unsafe impl DeviceRepr for SparsePrefillParams {}
+
+fn check_inputs(shape: &PrefillShape, inputs: &SparsePrefillInputs<'_>, outputs: &SparsePrefillOutputs) -> Result<()> {
+    shape.head_tile()?;
+    let (s_q, heads) = (shape.s_q, shape.heads as usize);
+    let query = &inputs.query;
+    check_len("q", query.q.len(), s_q * heads * shape.d_qk as usize, "s_q × heads × d_qk")?;
+    check_len("kv.width", inputs.kv.width, shape.d_qk as usize, "d_qk (the kernel reads whole rows)")?;
+    check_len("indices", query.indices.len(), s_q * shape.topk as usize, "s_q × topk")?;
+    if let Some(l) = &query.topk_length {
+        check_len("topk_length", l.len(), s_q, "one entry per query token")?;
+    }
+    check_len("out", outputs.out.len(), s_q * heads * KV_LORA_RANK, "s_q × heads × 512")?;
+    check_len("max_logits", outputs.max_logits.len(), s_q * heads, "s_q × heads")?;
+    check_len("lse", outputs.lse.len(), s_q * heads, "s_q × heads")?;
+    // One CTA per (query token, head tile) on grid.x.
+    check_count_fits_i32("s_q × head tiles", shape.ctas()?)?;
+    if !query.sm_scale.is_finite() || query.sm_scale <= 0.0 {
+        return Err(invalid("sm_scale", query.sm_scale.to_string(), "a finite positive softmax scale"));
+    }
+    Ok(())
+}
+
+/// Sparse MLA prefill: `out[t, h] = softmax_j(sm_scale · q·k_j) · k_j[..512]` over
+/// the valid indices of query t, with `max_logits` and `lse` (natural log).
+pub fn sparse_prefill(
+    rt: &Runtime,
+    shape: &PrefillShape,
+    inputs: &SparsePrefillInputs<'_>,
+    outputs: SparsePrefillOutputs<'_, '_>,
+) -> Result<()> {
+    check_inputs(shape, inputs, &outputs)?;
+    if shape.s_q == 0 {
+        return Ok(());
+    }
+    let stream = rt.gpu().stream();
+    inputs.kv.check("kv", stream)?;
+    let query = &inputs.query;
+    check_aligned("q", &query.q, 16, stream)?;
+    check_aligned("out", outputs.out, 16, stream)?;
+    let kernel = rt.kernel(KernelFamily::SparsePrefill { heads: shape.heads, topk: shape.topk, d_qk: shape.d_qk })?;
+    let (q, _g1) = query.q.device_ptr(stream);
+    let (kv, _g2) = inputs.kv.data.device_ptr(stream);
+    let (indices, _g3) = query.indices.device_ptr(stream);
+    let topk_length = query.topk_length.as_ref().map(|l| l.device_ptr(stream));
+    let (out, _g4) = outputs.out.device_ptr_mut(stream);
+    let (max_logits, _g5) = outputs.max_logits.device_ptr_mut(stream);
+    let (lse, _g6) = outputs.lse.device_ptr_mut(stream);
+    let params = SparsePrefillParams {
+        q,
+        kv,
+        indices,
+        topk_length: topk_length.as_ref().map_or(0, |(p, _)| *p),
+        out,
+        max_logits,
+        lse,
+        kv_stride: inputs.kv.stride as i64,
+        s_kv: inputs.kv.count as i64,
+        s_q: shape.s_q as i64,
+        sm_scale: query.sm_scale,
+    };
+    let mut args = rt.args(&kernel);
+    args.arg(&params);
+    rt.launch(&kernel, args, shape.ctas()?, "indices", "")
+}
+
+/// bf16 elements of the ragged KV buffer [`sparse_prefill_fp8_ragged`] needs for
+/// `kv_tokens` rows (Σ of the batch's sequence lengths, spec §8.2).
+pub fn ragged_kv_elems(kv_tokens: usize) -> usize {
+    kv_tokens * BF16_TOKEN_ELEMS
+}
+
+/// The FP8-cache prefill (spec §5.2 RAGGED, §8.2): dequantizes `kv.kv_slots` into
+/// `kv.buffer`, then attends with `query.indices` that are row numbers of that
+/// buffer (the RAGGED top-k output, `pos + topk_indices_offset`).
+pub fn sparse_prefill_fp8_ragged(
+    rt: &Runtime,
+    shape: &PrefillShape,
+    kv: Fp8RaggedKv<'_, '_>,
+    query: PrefillQuery<'_>,
+    outputs: SparsePrefillOutputs<'_, '_>,
+) -> Result<()> {
+    if shape.d_qk as usize != BF16_TOKEN_ELEMS {
+        return Err(invalid("d_qk", shape.d_qk.to_string(), "576: the FP8 cache holds latent + rope"));
+    }
+    let rows = kv.kv_slots.len();
+    check_len("kv.buffer", kv.buffer.len(), ragged_kv_elems(rows), "kv_slots.len() × 576 (ragged_kv_elems)")?;
+    dequant_fp8(rt, &kv.cache, &kv.kv_slots, kv.buffer)?;
+    let rows = Rows { data: kv.buffer.slice(0..), count: rows, width: BF16_TOKEN_ELEMS, stride: BF16_TOKEN_ELEMS };
+    sparse_prefill(rt, shape, &SparsePrefillInputs { query, kv: rows }, outputs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shapes_are_checked_naming_the_field() {
+        let ok = PrefillShape { s_q: 4096, heads: 128, topk: 2048, d_qk: 576 };
+        assert_eq!(ok.head_tile().unwrap(), 32);
+        assert_eq!(ok.ctas().unwrap(), 4096 * 4);
+        assert_eq!(PrefillShape { heads: 16, ..ok }.ctas().unwrap(), 4096);
+        assert_eq!(PrefillShape { d_qk: 512, ..ok }.head_tile().unwrap(), 32);
+        for (shape, field) in [
+            (PrefillShape { heads: 24, ..ok }, "heads"),
+            (PrefillShape { heads: 256, ..ok }, "heads"),
+            (PrefillShape { topk: 100, ..ok }, "topk"),
+            (PrefillShape { topk: 0, ..ok }, "topk"),
+            (PrefillShape { d_qk: 192, ..ok }, "d_qk"),
+        ] {
+            let err = shape.head_tile().unwrap_err().to_string();
+            assert!(err.contains(&format!("`{field}`")), "{err}");
+            assert!(shape.explain().contains("unsupported"), "{}", shape.explain());
+        }
+        assert!(ok.explain().contains("16384 CTAs"), "{}", ok.explain());
+    }
+
+    #[test]
+    fn ragged_buffer_holds_one_576_row_per_kv_token() {
+        assert_eq!(ragged_kv_elems(0), 0);
+        assert_eq!(ragged_kv_elems(3), 3 * 576);
+    }
+}
