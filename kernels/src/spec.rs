@@ -64,6 +64,8 @@ pub fn decode_head_tile(heads: u32) -> Option<u32> {
 pub const DECODE_BLOCK_TOKENS: u32 = 64;
 /// Threads of a sparse-decode CTA (8 producer + 8 consumer warps).
 const DECODE_BLOCK_THREADS: u32 = 512;
+/// Threads of a sparse-prefill CTA (4 cp.async producer + 8 consumer warps).
+const PREFILL_BLOCK_THREADS: u32 = 384;
 /// Threads of a combine block (4 output dims each).
 const DECODE_COMBINE_THREADS: u32 = 128;
 
@@ -320,7 +322,8 @@ impl KernelSpec {
             KernelFamily::MetadataReplay { .. } => METADATA_BLOCK_THREADS,
             KernelFamily::TopkSplit { stage: TopkSplitStage::Finish, .. } => TOPK_BLOCK_THREADS,
             KernelFamily::TopkSplit { .. } => TOPK_BLOCK_THREADS / 2,
-            KernelFamily::SparseDecode { .. } | KernelFamily::SparsePrefill { .. } => DECODE_BLOCK_THREADS,
+            KernelFamily::SparseDecode { .. } => DECODE_BLOCK_THREADS,
+            KernelFamily::SparsePrefill { .. } => PREFILL_BLOCK_THREADS,
             KernelFamily::SparseDecodeCombine { .. } => DECODE_COMBINE_THREADS,
             _ => STORE_BLOCK_THREADS,
         }

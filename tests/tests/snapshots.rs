@@ -515,7 +515,13 @@ fn launch_geometry_matches_the_device_code() {
             // One (head tile, row, split) per CTA; combine: one (row, head) per block.
             // Prefill: one (head tile, query token) per CTA.
             KernelFamily::SparseDecode { heads, .. } | KernelFamily::SparsePrefill { heads, .. } => {
-                let d = int_constants(header("nsa/sparse_attend.cuh").unwrap());
+                let family_header = match spec.family {
+                    KernelFamily::SparseDecode { .. } => "nsa/sparse_decode.cuh",
+                    _ => "nsa/sparse_prefill.cuh",
+                };
+                // The family header builds on the shared consumer header's constants.
+                let text = format!("{}\n{}", header("nsa/sparse_attend.cuh").unwrap(), header(family_header).unwrap());
+                let d = int_constants(&text);
                 assert_eq!(spec.tokens_per_block(), 1, "{spec}");
                 assert_eq!(threads as i64, d["kThreads"], "{spec}");
                 assert_eq!(nsa_kernels::spec::DECODE_BLOCK_TOKENS as i64, d["kBlockTokens"], "{spec}");

@@ -13,10 +13,7 @@ namespace attend {
 constexpr int kDv = 512;               // V = the latent part of the same row
 constexpr int kBlockTokens = 64;       // tokens per pipeline step
 constexpr int kConsumerWarps = 8;
-constexpr int kProducerWarps = 8;
 constexpr int kConsumerThreads = kConsumerWarps * 32;
-constexpr int kProducerThreads = kProducerWarps * 32;
-constexpr int kThreads = kConsumerThreads + kProducerThreads;
 // Named barriers: buffer b full (producers arrive, consumers wait), buffer b
 // empty (consumers arrive, producers wait), and the consumers' own.
 constexpr u32 kBarFull = 1;
@@ -59,8 +56,8 @@ struct Smem {
 };
 
 // Q rows of heads head0 .. head0 + kHT - 1 of one query row into shared memory, by
-// every thread (heads past kHeads are zero rows).
-template <int kHeads, int kHT, int kDqk>
+// every one of the CTA's kThreads threads (heads past kHeads are zero rows).
+template <int kHeads, int kHT, int kDqk, int kThreads>
 NSA_DEVICE void load_q_tile(const u16* q_row, u32 head0, u32 q_tile) {
   typedef Rows<kDqk> R;
   for (u32 i = thread_x(); i < (u32)kHT * R::kChunks; i += kThreads) {
@@ -75,7 +72,9 @@ NSA_DEVICE void load_q_tile(const u16* q_row, u32 head0, u32 q_tile) {
 // g + 8 of the m-tile per thread), Q K^T over the tokens of group nw, P V over the
 // output columns of group nw. kQkUnroll: unroll of the Q K^T loop (full on sm_90a;
 // less where ptxas would spill, which also keeps the P V token loop rolled).
-template <int kHT, int kDqk, int kQkUnroll>
+// kThreads: the CTA's threads (consumers first, then the family's producers), the
+// count of the full/empty barriers.
+template <int kHT, int kDqk, int kQkUnroll, int kThreads>
 struct Consumer {
   static_assert(kHT == 16 || kHT == 32, "head tile: 16 or 32 (consumer registers cap the P V columns per warp)");
   typedef Smem<kHT, kDqk> L;
@@ -135,10 +134,14 @@ struct Consumer {
     const u32 kbuf = base + L::kK + buf * L::kBufBytes;
     float* rd = red(smem);
 
-    // S = Q K^T for 16 heads x kTokPerWarp tokens.
-    float s[kNT][4];
+    // S = Q K^T for 16 heads x kTokPerWarp tokens, as two accumulator sets (even
+    // and odd k16 pairs) so consecutive mma.sync do not wait on each other.
+    float s[kNT][4], s2[kNT][4];
 #pragma unroll
-    for (int j = 0; j < kNT; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+    for (int j = 0; j < kNT; ++j) {
+      s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+      s2[j][0] = s2[j][1] = s2[j][2] = s2[j][3] = 0.0f;
+    }
     const u32 k_addr = kbuf + k_off;
     if constexpr (kNT == 1) {
       // One n8 tile per warp: each x4 load of K spans two k16 steps instead.
@@ -149,22 +152,29 @@ struct Consumer {
         mma::ldsm_x4(q_addr + (kc + 2) * 16, a1);
         mma::ldsm_x4(k_addr + kc * 16, b);
         mma::mma_bf16(s[0], a0, b[0], b[1]);
-        mma::mma_bf16(s[0], a1, b[2], b[3]);
+        mma::mma_bf16(s2[0], a1, b[2], b[3]);
       }
     } else {
 #pragma unroll(kQkUnroll)
-      for (int kc = 0; kc < R::kChunks; kc += 2) {
-        u32 a[4];
-        mma::ldsm_x4(q_addr + kc * 16, a);
+      for (int kc = 0; kc < R::kChunks; kc += 4) {
 #pragma unroll
-        for (int j = 0; j < kNT; j += 2) {
-          u32 b[4];
-          mma::ldsm_x4(k_addr + j * 8 * R::kBytes + kc * 16, b);
-          mma::mma_bf16(s[j], a, b[0], b[1]);
-          mma::mma_bf16(s[j + 1], a, b[2], b[3]);
+        for (int half = 0; half < 2; ++half) {
+          u32 a[4];
+          mma::ldsm_x4(q_addr + (kc + 2 * half) * 16, a);
+#pragma unroll
+          for (int j = 0; j < kNT; j += 2) {
+            u32 b[4];
+            mma::ldsm_x4(k_addr + j * 8 * R::kBytes + (kc + 2 * half) * 16, b);
+            mma::mma_bf16(half ? s2[j] : s[j], a, b[0], b[1]);
+            mma::mma_bf16(half ? s2[j + 1] : s[j + 1], a, b[2], b[3]);
+          }
         }
       }
     }
+#pragma unroll
+    for (int j = 0; j < kNT; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[j][e] += s2[j][e];
 
     // Scale into the log2 domain, mask invalid tokens, row max across the warps.
     const u8* flags = smem + L::kValid + buf * kBlockTokens;

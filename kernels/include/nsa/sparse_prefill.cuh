@@ -11,7 +11,11 @@ namespace nsa {
 namespace prefill {
 
 using namespace attend;
-constexpr int kPartsPerToken = kProducerThreads / kBlockTokens;  // 4 producer threads per row
+// cp.async moves rows without touching registers: 4 producer warps suffice, and
+// the smaller CTA (384 threads) lets the consumers use up to 168 registers.
+constexpr int kProducerWarps = 4;
+constexpr int kProducerThreads = kProducerWarps * 32;
+constexpr int kThreads = kConsumerThreads + kProducerThreads;
 
 // Mirrors `SparsePrefillParams` in nsa-runtime (ops/sparse_prefill.rs) field for field.
 struct Params {
@@ -28,33 +32,46 @@ struct Params {
   float sm_scale;
 };
 
-// Producer warps: each 64-token step, 4 threads per token copy one contiguous
-// quarter of its row; the next step's index is read while this one is in flight.
-// A buffer is published (full) once its cp.async group has landed, one step
-// behind the issue, so two steps of loads are in flight.
+// Producer warps: each 64-token step, warp w copies rows 16 w .. 16 w + 15 of the
+// buffer, one row at a time with the whole warp (lane l moves 16-byte chunks l,
+// l + 32, ...), so every cp.async instruction reads 512 contiguous bytes. Lanes
+// 0..15 hold the step's 16 indices, read one step ahead. A buffer is published
+// (full) once its cp.async group has landed, one step behind the issue, so two
+// steps of loads are in flight.
 template <int kTopk, int kDqk>
 NSA_DEVICE void produce(const Params& p, u32 k_base, u8* flags, i64 row, i32 valid_len, i32 steps) {
   typedef Rows<kDqk> R;
-  constexpr int kPerPart = R::kChunks / kPartsPerToken;
-  static_assert(R::kChunks % kPartsPerToken == 0, "row split across the producer threads of a token");
-  const u32 ptid = thread_x() - kConsumerThreads;
-  const i32 token = (i32)(ptid / kPartsPerToken);
-  const u32 part = ptid % kPartsPerToken;
+  constexpr int kRowsPerWarp = kBlockTokens / kProducerWarps;
+  constexpr int kRounds = (R::kChunks + 31) / 32;
+  static_assert(kRowsPerWarp <= 32, "one index per lane");
+  const u32 lane = thread_x() % 32;
+  const u32 row0 = (thread_x() / 32 - kConsumerWarps) * kRowsPerWarp;
   const i32* idx_row = p.indices + row * kTopk;
-  i32 next = token < valid_len ? idx_row[token] : -1;
+  auto index_at = [&](i32 step) -> i32 {
+    const i32 pos = step * kBlockTokens + (i32)(row0 + lane);
+    return (lane < (u32)kRowsPerWarp && pos < valid_len) ? idx_row[pos] : -1;
+  };
+  i32 next = index_at(0);
   for (i32 step = 0; step < steps; ++step) {
     const u32 buf = step & 1;
-    const i32 idx = next;
-    const i32 pos = (step + 1) * kBlockTokens + token;
-    next = (step + 1 < steps && pos < valid_len) ? idx_row[pos] : -1;
+    const i32 mine = next;
+    next = step + 1 < steps ? index_at(step + 1) : -1;
     if (step >= 2) mma::bar_sync(kBarEmpty + buf, kThreads);
-    const bool valid = idx >= 0 && (i64)idx < p.s_kv;
-    const u16* src = p.kv + (valid ? (i64)idx * p.kv_stride : 0) + part * kPerPart * 8;
-    const u32 dst = k_base + buf * Smem<16, kDqk>::kBufBytes + R::offset(token, part * kPerPart);
+    if (lane < (u32)kRowsPerWarp) flags[buf * kBlockTokens + row0 + lane] = (mine >= 0 && (i64)mine < p.s_kv) ? 1 : 0;
+    const u32 tile = k_base + buf * Smem<16, kDqk>::kBufBytes;
+#pragma unroll 4
+    for (int r = 0; r < kRowsPerWarp; ++r) {
+      const i32 idx = __shfl_sync(0xffffffffu, mine, r);
+      const bool valid = idx >= 0 && (i64)idx < p.s_kv;
+      const u16* src = p.kv + (valid ? (i64)idx * p.kv_stride : 0);
+      const u32 dst = tile + R::offset(row0 + r, 0);
 #pragma unroll
-    for (int c = 0; c < kPerPart; ++c) mma::cp_async_16(dst + c * 16, src + c * 8, valid ? 16u : 0u);
+      for (int c = 0; c < kRounds; ++c) {
+        const u32 chunk = c * 32 + lane;
+        if (chunk < (u32)R::kChunks) mma::cp_async_16(dst + chunk * 16, src + chunk * 8, valid ? 16u : 0u);
+      }
+    }
     mma::cp_async_commit();
-    if (part == 0) flags[buf * kBlockTokens + token] = valid ? 1 : 0;
     if (step >= 1) {
       mma::cp_async_wait<1>();
       mma::bar_arrive(kBarFull + (buf ^ 1), kThreads);
@@ -90,14 +107,14 @@ NSA_DEVICE void sparse_prefill(const Params& p) {
   const i32 steps = (valid_len + kBlockTokens - 1) / kBlockTokens;
 
   const u32 head0 = ht * kHT;
-  load_q_tile<kHeads, kHT, kDqk>(p.q + row * kHeads * kDqk, head0, base + L::kQ);
+  load_q_tile<kHeads, kHT, kDqk, kThreads>(p.q + row * kHeads * kDqk, head0, base + L::kQ);
   sync_block();
   if (warp >= (u32)kConsumerWarps) {
     if (steps > 0) produce<kTopk, kDqk>(p, base + L::kK, smem + L::kValid, row, valid_len, steps);
     return;
   }
 
-  Consumer<kHT, kDqk, kQkUnroll> c(base, warp, lane);
+  Consumer<kHT, kDqk, kQkUnroll, kThreads> c(base, warp, lane);
   c.run(smem, steps, p.sm_scale * kLog2e);
   float l_tot[2];
   c.row_sums(smem, l_tot);

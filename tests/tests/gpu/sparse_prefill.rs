@@ -88,3 +88,86 @@ fn empty_batch() {
     let c = PrefillCase::new(shape(0, 64, 2048, 576), 100, IndexPattern::Holes, 1900);
     assert_all(&[run(&rt, &c).unwrap()]);
 }
+
+/// 64-bit addressing and grid limits: KV rows past 2^31 bytes are read, and
+/// s_q > 65,535 query tokens run in one launch.
+#[test]
+fn kv_over_2_gib_and_s_q_over_65535() {
+    use half::bf16;
+    use nsa_kernels::layout::{BF16_TOKEN_ELEMS, DEEPSEEK_V32_SM_SCALE, KV_LORA_RANK};
+    use nsa_runtime::ops::sparse_prefill::{sparse_prefill, PrefillQuery, SparsePrefillInputs, SparsePrefillOutputs};
+    use nsa_runtime::ops::Rows;
+    use nsa_runtime::reference::sparse_mla::attend;
+    use nsa_runtime::testdata;
+    use nsa_runtime::verify::attention::{compare, sample_rows, GpuAttention};
+    use nsa_runtime::verify::{download, upload};
+    use rand::Rng;
+
+    let rt = rt();
+    let stream = rt.gpu().stream();
+    let mut rng = testdata::rng(1950);
+    // 1.9M rows of 1152 bytes: 2.19 GB, the last rows start past 2^31 bytes.
+    let s_kv = 1_900_000usize;
+    assert!((s_kv - 64) * 2 * BF16_TOKEN_ELEMS > 1 << 31);
+    let mut d_kv = stream.alloc_zeros::<bf16>(s_kv * BF16_TOKEN_ELEMS).unwrap();
+    // 64 random rows at each end of the tensor; everything else stays zero.
+    let ends: Vec<usize> = (0..64).chain(s_kv - 64..s_kv).collect();
+    let mut rows = std::collections::HashMap::new();
+    for (i, &r) in ends.iter().enumerate() {
+        let v: Vec<bf16> = (0..BF16_TOKEN_ELEMS).map(|_| bf16::from_f32(rng.random_range(-2.0..2.0))).collect();
+        let at = r * BF16_TOKEN_ELEMS;
+        stream.memcpy_htod(&v, &mut d_kv.slice_mut(at..at + BF16_TOKEN_ELEMS)).unwrap();
+        rows.insert(r, (i, v));
+    }
+    let (s_q, heads, topk) = (70_000usize, 16u32, 64u32);
+    let h = heads as usize;
+    // Queries: a random block repeated (the grid, not the values, is under test).
+    let block: Vec<bf16> = (0..(1 << 20)).map(|_| bf16::from_f32(rng.random_range(-1.0..1.0))).collect();
+    let q: Vec<bf16> = block.iter().cycle().take(s_q * h * BF16_TOKEN_ELEMS).copied().collect();
+    let indices: Vec<i32> = (0..s_q * topk as usize)
+        .map(|_| if rng.random_range(0..8) == 0 { -1 } else { ends[rng.random_range(0..ends.len())] as i32 })
+        .collect();
+    let d_q = upload(stream, &q).unwrap();
+    let d_idx = upload(stream, &indices).unwrap();
+    let mut d_out = stream.alloc_zeros::<bf16>(s_q * h * KV_LORA_RANK).unwrap();
+    let mut d_max = stream.alloc_zeros::<f32>(s_q * h).unwrap();
+    let mut d_lse = stream.alloc_zeros::<f32>(s_q * h).unwrap();
+    let shape = PrefillShape { s_q, heads, topk, d_qk: 576 };
+    let inputs = SparsePrefillInputs {
+        query: PrefillQuery {
+            q: d_q.slice(0..q.len()),
+            indices: d_idx.slice(0..indices.len()),
+            topk_length: None,
+            sm_scale: DEEPSEEK_V32_SM_SCALE,
+        },
+        kv: Rows { data: d_kv.slice(0..), count: s_kv, width: BF16_TOKEN_ELEMS, stride: BF16_TOKEN_ELEMS },
+    };
+    let outputs = SparsePrefillOutputs {
+        out: &mut d_out.slice_mut(0..),
+        max_logits: &mut d_max.slice_mut(0..),
+        lse: &mut d_lse.slice_mut(0..),
+    };
+    sparse_prefill(&rt, &shape, &inputs, outputs).unwrap();
+    let out = download(stream, &d_out, s_q * h * KV_LORA_RANK).unwrap();
+    let max_logits = download(stream, &d_max, s_q * h).unwrap();
+    let lse = download(stream, &d_lse, s_q * h).unwrap();
+    let picked = sample_rows(s_q, 16);
+    let keys: Vec<Vec<f32>> = ends.iter().map(|r| rows[r].1.iter().map(|v| v.to_f32()).collect()).collect();
+    let want: Vec<_> = picked
+        .iter()
+        .map(|&t| {
+            let k = topk as usize;
+            let ks: Vec<&[f32]> = indices[t * k..(t + 1) * k]
+                .iter()
+                .filter(|&&i| i >= 0)
+                .map(|&i| keys[rows[&(i as usize)].0].as_slice())
+                .collect();
+            let qt: Vec<f32> =
+                q[t * h * BF16_TOKEN_ELEMS..(t + 1) * h * BF16_TOKEN_ELEMS].iter().map(|v| v.to_f32()).collect();
+            attend(&qt, h, BF16_TOKEN_ELEMS, &ks, DEEPSEEK_V32_SM_SCALE)
+        })
+        .collect();
+    let gpu = GpuAttention { heads: h, out: &out, lse: &lse, max_logits: Some(&max_logits) };
+    let (mismatches, first) = compare(&gpu, &picked, &want);
+    assert_eq!(mismatches, 0, "{first:?}");
+}
