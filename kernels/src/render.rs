@@ -23,6 +23,7 @@ pub const TEMPLATES: &[(&str, &str)] = embed! {
     "sparse_decode.cu.tera" => "../../templates/sparse_decode.cu.tera",
     "sparse_decode_combine.cu.tera" => "../../templates/sparse_decode_combine.cu.tera",
     "sparse_prefill.cu.tera" => "../../templates/sparse_prefill.cu.tera",
+    "indexer_logits.cu.tera" => "../../templates/indexer_logits.cu.tera",
 };
 
 /// Device headers, by the include name sources use. Passed to the compiler as
@@ -43,6 +44,7 @@ pub const HEADERS: &[(&str, &str)] = embed! {
     "nsa/sparse_attend.cuh" => "../include/nsa/sparse_attend.cuh",
     "nsa/sparse_decode.cuh" => "../include/nsa/sparse_decode.cuh",
     "nsa/sparse_prefill.cuh" => "../include/nsa/sparse_prefill.cuh",
+    "nsa/indexer_logits.cuh" => "../include/nsa/indexer_logits.cuh",
 };
 
 /// blake3 over every embedded header (name and bytes), part of every cache key.

@@ -43,7 +43,41 @@ pub enum KernelFamily {
     /// width `d_qk` (576 = latent + rope, or 512 without rope) are constants. One
     /// CTA per (query token, head tile); no batch dimension (indices carry it).
     SparsePrefill { heads: u32, topk: u32, d_qk: u32 },
+    /// Lightning-indexer logits (spec §6.2, §6.3) over FP8 keys: PAGED from the
+    /// indexer cache (decode / verify / draft-extend, page size 64 fixed by the
+    /// cache layout) or RAGGED from gathered keys with per-row [ks, ke) (extend).
+    /// The index head count is a constant (dim 128 is fixed by the cache).
+    IndexerLogits { heads: u32, layout: IndexerLayout },
 }
+
+/// Where the indexer logits kernel reads its keys.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum IndexerLayout {
+    Paged,
+    Ragged,
+}
+
+impl IndexerLayout {
+    pub const ALL: [IndexerLayout; 2] = [IndexerLayout::Paged, IndexerLayout::Ragged];
+
+    pub fn tag(self) -> &'static str {
+        match self {
+            IndexerLayout::Paged => "paged",
+            IndexerLayout::Ragged => "ragged",
+        }
+    }
+
+    fn device_enum(self) -> &'static str {
+        match self {
+            IndexerLayout::Paged => "kPaged",
+            IndexerLayout::Ragged => "kRagged",
+        }
+    }
+}
+
+/// Threads of an indexer logits CTA (4 warps, 16 keys each per 64-key block).
+const INDEXER_LOGITS_THREADS: u32 = 128;
 
 /// Heads one sparse-attention (decode or prefill) CTA computes: 32 when `heads` is a multiple of 32, else
 /// 16; 1..=15 heads run one 16-row tile whose extra rows are zero and never
@@ -249,6 +283,7 @@ impl KernelSpec {
             KernelFamily::SparseDecode { .. } => "sparse_decode",
             KernelFamily::SparseDecodeCombine { .. } => "sparse_decode_combine",
             KernelFamily::SparsePrefill { .. } => "sparse_prefill",
+            KernelFamily::IndexerLogits { .. } => "indexer_logits",
         }
     }
 
@@ -280,6 +315,7 @@ impl KernelSpec {
             KernelFamily::SparsePrefill { heads, topk, d_qk } => {
                 vec![format!("h{heads}"), format!("k{topk}"), format!("d{d_qk}")]
             }
+            KernelFamily::IndexerLogits { heads, layout } => vec![layout.tag().into(), format!("h{heads}")],
         };
         let mut parts = vec![self.family_name().to_string()];
         parts.extend(knobs);
@@ -310,6 +346,7 @@ impl KernelSpec {
             KernelFamily::SparseDecode { .. } => "sparse_decode.cu.tera",
             KernelFamily::SparseDecodeCombine { .. } => "sparse_decode_combine.cu.tera",
             KernelFamily::SparsePrefill { .. } => "sparse_prefill.cu.tera",
+            KernelFamily::IndexerLogits { .. } => "indexer_logits.cu.tera",
         }
     }
 
@@ -324,6 +361,7 @@ impl KernelSpec {
             KernelFamily::TopkSplit { .. } => TOPK_BLOCK_THREADS / 2,
             KernelFamily::SparseDecode { .. } => DECODE_BLOCK_THREADS,
             KernelFamily::SparsePrefill { .. } => PREFILL_BLOCK_THREADS,
+            KernelFamily::IndexerLogits { .. } => INDEXER_LOGITS_THREADS,
             KernelFamily::SparseDecodeCombine { .. } => DECODE_COMBINE_THREADS,
             _ => STORE_BLOCK_THREADS,
         }
@@ -387,6 +425,8 @@ impl KernelSpec {
             KernelFamily::SparseDecode { .. }
             | KernelFamily::SparseDecodeCombine { .. }
             | KernelFamily::SparsePrefill { .. } => 1,
+            // One (query row, chunk of key blocks) per CTA.
+            KernelFamily::IndexerLogits { .. } => 1,
             // One page-table row per block (the kernel strides over rows past the grid).
             KernelFamily::MetadataReplay { .. } => 1,
             KernelFamily::IndexTransform { .. } => self.block_threads(),
@@ -453,6 +493,11 @@ impl KernelSpec {
         if let KernelFamily::SparseDecodeCombine { heads } = self.family {
             ctx.insert("heads".into(), json!(heads));
         }
+        if let KernelFamily::IndexerLogits { heads, layout } = self.family {
+            ctx.insert("heads".into(), json!(heads));
+            ctx.insert("layout".into(), json!(layout.tag()));
+            ctx.insert("layout_enum".into(), json!(layout.device_enum()));
+        }
         if let KernelFamily::SparsePrefill { heads, topk, d_qk } = self.family {
             ctx.insert("heads".into(), json!(heads));
             ctx.insert("head_tile".into(), json!(decode_head_tile(heads)));
@@ -483,7 +528,8 @@ impl KernelSpec {
     /// [`DECODE_HEADS`] at top-k 2048 / page 64, top-k 512 and 1024 at 128 heads,
     /// and page sizes 1 and 61; sparse prefill for every head count of
     /// [`PREFILL_HEADS`] at top-k 2048 / d_qk 576, top-k 512 and 1024 and d_qk 512
-    /// at 128 heads. Sparse MLA has no ROCm variant yet (mma.sync).
+    /// at 128 heads; indexer logits (paged, ragged) at 64 heads. Sparse MLA and the
+    /// indexer logits have no ROCm variant yet (mma.sync).
     pub fn all_for(target: Target) -> Vec<KernelSpec> {
         let mut families = vec![
             KernelFamily::KvStore { format: KvCacheFormat::Bf16 },
@@ -530,6 +576,9 @@ impl KernelSpec {
                 families.push(KernelFamily::SparsePrefill { heads: 128, topk, d_qk: 576 });
             }
             families.push(KernelFamily::SparsePrefill { heads: 128, topk: 2048, d_qk: 512 });
+            for layout in IndexerLayout::ALL {
+                families.push(KernelFamily::IndexerLogits { heads: 64, layout });
+            }
         }
         families.into_iter().map(|family| KernelSpec::new(family, target)).collect()
     }
@@ -567,6 +616,10 @@ impl KernelSpec {
                 heads: h.strip_prefix('h').and_then(|n| n.parse::<u32>().ok())?,
                 topk: k_of(k)?,
                 d_qk: d.strip_prefix('d').and_then(|n| n.parse::<u32>().ok())?,
+            },
+            ("indexer_logits", [l, h]) => KernelFamily::IndexerLogits {
+                layout: IndexerLayout::ALL.into_iter().find(|x| x.tag() == *l)?,
+                heads: h.strip_prefix('h').and_then(|n| n.parse::<u32>().ok())?,
             },
             ("sparse_decode_combine", [h]) => {
                 KernelFamily::SparseDecodeCombine { heads: h.strip_prefix('h').and_then(|n| n.parse::<u32>().ok())? }

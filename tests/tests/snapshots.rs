@@ -82,7 +82,7 @@ fn kernel_set_is_sorted_unique_and_covers_each_target() {
             let nvidia = t.vendor() == nsa_kernels::Vendor::Nvidia;
             // Sparse MLA is NVIDIA only (mma.sync) so far: prefill for every format.
             if nvidia {
-                expected.insert("sparse_prefill");
+                expected.extend(["sparse_prefill", "indexer_logits"]);
             }
             if cfg.kv_cache == KvCacheFormat::Fp8 {
                 expected.insert("kv_dequant");
@@ -336,9 +336,10 @@ fn ids_and_symbols_are_unique_and_round_trip() {
     let specs = all_specs();
     // 4 store kernels + 9 top-k + 3 deterministic + 3 throughput top-k + 1 index transform
     // + 3 metadata replay modes × 2 page sizes + 3 split stages × 3 transforms per target;
-    // on NVIDIA also 9 sparse decode variants, 5 combines and 7 sparse prefill variants.
+    // on NVIDIA also 9 sparse decode variants, 5 combines, 7 sparse prefill variants and
+    // 2 indexer logits layouts.
     let nvidia = Target::ALL.iter().filter(|t| t.vendor() == nsa_kernels::Vendor::Nvidia).count();
-    assert_eq!(specs.len(), 35 * Target::ALL.len() + 21 * nvidia);
+    assert_eq!(specs.len(), 35 * Target::ALL.len() + 23 * nvidia);
     let mut ids = BTreeMap::new();
     let mut symbols = BTreeMap::new();
     let mut sources = BTreeSet::new();
@@ -528,6 +529,16 @@ fn launch_geometry_matches_the_device_code() {
                 let tile = nsa_kernels::spec::decode_head_tile(heads).unwrap();
                 assert!(spec.dynamic_smem_bytes() <= 227 * 1024, "{spec}: {} bytes", spec.dynamic_smem_bytes());
                 assert!(render(&spec).unwrap().source.contains(&format!("<{heads}, {tile}, ")), "{spec}");
+                assert!(r_has_bounds(&spec, threads), "{spec}");
+                continue;
+            }
+            // One (query row, chunk of 64-key blocks) per CTA; 16 keys per warp.
+            KernelFamily::IndexerLogits { .. } => {
+                let d = int_constants(header("nsa/indexer_logits.cuh").unwrap());
+                assert_eq!(spec.tokens_per_block(), 1, "{spec}");
+                assert_eq!(threads as i64, d["kThreads"], "{spec}");
+                assert_eq!(d["kBlockTokens"], d["kPageTokens"], "{spec}: one indexer page per step");
+                assert_eq!(d["kPageBytes"], layout::INDEXER_PAGE_BYTES as i64, "{spec}");
                 assert!(r_has_bounds(&spec, threads), "{spec}");
                 continue;
             }

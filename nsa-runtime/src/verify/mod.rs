@@ -224,6 +224,7 @@ pub fn kv_cache_suite(rt: &Runtime, sizes: &[usize], seed: u64) -> Result<Vec<Ch
     Ok(checks)
 }
 pub mod attention;
+pub mod indexer;
 pub mod metadata;
 pub mod sparse_decode;
 pub mod sparse_prefill;

@@ -36,7 +36,7 @@ pub struct BenchArgs {
     /// working set; separates gather latency from compute).
     #[arg(long)]
     pub decode_shared_keys: bool,
-    /// Which benchmarks: kv (store/dequant + JIT), topk, metadata, decode, prefill, or all.
+    /// Which benchmarks: kv (store/dequant + JIT), topk, metadata, decode, prefill, indexer, or all.
     #[arg(long, value_enum, default_value_t = Suite::All)]
     pub suite: Suite,
 }
@@ -48,6 +48,7 @@ pub enum Suite {
     Metadata,
     Decode,
     Prefill,
+    Indexer,
     All,
 }
 
@@ -97,6 +98,7 @@ struct Report {
     topk: Vec<TopkRow>,
     decode: Vec<crate::bench_decode::DecodeRow>,
     prefill: Vec<crate::bench_prefill::PrefillRow>,
+    indexer: Vec<crate::bench_indexer::IndexerRow>,
     metadata: Vec<MetadataRow>,
     bandwidth: Vec<BandwidthRow>,
     jit_cold: Vec<JitRow>,
@@ -410,6 +412,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     };
     let prefill =
         if want(Suite::Prefill) { crate::bench_prefill::prefill_bench(&rt, args.reps.min(20))? } else { vec![] };
+    let indexer = if want(Suite::Indexer) { crate::bench_indexer::indexer_bench(&rt, args.reps)? } else { vec![] };
     let metadata = if want(Suite::Metadata) { metadata_bench(&rt, args.reps)? } else { vec![] };
     let bandwidth = if want(Suite::Kv) { bandwidth(&rt, &args.tokens, args.reps)? } else { vec![] };
     let (jit_cold, disk_ms, kernels, hit_ns) = if want(Suite::Kv) { jit(&rt)? } else { (vec![], 0.0, 0, 0.0) };
@@ -430,6 +433,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         topk,
         decode,
         prefill,
+        indexer,
         metadata,
         bandwidth,
         jit_cold,

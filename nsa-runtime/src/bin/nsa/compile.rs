@@ -11,6 +11,7 @@ use nsa_runtime::metadata::GraphMode;
 use nsa_runtime::ops::sparse_decode::DecodeShape;
 use nsa_runtime::ops::sparse_prefill::PrefillShape;
 use nsa_runtime::testdata::ScorePattern;
+use nsa_runtime::verify::indexer::{self as vindexer, IndexerCase};
 use nsa_runtime::verify::metadata::{self as vmeta, ReplayCase};
 use nsa_runtime::verify::sparse_decode::{self as vdecode, DecodeCase, IndexPattern};
 use nsa_runtime::verify::sparse_prefill::{self as vprefill, KvSource, PrefillCase};
@@ -259,6 +260,27 @@ pub fn verify(args: VerifyArgs) -> Result<()> {
                 }
                 // Checked with its decode kernel (split plans).
                 KernelFamily::SparseDecodeCombine { .. } => continue,
+                KernelFamily::IndexerLogits { heads, layout } => {
+                    let case = match layout {
+                        nsa_kernels::spec::IndexerLayout::Paged => IndexerCase::Paged {
+                            context_lens: vec![1, 63, 64, n as i32 % 3000 + 1, 2049],
+                            next_n: 1 + i % 4,
+                            table_width: 40,
+                            pages: 97,
+                            seed,
+                        },
+                        nsa_kernels::spec::IndexerLayout::Ragged => {
+                            let keys = 100 + n % 3000;
+                            IndexerCase::Ragged {
+                                ks: vec![0, 5, 64, 0],
+                                ke: vec![1, 70, keys as i32, 0],
+                                num_keys: keys,
+                                seed,
+                            }
+                        }
+                    };
+                    vindexer::run(&rt, &case, heads)?
+                }
                 KernelFamily::SparsePrefill { heads, topk, d_qk } => {
                     let shape = PrefillShape { s_q: 1 + n % 97, heads, topk, d_qk };
                     let mut case = PrefillCase::new(shape, 2 * topk as usize + n, IndexPattern::Holes, seed);

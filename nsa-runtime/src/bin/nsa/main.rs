@@ -2,6 +2,7 @@
 
 mod bench;
 mod bench_decode;
+mod bench_indexer;
 mod bench_prefill;
 mod compile;
 mod config_args;

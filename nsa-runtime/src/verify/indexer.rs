@@ -1,0 +1,157 @@
+//! Indexer logits on the GPU against the CPU reference (spec §6.2, §6.3).
+//!
+//! Tolerance: every visible entry within `2·10⁻⁵ · max|row| + 10⁻⁶` of the f64
+//! reference (the kernel's products are exact, its f32 sums round; a wrong key,
+//! head, scale or window is off by O(|row|)). Entries a row does not see must keep
+//! the sentinel the buffer was filled with.
+
+use super::{download, upload, Check};
+use crate::ops::indexer::{self, IndexerQuery, LogitsOut, PagedIndexerKeys, RaggedIndexerKeys};
+use crate::reference::indexer::{paged_logits, ragged_logits, PagedKeys};
+use crate::runtime::Runtime;
+use crate::testdata;
+use crate::Result;
+use nsa_kernels::layout::{INDEXER_HEAD_DIM, INDEXER_PAGE_BYTES, INDEXER_PAGE_TOKENS};
+use nsa_kernels::spec::IndexerLayout;
+use nsa_kernels::{KernelFamily, KernelSpec};
+use rand::rngs::StdRng;
+use rand::Rng;
+
+const SENTINEL: f32 = -12345.0;
+
+/// One indexer test case.
+#[derive(Clone, Debug)]
+pub enum IndexerCase {
+    /// `context_lens.len()` requests of `next_n` query rows, pages shuffled in a
+    /// cache of `pages` pages; `table_width` page ids per request.
+    Paged { context_lens: Vec<i32>, next_n: usize, table_width: usize, pages: usize, seed: u64 },
+    /// Query rows with windows `[ks, ke)` over `num_keys` keys.
+    Ragged { ks: Vec<i32>, ke: Vec<i32>, num_keys: usize, seed: u64 },
+}
+
+/// A random finite e4m3 byte (no NaN code).
+fn e4m3(rng: &mut StdRng) -> u8 {
+    loop {
+        let b: u8 = rng.random();
+        if b & 0x7f != 0x7f {
+            return b;
+        }
+    }
+}
+
+fn query(rows: usize, heads: usize, rng: &mut StdRng) -> (Vec<u8>, Vec<f32>) {
+    let q = (0..rows * heads * INDEXER_HEAD_DIM).map(|_| e4m3(rng)).collect();
+    let w = (0..rows * heads).map(|_| rng.random_range(-0.02f32..0.05)).collect();
+    (q, w)
+}
+
+fn power_of_two_scale(rng: &mut StdRng) -> f32 {
+    2f32.powi(rng.random_range(-12..-4))
+}
+
+/// Compares the visible entries of `got` with `want` (−inf in `want` = not visible).
+fn compare(got: &[f32], want: &[f32], rows: usize, width: usize, stride: usize) -> (usize, Option<String>) {
+    let mut bad = 0;
+    let mut first = None;
+    for r in 0..rows {
+        let w_row = &want[r * width..(r + 1) * width];
+        let max = w_row.iter().filter(|v| v.is_finite()).fold(0.0f32, |m, v| m.max(v.abs()));
+        let tol = 2e-5 * max + 1e-6;
+        let diff = (0..width).find(|&s| {
+            let g = got[r * stride + s];
+            if w_row[s] == f32::NEG_INFINITY {
+                g != SENTINEL
+            } else {
+                (g - w_row[s]).abs() > tol
+            }
+        });
+        if let Some(s) = diff {
+            bad += 1;
+            first.get_or_insert(format!("row {r} key {s}: gpu {} vs reference {}", got[r * stride + s], w_row[s]));
+        }
+    }
+    (bad, first)
+}
+
+pub fn run(rt: &Runtime, case: &IndexerCase, heads: u32) -> Result<Check> {
+    let stream = rt.gpu().stream();
+    let h = heads as usize;
+    let (layout, rows, mismatches, first, what) = match case {
+        IndexerCase::Paged { context_lens, next_n, table_width, pages, seed } => {
+            let mut rng = testdata::rng(*seed);
+            let batch = context_lens.len();
+            let rows = batch * next_n;
+            let mut cache = vec![0u8; pages * INDEXER_PAGE_BYTES];
+            for p in 0..*pages {
+                let page = &mut cache[p * INDEXER_PAGE_BYTES..(p + 1) * INDEXER_PAGE_BYTES];
+                for b in page[..INDEXER_PAGE_TOKENS * INDEXER_HEAD_DIM].iter_mut() {
+                    *b = e4m3(&mut rng);
+                }
+                for o in 0..INDEXER_PAGE_TOKENS {
+                    let at = INDEXER_PAGE_TOKENS * INDEXER_HEAD_DIM + 4 * o;
+                    page[at..at + 4].copy_from_slice(&power_of_two_scale(&mut rng).to_le_bytes());
+                }
+            }
+            let table: Vec<i32> = (0..batch * table_width).map(|_| rng.random_range(0..*pages as i32)).collect();
+            let (q, w) = query(rows, h, &mut rng);
+            let width = table_width * INDEXER_PAGE_TOKENS;
+            let stride = width.next_multiple_of(4) + 4;
+            let d_q = upload(stream, &q)?;
+            let d_w = upload(stream, &w)?;
+            let d_cache = upload(stream, &cache)?;
+            let d_table = upload(stream, &table)?;
+            let d_lens = upload(stream, context_lens)?;
+            let mut d_out = upload(stream, &vec![SENTINEL; rows * stride])?;
+            let query = IndexerQuery { heads, q: d_q.slice(0..q.len()), weights: d_w.slice(0..w.len()) };
+            let keys = PagedIndexerKeys {
+                cache: d_cache.slice(0..cache.len()),
+                block_table: d_table.slice(0..table.len()),
+                table_width: *table_width,
+                context_lens: d_lens.slice(0..batch),
+                next_n: *next_n,
+            };
+            let mut view = d_out.slice_mut(0..rows * stride);
+            indexer::paged_logits(rt, &query, &keys, LogitsOut { data: &mut view, stride })?;
+            let got = download(stream, &d_out, rows * stride)?;
+            let pk = PagedKeys { cache: &cache, block_table: &table, width: *table_width, context_lens };
+            let want = paged_logits(&q, &w, pk, *next_n, width);
+            let (bad, first) = compare(&got, &want, rows, width, stride);
+            (IndexerLayout::Paged, rows, bad, first, format!("paged b{batch} next_n{next_n} width{table_width}"))
+        }
+        IndexerCase::Ragged { ks, ke, num_keys, seed } => {
+            let mut rng = testdata::rng(*seed);
+            let rows = ks.len();
+            let keys: Vec<u8> = (0..num_keys * INDEXER_HEAD_DIM).map(|_| e4m3(&mut rng)).collect();
+            let scales: Vec<f32> = (0..*num_keys).map(|_| power_of_two_scale(&mut rng)).collect();
+            let (q, w) = query(rows, h, &mut rng);
+            let stride = num_keys.next_multiple_of(4);
+            let d_q = upload(stream, &q)?;
+            let d_w = upload(stream, &w)?;
+            let d_k = upload(stream, &keys)?;
+            let d_s = upload(stream, &scales)?;
+            let d_ks = upload(stream, ks)?;
+            let d_ke = upload(stream, ke)?;
+            let mut d_out = upload(stream, &vec![SENTINEL; rows * stride])?;
+            let query = IndexerQuery { heads, q: d_q.slice(0..q.len()), weights: d_w.slice(0..w.len()) };
+            let rk = RaggedIndexerKeys {
+                keys: d_k.slice(0..keys.len()),
+                scales: d_s.slice(0..*num_keys),
+                ks: d_ks.slice(0..rows),
+                ke: d_ke.slice(0..rows),
+            };
+            let mut view = d_out.slice_mut(0..rows * stride);
+            indexer::ragged_logits(rt, &query, &rk, LogitsOut { data: &mut view, stride })?;
+            let got = download(stream, &d_out, rows * stride)?;
+            let want = ragged_logits(&q, &w, &keys, &scales, ks, ke);
+            let (bad, first) = compare(&got, &want, rows, *num_keys, stride);
+            (IndexerLayout::Ragged, rows, bad, first, format!("ragged t{rows} keys{num_keys}"))
+        }
+    };
+    Ok(Check {
+        kernel: KernelSpec::new(KernelFamily::IndexerLogits { heads, layout }, rt.target()).id(),
+        case: what,
+        items: rows,
+        mismatches,
+        first_mismatch: first,
+    })
+}
