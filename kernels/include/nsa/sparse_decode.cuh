@@ -1,8 +1,8 @@
 // Sparse MLA decode over the FP8-656 cache (spec §8.1, §8.3), playbook stages D1-D2:
 // one CTA per (query row, head tile, KV split). Producers (8 warps) gather the
-// chosen tokens with 128-bit loads, dequantize in registers (FlashMLA's decode
-// rounding) and fill the double-buffered K/V tile that the shared consumer warps
-// (sparse_attend.cuh) read. Split-KV partials are merged by `combine`.
+// chosen records a whole warp per record (coalesced), dequantize in registers
+// (FlashMLA's decode rounding) and fill the double-buffered K/V tile that the
+// shared consumer warps (sparse_attend.cuh) read. Split-KV partials are merged by `combine`.
 #pragma once
 #include "nsa/common/status.cuh"
 #include "nsa/sparse_attend.cuh"
