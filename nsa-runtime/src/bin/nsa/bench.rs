@@ -126,6 +126,13 @@ pub(crate) fn time_us(stream: &Arc<CudaStream>, reps: usize, mut f: impl FnMut()
 }
 
 /// A device-to-device copy moving `bytes` in total (read + write), in µs.
+/// The device-to-device copy rate (GB/s, read + write) over 512 MiB: the HBM roof
+/// the sparse-attention tables compare against.
+pub(crate) fn copy_gbps(stream: &Arc<CudaStream>) -> Result<f64> {
+    let bytes = 512 << 20;
+    Ok(bytes as f64 / copy_us(stream, bytes, 20)? / 1e3)
+}
+
 pub(crate) fn copy_us(stream: &Arc<CudaStream>, bytes: usize, reps: usize) -> Result<f64> {
     let half = bytes / 2;
     let src: CudaSlice<u8> = stream.alloc_zeros(half).map_err(Error::driver("allocating copy source"))?;

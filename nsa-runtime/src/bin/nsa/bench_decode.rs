@@ -2,7 +2,7 @@
 //! the decode issue (top-k 2048, 16K keys per request, page 64), with FLOP/s, the
 //! KV bytes gathered per µs and the roofline of this run.
 
-use crate::bench::{copy_us, time_us};
+use crate::bench::{copy_gbps, time_us};
 use cudarc::driver::CudaSlice;
 use half::bf16;
 use nsa_kernels::layout::*;
@@ -65,10 +65,7 @@ fn parse_shape(s: &str) -> Result<(usize, usize, u32)> {
 pub fn decode_bench(rt: &Runtime, reps: usize, shapes: &[String], shared_keys: bool) -> Result<Vec<DecodeRow>> {
     let stream = rt.gpu().stream().clone();
     let sms = rt.gpu().caps().sm_count;
-    let copy_gbps = {
-        let bytes = 512 << 20;
-        bytes as f64 / copy_us(&stream, bytes, 20)? / 1e3
-    };
+    let copy_gbps = copy_gbps(&stream)?;
     let mut rng = testdata::rng(11);
     let cases: Vec<(usize, usize, u32)> = if shapes.is_empty() {
         DEFAULT_CASES.to_vec()

@@ -2,7 +2,7 @@
 //! next_n 1) in GB/s of indexer K read against the copy rate of this run; extend
 //! (RAGGED, causal windows) in FP8 TFLOP/s.
 
-use crate::bench::{copy_us, time_us};
+use crate::bench::{copy_gbps, time_us};
 use cudarc::driver::CudaSlice;
 use nsa_kernels::layout::{INDEXER_HEAD_DIM, INDEXER_PAGE_BYTES, INDEXER_PAGE_TOKENS, INDEXER_TOKEN_BYTES};
 use nsa_runtime::ops::indexer::{
@@ -35,10 +35,7 @@ fn random_bytes(n: usize, rng: &mut impl Rng) -> Vec<u8> {
 
 pub fn indexer_bench(rt: &Runtime, reps: usize) -> Result<Vec<IndexerRow>> {
     let stream = rt.gpu().stream().clone();
-    let copy_gbps = {
-        let bytes = 512 << 20;
-        bytes as f64 / copy_us(&stream, bytes, 20)? / 1e3
-    };
+    let copy_gbps = copy_gbps(&stream)?;
     let mut rng = testdata::rng(13);
     let mut rows_out = Vec::new();
     let h = HEADS as usize;

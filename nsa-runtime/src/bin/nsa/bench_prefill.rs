@@ -2,7 +2,7 @@
 //! the prefill issue (s_q 4096, s_kv 32768, top-k 2048), with FLOP/s and the
 //! roofline of this run.
 
-use crate::bench::{copy_us, time_us};
+use crate::bench::{copy_gbps, time_us};
 use cudarc::driver::CudaSlice;
 use half::bf16;
 use nsa_kernels::layout::*;
@@ -44,10 +44,7 @@ fn bf16_values(n: usize, rng: &mut impl Rng) -> Vec<bf16> {
 
 pub fn prefill_bench(rt: &Runtime, reps: usize) -> Result<Vec<PrefillRow>> {
     let stream = rt.gpu().stream().clone();
-    let copy_gbps = {
-        let bytes = 512 << 20;
-        bytes as f64 / copy_us(&stream, bytes, 20)? / 1e3
-    };
+    let copy_gbps = copy_gbps(&stream)?;
     let mut rng = testdata::rng(12);
     let k = TOPK as usize;
     let mut indices = Vec::with_capacity(S_Q * k);
