@@ -1,5 +1,5 @@
 // Sparse MLA prefill over bf16 KV (spec §8.1, §8.2), playbook stage P1: one CTA
-// per (query token, head tile). Producers (8 warps) gather the chosen KV rows
+// per (query token, head tile). Producers (4 warps) gather the chosen KV rows
 // straight into the double-buffered K/V tile with 16-byte cp.async (zero-filled
 // for a masked index, so no register staging and no dequant); the consumer warps
 // are the decode kernel's (sparse_attend.cuh). Outputs out, max_logits and lse in
