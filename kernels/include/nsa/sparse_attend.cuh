@@ -134,14 +134,10 @@ struct Consumer {
     const u32 kbuf = base + L::kK + buf * L::kBufBytes;
     float* rd = red(smem);
 
-    // S = Q K^T for 16 heads x kTokPerWarp tokens, as two accumulator sets (even
-    // and odd k16 pairs) so consecutive mma.sync do not wait on each other.
-    float s[kNT][4], s2[kNT][4];
+    // S = Q K^T for 16 heads x kTokPerWarp tokens.
+    float s[kNT][4];
 #pragma unroll
-    for (int j = 0; j < kNT; ++j) {
-      s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
-      s2[j][0] = s2[j][1] = s2[j][2] = s2[j][3] = 0.0f;
-    }
+    for (int j = 0; j < kNT; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
     const u32 k_addr = kbuf + k_off;
     if constexpr (kNT == 1) {
       // One n8 tile per warp: each x4 load of K spans two k16 steps instead.
@@ -152,29 +148,22 @@ struct Consumer {
         mma::ldsm_x4(q_addr + (kc + 2) * 16, a1);
         mma::ldsm_x4(k_addr + kc * 16, b);
         mma::mma_bf16(s[0], a0, b[0], b[1]);
-        mma::mma_bf16(s2[0], a1, b[2], b[3]);
+        mma::mma_bf16(s[0], a1, b[2], b[3]);
       }
     } else {
 #pragma unroll(kQkUnroll)
-      for (int kc = 0; kc < R::kChunks; kc += 4) {
+      for (int kc = 0; kc < R::kChunks; kc += 2) {
+        u32 a[4];
+        mma::ldsm_x4(q_addr + kc * 16, a);
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          u32 a[4];
-          mma::ldsm_x4(q_addr + (kc + 2 * half) * 16, a);
-#pragma unroll
-          for (int j = 0; j < kNT; j += 2) {
-            u32 b[4];
-            mma::ldsm_x4(k_addr + j * 8 * R::kBytes + (kc + 2 * half) * 16, b);
-            mma::mma_bf16(half ? s2[j] : s[j], a, b[0], b[1]);
-            mma::mma_bf16(half ? s2[j + 1] : s[j + 1], a, b[2], b[3]);
-          }
+        for (int j = 0; j < kNT; j += 2) {
+          u32 b[4];
+          mma::ldsm_x4(k_addr + j * 8 * R::kBytes + kc * 16, b);
+          mma::mma_bf16(s[j], a, b[0], b[1]);
+          mma::mma_bf16(s[j + 1], a, b[2], b[3]);
         }
       }
     }
-#pragma unroll
-    for (int j = 0; j < kNT; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[j][e] += s2[j][e];
 
     // Scale into the log2 domain, mask invalid tokens, row max across the warps.
     const u8* flags = smem + L::kValid + buf * kBlockTokens;
