@@ -1,8 +1,8 @@
 // Sparse MLA decode over the FP8-656 cache (spec §8.1, §8.3), playbook stages D1-D2:
 // one CTA per (query row, head tile, KV split). Producers (8 warps) gather the
-// chosen records a whole warp per record (coalesced), dequantize in registers
-// (FlashMLA's decode rounding) and fill the double-buffered K/V tile that the
-// shared consumer warps (sparse_attend.cuh) read. Split-KV partials are merged by `combine`.
+// chosen tokens with 128-bit loads, dequantize in registers (FlashMLA's decode
+// rounding) and fill the double-buffered K/V tile that the shared consumer warps
+// (sparse_attend.cuh) read. Split-KV partials are merged by `combine`.
 #pragma once
 #include "nsa/common/status.cuh"
 #include "nsa/sparse_attend.cuh"
@@ -19,8 +19,11 @@ typedef Rows<kDqk> KRows;
 constexpr int kTokenBytes = 656;       // FP8 cache record
 constexpr int kScalesOffset = 512;
 constexpr int kRopeOffset = 528;
-constexpr int kTokensPerWarp = kBlockTokens / kProducerWarps;   // 8 tokens per producer warp and step
-static_assert(kTokensPerWarp <= 32, "one slot per lane");
+constexpr int kPartsPerToken = kProducerThreads / kBlockTokens;  // 4 producer threads per token
+constexpr int kNopePerPart = kDv / kPartsPerToken;               // 128 e4m3 bytes: one scale tile
+constexpr int kRopePerPart = 64 / kPartsPerToken;                // 16 rope dims
+
+static_assert(kNopePerPart == 128 && kRopePerPart == 16, "gather thread share: 8 + 2 16-byte loads");
 
 // Mirrors `SparseDecodeParams` in nsa-runtime (ops/sparse_decode.rs) field for field.
 struct Params {
@@ -45,14 +48,13 @@ using Smem = attend::Smem<kHT, kDqk>;
 
 NSA_DEVICE u32 tile_offset(u32 r, u32 c) { return KRows::offset(r, c); }
 
-// One producer warp's share of a 64-token step: kTokensPerWarp whole records,
-// each read by the whole warp so every load instruction covers contiguous bytes
-// (full 32-byte sectors): lane l holds e4m3 bytes [256 h + 8 l, 256 h + 8 l + 8)
-// of the latent (h = 0, 1), their tile's scale, and (lanes 0..7) 16 rope bytes.
+// One producer thread's share of a 64-token step: token `ptid / 4`, scale tile
+// `ptid % 4` (128 e4m3 bytes, 16 rope dims, the tile's scale).
 struct Gather {
-  u32 nope[kTokensPerWarp][2][2];
-  float scale[kTokensPerWarp][2];
-  Vec16 rope[kTokensPerWarp];
+  Vec16 nope[8];
+  Vec16 rope[2];
+  float scale;
+  bool valid;
 };
 
 template <int kPage>
@@ -62,24 +64,16 @@ NSA_DEVICE const u8* record(const Params& p, i32 slot) {
   return p.cache + (i64)(s / (u32)kPage) * p.page_stride + (i64)(s % (u32)kPage) * kTokenBytes;
 }
 
-// Issues the loads of the warp's tokens; `slots` (lane t < kTokensPerWarp: token t)
-// is -1 for a token that contributes nothing (nothing is read for it).
 template <int kPage>
-NSA_DEVICE void issue_gather(const Params& p, i32 slots, u32 lane, Gather& g) {
+NSA_DEVICE void issue_gather(const Params& p, i32 slot, u32 part, Gather& g) {
+  g.valid = slot >= 0;
+  if (!g.valid) return;
+  const u8* rec = record<kPage>(p, slot);
 #pragma unroll
-  for (int t = 0; t < kTokensPerWarp; ++t) {
-    const i32 slot = __shfl_sync(0xffffffffu, slots, t);
-    if (slot < 0) continue;
-    const u8* rec = record<kPage>(p, slot);
+  for (int i = 0; i < 8; ++i) g.nope[i] = mma::ldg_nc_v4(rec + part * kNopePerPart + i * 16);
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const Vec8 v = mma::ldg_nc_v2(rec + h * 256 + lane * 8);
-      g.nope[t][h][0] = v.w[0];
-      g.nope[t][h][1] = v.w[1];
-      g.scale[t][h] = *reinterpret_cast<const float*>(rec + kScalesOffset + (h * 2 + lane / 16) * 4);
-    }
-    if (lane < 8) g.rope[t] = mma::ldg_nc_v4(rec + kRopeOffset + lane * 16);
-  }
+  for (int i = 0; i < 2; ++i) g.rope[i] = mma::ldg_nc_v4(rec + kRopeOffset + part * 32 + i * 16);
+  g.scale = *reinterpret_cast<const float*>(rec + kScalesOffset + part * 4);
 }
 
 // e4m3 pair -> bf16 pair holding value * 2^-112, exactly: the f16 conversion is exact
@@ -132,29 +126,31 @@ NSA_DEVICE Vec16 dequant8(u32 w0, u32 w1, const TileScale& ts) {
   return o;
 }
 
-// Writes the warp's gathered tokens into K/V buffer `kbuf` (rows row0 ..): lane l
-// stores bf16 chunk 32 h + l of the latent (contiguous across the warp: no bank
-// conflicts) and rope chunk l < 8. Invalid tokens become zero rows, so masked keys
-// never inject NaN through 0 * garbage.
-NSA_DEVICE void store_gather(const Gather& g, i32 slots, u32 kbuf, u8* valid_flags, u32 row0, u32 lane) {
+// Writes a gathered token share into K/V buffer `kbuf` (zeros for an invalid token,
+// so masked keys can never inject NaN through 0 * garbage).
+template <bool kTwoStep>
+NSA_DEVICE void store_nope(const Gather& g, const TileScale& ts, u32 kbuf, u32 token, u32 part) {
   const Vec16 zero = {{0u, 0u, 0u, 0u}};
 #pragma unroll
-  for (int t = 0; t < kTokensPerWarp; ++t) {
-    const bool valid = __shfl_sync(0xffffffffu, slots, t) >= 0;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      Vec16 v = zero;
-      if (valid) {
-        const TileScale ts = tile_scale(g.scale[t][h]);
-        // Uniform per 16 lanes (one tile): the common case pays one multiply per pair.
-        v = ts.second == 0u ? dequant8<false>(g.nope[t][h][0], g.nope[t][h][1], ts)
-                            : dequant8<true>(g.nope[t][h][0], g.nope[t][h][1], ts);
-      }
-      mma::sts_v4(kbuf + tile_offset(row0 + t, h * 32 + lane), v);
-    }
-    if (lane < 8) mma::sts_v4(kbuf + tile_offset(row0 + t, 64 + lane), valid ? g.rope[t] : zero);
+  for (int i = 0; i < 8; ++i) {
+    const Vec16 lo = g.valid ? dequant8<kTwoStep>(g.nope[i].w[0], g.nope[i].w[1], ts) : zero;
+    const Vec16 hi = g.valid ? dequant8<kTwoStep>(g.nope[i].w[2], g.nope[i].w[3], ts) : zero;
+    mma::sts_v4(kbuf + tile_offset(token, part * 16 + 2 * i), lo);
+    mma::sts_v4(kbuf + tile_offset(token, part * 16 + 2 * i + 1), hi);
   }
-  if (lane < (u32)kTokensPerWarp) valid_flags[row0 + lane] = slots >= 0 ? 1 : 0;
+}
+
+NSA_DEVICE void store_gather(const Gather& g, u32 kbuf, u8* valid_flags, u32 token, u32 part) {
+  const Vec16 zero = {{0u, 0u, 0u, 0u}};
+  const TileScale ts = tile_scale(g.scale);
+  // Uniform per thread (one tile): the common case pays one multiply per pair.
+  if (ts.second == 0u)
+    store_nope<false>(g, ts, kbuf, token, part);
+  else
+    store_nope<true>(g, ts, kbuf, token, part);
+#pragma unroll
+  for (int i = 0; i < 2; ++i) mma::sts_v4(kbuf + tile_offset(token, 64 + part * 2 + i), g.valid ? g.rope[i] : zero);
+  if (part == 0) valid_flags[token] = g.valid ? 1 : 0;
 }
 
 // Out of line: the rare error path must not take registers from the hot loop.
@@ -174,32 +170,26 @@ NSA_DEVICE i32 slot_at(const Params& p, i64 row, i32 pos, i32 valid_len, bool re
   return s;
 }
 
-// Producer warps: prefetch the next step's records into registers while the
-// consumers work, then dequantize into the buffer the consumers released. Warp w
-// owns tokens kTokensPerWarp w .. of every step; lane t holds token t's slot.
+// Producer warps: prefetch the next step's slots and rows into registers while the
+// consumers work, then dequantize into the buffer the consumers released.
 template <int kTopk, int kPage>
 NSA_DEVICE void produce(const Params& p, u32 k_base, u8* valid_flags, i64 row, i32 first, i32 last, i32 steps,
                         bool report, u32* status) {
-  const u32 lane = thread_x() % 32;
-  const u32 row0 = (thread_x() / 32 - kConsumerWarps) * kTokensPerWarp;
-  const bool owner = lane < (u32)kTokensPerWarp;
-  report = report && owner;
-  auto slot_of = [&](i32 step) -> i32 {
-    return owner ? slot_at<kTopk>(p, row, first + step * kBlockTokens + (i32)(row0 + lane), last, report, status) : -1;
-  };
+  const u32 ptid = thread_x() - kConsumerThreads;
+  const u32 token = ptid / kPartsPerToken, part = ptid % kPartsPerToken;
+  report = report && part == 0;
   Gather g;
-  i32 slots = slot_of(0);
-  issue_gather<kPage>(p, slots, lane, g);
-  i32 next = steps > 1 ? slot_of(1) : -1;
+  issue_gather<kPage>(p, slot_at<kTopk>(p, row, first + (i32)token, last, report, status), part, g);
+  i32 next = steps > 1 ? slot_at<kTopk>(p, row, first + kBlockTokens + (i32)token, last, report, status) : -1;
   for (i32 step = 0; step < steps; ++step) {
     const u32 buf = step & 1;
     if (step >= 2) mma::bar_sync(kBarEmpty + buf, kThreads);
-    store_gather(g, slots, k_base + buf * Smem<16>::kBufBytes, valid_flags + buf * kBlockTokens, row0, lane);
+    store_gather(g, k_base + buf * Smem<16>::kBufBytes, valid_flags + buf * kBlockTokens, token, part);
     mma::bar_arrive(kBarFull + buf, kThreads);
     if (step + 1 < steps) {
-      slots = next;
-      issue_gather<kPage>(p, slots, lane, g);
-      next = step + 2 < steps ? slot_of(step + 2) : -1;
+      issue_gather<kPage>(p, next, part, g);
+      const i32 pos = first + (step + 2) * kBlockTokens + (i32)token;
+      next = step + 2 < steps ? slot_at<kTopk>(p, row, pos, last, report, status) : -1;
     }
   }
 }

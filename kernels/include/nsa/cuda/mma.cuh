@@ -64,13 +64,6 @@ NSA_DEVICE void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
 }
 
-// 8 bytes, as ldg_nc_v4.
-NSA_DEVICE Vec8 ldg_nc_v2(const void* p) {
-  Vec8 v;
-  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v2.u32 {%0, %1}, [%2];" : "=r"(v.w[0]), "=r"(v.w[1]) : "l"(p));
-  return v;
-}
-
 NSA_DEVICE void sts_v4(u32 addr, const Vec16& v) {
   asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(v.w[0]), "r"(v.w[1]), "r"(v.w[2]),
                "r"(v.w[3]));
