@@ -84,7 +84,7 @@ const INDEXER_LOGITS_THREADS: u32 = 128;
 /// written (no head padding in memory). Larger tiles would need more than the
 /// 128 registers a 512-thread CTA allows for the P V accumulators. `None` for
 /// counts that fit no tile.
-pub fn decode_head_tile(heads: u32) -> Option<u32> {
+pub fn sparse_head_tile(heads: u32) -> Option<u32> {
     match heads {
         1..=16 => Some(16),
         h if h > 128 => None,
@@ -372,10 +372,10 @@ impl KernelSpec {
         match self.family {
             KernelFamily::TopK { .. } | KernelFamily::TopkSplit { .. } => 4 * self.topk_smem_words(),
             KernelFamily::SparseDecode { heads, .. } => {
-                decode_head_tile(heads).map_or(0, |t| attend_smem_bytes(t, 576))
+                sparse_head_tile(heads).map_or(0, |t| attend_smem_bytes(t, 576))
             }
             KernelFamily::SparsePrefill { heads, d_qk, .. } => {
-                decode_head_tile(heads).map_or(0, |t| attend_smem_bytes(t, d_qk))
+                sparse_head_tile(heads).map_or(0, |t| attend_smem_bytes(t, d_qk))
             }
             _ => 0,
         }
@@ -437,6 +437,19 @@ impl KernelSpec {
         }
     }
 
+    /// Context shared by the sparse MLA families (same consumer warps, same tiles).
+    fn sparse_mla_context(&self, ctx: &mut Map<String, Value>, heads: u32, topk: u32, d_qk: u32) {
+        ctx.insert("heads".into(), json!(heads));
+        ctx.insert("head_tile".into(), json!(sparse_head_tile(heads)));
+        ctx.insert("topk".into(), json!(topk));
+        // Fully unrolled Q K^T on sm_90a (addresses become immediates); at 128
+        // registers ptxas spills that on sm_100a, which gets a partial unroll and a
+        // rolled P V token loop (no spills: tests/compile_all.rs).
+        let qk_unroll = if self.target == Target::Sm100a { 4 } else { d_qk / 16 };
+        ctx.insert("qk_unroll".into(), json!(qk_unroll));
+        ctx.insert("smem_bytes".into(), json!(self.dynamic_smem_bytes()));
+    }
+
     /// Everything the template may read. Templates are strict: a name missing here
     /// fails rendering.
     pub fn context(&self) -> Value {
@@ -479,16 +492,8 @@ impl KernelSpec {
             ctx.insert("max_batch".into(), json!(METADATA_MAX_BATCH));
         }
         if let KernelFamily::SparseDecode { heads, topk, page_size } = self.family {
-            ctx.insert("heads".into(), json!(heads));
-            ctx.insert("head_tile".into(), json!(decode_head_tile(heads)));
-            ctx.insert("topk".into(), json!(topk));
+            self.sparse_mla_context(&mut ctx, heads, topk, 576);
             ctx.insert("page_size".into(), json!(page_size));
-            // Fully unrolled Q K^T on sm_90a (addresses become immediates); at 128
-            // registers ptxas spills that on sm_100a, which gets a partial unroll
-            // and a rolled P V token loop (no spills: tests/compile_all.rs).
-            let qk_unroll = if self.target == Target::Sm100a { 4 } else { 36 };
-            ctx.insert("qk_unroll".into(), json!(qk_unroll));
-            ctx.insert("smem_bytes".into(), json!(self.dynamic_smem_bytes()));
         }
         if let KernelFamily::SparseDecodeCombine { heads } = self.family {
             ctx.insert("heads".into(), json!(heads));
@@ -499,14 +504,8 @@ impl KernelSpec {
             ctx.insert("layout_enum".into(), json!(layout.device_enum()));
         }
         if let KernelFamily::SparsePrefill { heads, topk, d_qk } = self.family {
-            ctx.insert("heads".into(), json!(heads));
-            ctx.insert("head_tile".into(), json!(decode_head_tile(heads)));
-            ctx.insert("topk".into(), json!(topk));
+            self.sparse_mla_context(&mut ctx, heads, topk, d_qk);
             ctx.insert("d_qk".into(), json!(d_qk));
-            // As for decode: full Q K^T unroll on sm_90a, partial on sm_100a.
-            let qk_unroll = if self.target == Target::Sm100a { 4 } else { d_qk / 16 };
-            ctx.insert("qk_unroll".into(), json!(qk_unroll));
-            ctx.insert("smem_bytes".into(), json!(self.dynamic_smem_bytes()));
         }
         if let KernelFamily::KvStore { format } = self.family {
             ctx.insert("format".into(), json!(format.tag()));

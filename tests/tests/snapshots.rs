@@ -526,7 +526,7 @@ fn launch_geometry_matches_the_device_code() {
                 assert_eq!(spec.tokens_per_block(), 1, "{spec}");
                 assert_eq!(threads as i64, d["kThreads"], "{spec}");
                 assert_eq!(nsa_kernels::spec::DECODE_BLOCK_TOKENS as i64, d["kBlockTokens"], "{spec}");
-                let tile = nsa_kernels::spec::decode_head_tile(heads).unwrap();
+                let tile = nsa_kernels::spec::sparse_head_tile(heads).unwrap();
                 assert!(spec.dynamic_smem_bytes() <= 227 * 1024, "{spec}: {} bytes", spec.dynamic_smem_bytes());
                 assert!(render(&spec).unwrap().source.contains(&format!("<{heads}, {tile}, ")), "{spec}");
                 assert!(r_has_bounds(&spec, threads), "{spec}");

@@ -2,8 +2,8 @@
 // spec §8.1: a CTA holds a Q tile of kHT heads and a double-buffered K/V tile of 64
 // gathered tokens in shared memory; 8 consumer warps run mma.sync m16n8k16 (bf16
 // in, f32 accumulate) from ldmatrix with an online softmax in the log2 domain,
-// while 8 producer warps (the family's own code) fill the other buffer. Named
-// barriers hand the buffers over.
+// while the family's own producer warps fill the other buffer. Named barriers
+// hand the buffers over.
 #pragma once
 #include "nsa/cuda/mma.cuh"
 
@@ -36,6 +36,7 @@ struct Rows {
   static_assert(kDqk % 64 == 0 && kDqk >= kDv, "Q/K width: the 512 latent dims, optionally rope");
   static constexpr int kChunks = kDqk / 8;  // 16-byte chunks per row
   static constexpr int kBytes = kDqk * 2 + 16;
+  static constexpr u32 kTileBytes = kBlockTokens * kBytes;  // one K/V buffer
   // Byte offset of 16-byte chunk `c` of row `r`.
   static NSA_DEVICE u32 offset(u32 r, u32 c) { return r * kBytes + c * 16; }
 };
@@ -48,12 +49,23 @@ struct Smem {
   static constexpr int kNW = kConsumerWarps / (kHT / 16);
   static constexpr u32 kQ = 0;
   static constexpr u32 kK = kQ + kHT * Rows<kDqk>::kBytes;
-  static constexpr u32 kP = kK + 2 * kBlockTokens * Rows<kDqk>::kBytes;
+  static constexpr u32 kP = kK + 2 * Rows<kDqk>::kTileBytes;
   static constexpr u32 kRed = kP + kHT * kPRowBytes;
   static constexpr u32 kValid = kRed + kNW * kHT * 4;
   static constexpr u32 kBytes = kValid + 2 * kBlockTokens;
-  static constexpr u32 kBufBytes = kBlockTokens * Rows<kDqk>::kBytes;
 };
+
+// Index entries of query row `row` that count: `topk_length[row]` clamped to
+// 0..kTopk, or all kTopk without a length array.
+template <int kTopk>
+NSA_DEVICE i32 row_topk_len(const i32* topk_length, i64 row) {
+  i32 len = kTopk;
+  if (topk_length != nullptr) {
+    const i32 l = topk_length[row];
+    len = l < 0 ? 0 : (l < kTopk ? l : kTopk);
+  }
+  return len;
+}
 
 // Q rows of heads head0 .. head0 + kHT - 1 of one query row into shared memory, by
 // every one of the CTA's kThreads threads (heads past kHeads are zero rows).
@@ -131,7 +143,7 @@ struct Consumer {
   }
 
   NSA_DEVICE void consume(u8* smem, u32 buf, float c_scale) {
-    const u32 kbuf = base + L::kK + buf * L::kBufBytes;
+    const u32 kbuf = base + L::kK + buf * R::kTileBytes;
     float* rd = red(smem);
 
     // S = Q K^T for 16 heads x kTokPerWarp tokens.

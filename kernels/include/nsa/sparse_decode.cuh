@@ -184,7 +184,7 @@ NSA_DEVICE void produce(const Params& p, u32 k_base, u8* valid_flags, i64 row, i
   for (i32 step = 0; step < steps; ++step) {
     const u32 buf = step & 1;
     if (step >= 2) mma::bar_sync(kBarEmpty + buf, kThreads);
-    store_gather(g, k_base + buf * Smem<16>::kBufBytes, valid_flags + buf * kBlockTokens, token, part);
+    store_gather(g, k_base + buf * KRows::kTileBytes, valid_flags + buf * kBlockTokens, token, part);
     mma::bar_arrive(kBarFull + buf, kThreads);
     if (step + 1 < steps) {
       issue_gather<kPage>(p, next, part, g);
@@ -215,11 +215,7 @@ NSA_DEVICE void sparse_decode(const Params& p, u32* status) {
   const i32 split = (i32)((bid / kHeadTiles) % (u32)p.splits);
   if (row >= p.rows) return;
 
-  i32 valid_len = kTopk;
-  if (p.topk_length != nullptr) {
-    const i32 l = p.topk_length[row];
-    valid_len = l < 0 ? 0 : (l < kTopk ? l : kTopk);
-  }
+  const i32 valid_len = row_topk_len<kTopk>(p.topk_length, row);
   const i32 first = split * p.blocks_per_split * kBlockTokens;
   i32 last = first + p.blocks_per_split * kBlockTokens;
   last = last < valid_len ? last : valid_len;

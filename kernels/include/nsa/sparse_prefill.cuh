@@ -58,7 +58,7 @@ NSA_DEVICE void produce(const Params& p, u32 k_base, u8* flags, i64 row, i32 val
     next = step + 1 < steps ? index_at(step + 1) : -1;
     if (step >= 2) mma::bar_sync(kBarEmpty + buf, kThreads);
     if (lane < (u32)kRowsPerWarp) flags[buf * kBlockTokens + row0 + lane] = (mine >= 0 && (i64)mine < p.s_kv) ? 1 : 0;
-    const u32 tile = k_base + buf * Smem<16, kDqk>::kBufBytes;
+    const u32 tile = k_base + buf * R::kTileBytes;
 #pragma unroll 4
     for (int r = 0; r < kRowsPerWarp; ++r) {
       const i32 idx = __shfl_sync(0xffffffffu, mine, r);
@@ -99,11 +99,7 @@ NSA_DEVICE void sparse_prefill(const Params& p) {
   const i64 row = bid / kHeadTiles;
   if (row >= p.s_q) return;
 
-  i32 valid_len = kTopk;
-  if (p.topk_length != nullptr) {
-    const i32 l = p.topk_length[row];
-    valid_len = l < 0 ? 0 : (l < kTopk ? l : kTopk);
-  }
+  const i32 valid_len = row_topk_len<kTopk>(p.topk_length, row);
   const i32 steps = (valid_len + kBlockTokens - 1) / kBlockTokens;
 
   const u32 head0 = ht * kHT;

@@ -56,6 +56,22 @@ impl<'a, T> Rows<'a, T> {
     }
 }
 
+/// Heads per CTA of the sparse MLA kernels (decode and prefill share the consumer
+/// warps, so they share these limits), after checking `heads` and `topk`.
+pub(crate) fn check_sparse_mla_heads_topk(heads: u32, topk: u32) -> Result<u32> {
+    let tile = nsa_kernels::spec::sparse_head_tile(heads).ok_or_else(|| {
+        invalid("heads", heads.to_string(), "1..=16, or a multiple of 16 up to 128 (query heads on this GPU)")
+    })?;
+    if topk == 0 || topk % nsa_kernels::spec::DECODE_BLOCK_TOKENS != 0 || topk > 4096 {
+        return Err(invalid(
+            "topk",
+            topk.to_string(),
+            "a multiple of 64 in 64..=4096 (index rows are padded with -1 to it)",
+        ));
+    }
+    Ok(tile)
+}
+
 pub(crate) fn invalid(field: &'static str, value: impl Into<String>, expected: impl Into<String>) -> Error {
     Error::InvalidArgument { field, value: value.into(), expected: expected.into() }
 }

@@ -2,13 +2,13 @@
 //! (a pure function of the batch shape, so a CUDA graph can capture it), the
 //! workspace it needs, and the launcher (decode kernel, then combine when split).
 
-use super::{check_aligned, check_count_fits_i32, check_len, invalid};
+use super::{check_aligned, check_count_fits_i32, check_len, check_sparse_mla_heads_topk, invalid};
 use crate::runtime::Runtime;
 use crate::Result;
 use cudarc::driver::{CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr, PushKernelArg};
 use half::bf16;
 use nsa_kernels::layout::{BF16_TOKEN_ELEMS, FP8_TOKEN_BYTES, KV_LORA_RANK};
-use nsa_kernels::spec::{decode_head_tile, DECODE_BLOCK_TOKENS};
+use nsa_kernels::spec::{sparse_head_tile, DECODE_BLOCK_TOKENS};
 use nsa_kernels::KernelFamily;
 
 /// The shape of one decode call: `batch` requests of `s_q` query tokens each
@@ -71,16 +71,7 @@ pub fn choose_splits(base_ctas: usize, steps: u32, sm_count: u32) -> u32 {
 
 /// The head tile of a shape the kernels support, or an error naming the field.
 fn check_shape(shape: &DecodeShape) -> Result<u32> {
-    let head_tile = decode_head_tile(shape.heads).ok_or_else(|| {
-        invalid("heads", shape.heads.to_string(), "1..=16, or a multiple of 16 up to 128 (query heads on this GPU)")
-    })?;
-    if shape.topk == 0 || shape.topk % DECODE_BLOCK_TOKENS != 0 || shape.topk > 4096 {
-        return Err(invalid(
-            "topk",
-            shape.topk.to_string(),
-            "a multiple of 64 in 64..=4096 (index rows are padded with -1 to it)",
-        ));
-    }
+    let head_tile = check_sparse_mla_heads_topk(shape.heads, shape.topk)?;
     if shape.page_size == 0 || shape.page_size > 1024 {
         return Err(invalid("page_size", shape.page_size.to_string(), "1..=1024 tokens per page"));
     }
@@ -122,7 +113,7 @@ impl DecodePlan {
     /// Rejects a hand-edited plan that would drop tokens or mis-tile heads.
     fn check(&self) -> Result<()> {
         let steps = self.shape.topk / DECODE_BLOCK_TOKENS;
-        let consistent = Some(self.head_tile) == decode_head_tile(self.shape.heads)
+        let consistent = Some(self.head_tile) == sparse_head_tile(self.shape.heads)
             && self.splits >= 1
             && self.blocks_per_split >= 1
             && self.splits * self.blocks_per_split >= steps

@@ -4,13 +4,13 @@
 //! row indices.
 
 use super::kv_cache::dequant_fp8;
-use super::{check_aligned, check_count_fits_i32, check_len, invalid, Rows};
+use super::{check_aligned, check_count_fits_i32, check_len, check_sparse_mla_heads_topk, invalid, Rows};
 use crate::runtime::Runtime;
 use crate::Result;
 use cudarc::driver::{CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr, PushKernelArg};
 use half::bf16;
 use nsa_kernels::layout::{BF16_TOKEN_ELEMS, KV_LORA_RANK};
-use nsa_kernels::spec::{decode_head_tile, DECODE_BLOCK_TOKENS, PREFILL_DQK};
+use nsa_kernels::spec::PREFILL_DQK;
 use nsa_kernels::KernelFamily;
 
 /// The shape of one prefill call: `s_q` query tokens (every request of the batch
@@ -27,16 +27,7 @@ pub struct PrefillShape {
 impl PrefillShape {
     /// Heads per CTA, or an error naming the unsupported field.
     pub fn head_tile(&self) -> Result<u32> {
-        let tile = decode_head_tile(self.heads).ok_or_else(|| {
-            invalid("heads", self.heads.to_string(), "1..=16, or a multiple of 16 up to 128 (query heads on this GPU)")
-        })?;
-        if self.topk == 0 || self.topk % DECODE_BLOCK_TOKENS != 0 || self.topk > 4096 {
-            return Err(invalid(
-                "topk",
-                self.topk.to_string(),
-                "a multiple of 64 in 64..=4096 (index rows are padded with -1 to it)",
-            ));
-        }
+        let tile = check_sparse_mla_heads_topk(self.heads, self.topk)?;
         if !PREFILL_DQK.contains(&self.d_qk) {
             return Err(invalid("d_qk", self.d_qk.to_string(), "576 (latent + rope) or 512 (latent only)"));
         }
@@ -131,12 +122,18 @@ struct SparsePrefillParams {
 // SAFETY: plain old data with the C layout the kernel declares.
 unsafe impl DeviceRepr for SparsePrefillParams {}
 
-fn check_inputs(shape: &PrefillShape, inputs: &SparsePrefillInputs<'_>, outputs: &SparsePrefillOutputs) -> Result<()> {
-    shape.head_tile()?;
+/// Checks everything but the KV rows (their view may not exist yet: the FP8 path
+/// fills them after this check) and returns the CTA count.
+fn check_inputs(
+    shape: &PrefillShape,
+    query: &PrefillQuery<'_>,
+    kv_width: usize,
+    outputs: &SparsePrefillOutputs,
+) -> Result<usize> {
+    let ctas = shape.ctas()?;
     let (s_q, heads) = (shape.s_q, shape.heads as usize);
-    let query = &inputs.query;
     check_len("q", query.q.len(), s_q * heads * shape.d_qk as usize, "s_q × heads × d_qk")?;
-    check_len("kv.width", inputs.kv.width, shape.d_qk as usize, "d_qk (the kernel reads whole rows)")?;
+    check_len("kv.width", kv_width, shape.d_qk as usize, "d_qk (the kernel reads whole rows)")?;
     check_len("indices", query.indices.len(), s_q * shape.topk as usize, "s_q × topk")?;
     if let Some(l) = &query.topk_length {
         check_len("topk_length", l.len(), s_q, "one entry per query token")?;
@@ -145,11 +142,11 @@ fn check_inputs(shape: &PrefillShape, inputs: &SparsePrefillInputs<'_>, outputs:
     check_len("max_logits", outputs.max_logits.len(), s_q * heads, "s_q × heads")?;
     check_len("lse", outputs.lse.len(), s_q * heads, "s_q × heads")?;
     // One CTA per (query token, head tile) on grid.x.
-    check_count_fits_i32("s_q × head tiles", shape.ctas()?)?;
+    check_count_fits_i32("s_q × head tiles", ctas)?;
     if !query.sm_scale.is_finite() || query.sm_scale <= 0.0 {
         return Err(invalid("sm_scale", query.sm_scale.to_string(), "a finite positive softmax scale"));
     }
-    Ok(())
+    Ok(ctas)
 }
 
 /// Sparse MLA prefill: `out[t, h] = softmax_j(sm_scale · q·k_j) · k_j[..512]` over
@@ -160,8 +157,19 @@ pub fn sparse_prefill(
     inputs: &SparsePrefillInputs<'_>,
     outputs: SparsePrefillOutputs<'_, '_>,
 ) -> Result<()> {
-    check_inputs(shape, inputs, &outputs)?;
-    if shape.s_q == 0 {
+    let ctas = check_inputs(shape, &inputs.query, inputs.kv.width, &outputs)?;
+    launch(rt, shape, ctas, inputs, outputs)
+}
+
+/// The launch after [`check_inputs`]: the KV view, alignment, the kernel.
+fn launch(
+    rt: &Runtime,
+    shape: &PrefillShape,
+    ctas: usize,
+    inputs: &SparsePrefillInputs<'_>,
+    outputs: SparsePrefillOutputs<'_, '_>,
+) -> Result<()> {
+    if ctas == 0 {
         return Ok(());
     }
     let stream = rt.gpu().stream();
@@ -192,7 +200,7 @@ pub fn sparse_prefill(
     };
     let mut args = rt.args(&kernel);
     args.arg(&params);
-    rt.launch(&kernel, args, shape.ctas()?, "indices", "")
+    rt.launch(&kernel, args, ctas, "indices", "")
 }
 
 /// bf16 elements of the ragged KV buffer [`sparse_prefill_fp8_ragged`] needs for
@@ -214,11 +222,13 @@ pub fn sparse_prefill_fp8_ragged(
     if shape.d_qk as usize != BF16_TOKEN_ELEMS {
         return Err(invalid("d_qk", shape.d_qk.to_string(), "576: the FP8 cache holds latent + rope"));
     }
+    // Every prefill argument is checked before the dequant is launched.
+    let ctas = check_inputs(shape, &query, BF16_TOKEN_ELEMS, &outputs)?;
     let rows = kv.kv_slots.len();
     check_len("kv.buffer", kv.buffer.len(), ragged_kv_elems(rows), "kv_slots.len() × 576 (ragged_kv_elems)")?;
     dequant_fp8(rt, &kv.cache, &kv.kv_slots, kv.buffer)?;
     let rows = Rows { data: kv.buffer.slice(0..), count: rows, width: BF16_TOKEN_ELEMS, stride: BF16_TOKEN_ELEMS };
-    sparse_prefill(rt, shape, &SparsePrefillInputs { query, kv: rows }, outputs)
+    launch(rt, shape, ctas, &SparsePrefillInputs { query, kv: rows }, outputs)
 }
 
 #[cfg(test)]
@@ -244,11 +254,5 @@ mod tests {
             assert!(shape.explain().contains("unsupported"), "{}", shape.explain());
         }
         assert!(ok.explain().contains("16384 CTAs"), "{}", ok.explain());
-    }
-
-    #[test]
-    fn ragged_buffer_holds_one_576_row_per_kv_token() {
-        assert_eq!(ragged_kv_elems(0), 0);
-        assert_eq!(ragged_kv_elems(3), 3 * 576);
     }
 }
