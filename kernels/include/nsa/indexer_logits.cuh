@@ -46,15 +46,6 @@ struct Params {
   i32 chunks;               // CTAs per query row
 };
 
-// FP8 e4m3 x e4m3 -> f32, m16n8k32.
-NSA_DEVICE void mma_e4m3(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 // The 32 bytes a lane owns of a 128-byte row (8 words).
 struct Row32 {
   Vec16 lo, hi;
@@ -150,7 +141,7 @@ NSA_DEVICE void indexer_logits(const Params& p, u32* status) {
         for (int mt = 0; mt < kMT; ++mt) {
           const u32 a[4] = {q[mt][0].word(2 * kk), q[mt][1].word(2 * kk), q[mt][0].word(2 * kk + 1),
                             q[mt][1].word(2 * kk + 1)};
-          mma_e4m3(acc[mt][nt], a, k.word(2 * kk), k.word(2 * kk + 1));
+          mma::mma_e4m3(acc[mt][nt], a, k.word(2 * kk), k.word(2 * kk + 1));
         }
       }
     }

@@ -40,6 +40,15 @@ NSA_DEVICE void mma_bf16(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// d += a (16x32 e4m3, row) * b (32x8 e4m3, col), f32 accumulate (sm_89+).
+NSA_DEVICE void mma_e4m3(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
 // 16 bytes from global memory through the non-coherent path, prefetching 256 B into
 // L2 (gathered KV rows are 656 B: the neighbouring chunks come along).
 NSA_DEVICE Vec16 ldg_nc_v4(const void* p) {
