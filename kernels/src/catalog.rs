@@ -8,7 +8,9 @@ use crate::target::Vendor;
 /// The kernel set of `cfg`, for every target it lists, sorted and without repeats.
 /// `cfg` should be validated first; this function does not re-check it.
 pub fn kernel_set(cfg: &NsaConfig) -> Vec<KernelSpec> {
-    let mut families = vec![KernelFamily::KvStore { format: cfg.kv_cache }, KernelFamily::IndexerKStore];
+    // Every model has an indexer: its K store, and the gather feeding the ragged logits.
+    let mut families =
+        vec![KernelFamily::KvStore { format: cfg.kv_cache }, KernelFamily::IndexerKStore, KernelFamily::IndexerKGather];
     // Top-k: fused PAGED (decode/verify/draft-extend, extend without prefix) and
     // RAGGED (extend with prefix), plus the unfused path (plain + transform).
     for transform in TopkTransform::ALL {

@@ -16,6 +16,7 @@ pub const TEMPLATES: &[(&str, &str)] = embed! {
     "kv_store.cu.tera" => "../../templates/kv_store.cu.tera",
     "kv_dequant.cu.tera" => "../../templates/kv_dequant.cu.tera",
     "indexer_k_store.cu.tera" => "../../templates/indexer_k_store.cu.tera",
+    "indexer_k_gather.cu.tera" => "../../templates/indexer_k_gather.cu.tera",
     "topk.cu.tera" => "../../templates/topk.cu.tera",
     "topk_split.cu.tera" => "../../templates/topk_split.cu.tera",
     "index_transform.cu.tera" => "../../templates/index_transform.cu.tera",

@@ -20,6 +20,8 @@ pub enum KernelFamily {
     KvDequant,
     /// Quantize indexer keys into the 132-byte, 64-token-page indexer cache.
     IndexerKStore,
+    /// Gather indexer keys and scales by slot into ragged rows (spec §6.3 "Gather K").
+    IndexerKGather,
     /// Exact top-k of f32 scores per row, with the output transform fused in.
     TopK { k: u32, transform: TopkTransform, deterministic: bool, layout: TopkLayout },
     /// Unfused page-table transform of top-k positions (spec §7.7).
@@ -235,13 +237,13 @@ pub struct KernelSpec {
     pub target: Target,
 }
 
-/// Threads per block of the store/dequant family (8 MLA tokens, or 32 indexer lane groups).
+/// Threads per block of the store/dequant/gather family (8 MLA tokens, or 32 indexer lane groups).
 const STORE_BLOCK_THREADS: u32 = 256;
 /// Lanes that cooperate on one MLA token (each owns 16 latent dims).
 const MLA_LANES_PER_TOKEN: u32 = 32;
 /// Lanes that cooperate on one indexer token (each owns 16 dims).
 const INDEXER_LANES_PER_TOKEN: u32 = 8;
-/// Indexer tokens each lane group stores (loads issued together for memory parallelism).
+/// Indexer tokens each lane group stores or gathers (loads issued together for memory parallelism).
 const INDEXER_TOKENS_PER_LANE_GROUP: u32 = 2;
 /// Threads per top-k block (one block per row).
 const TOPK_BLOCK_THREADS: u32 = 1024;
@@ -276,6 +278,7 @@ impl KernelSpec {
             KernelFamily::KvStore { .. } => "kv_store",
             KernelFamily::KvDequant => "kv_dequant",
             KernelFamily::IndexerKStore => "indexer_k_store",
+            KernelFamily::IndexerKGather => "indexer_k_gather",
             KernelFamily::TopK { .. } => "topk",
             KernelFamily::IndexTransform { .. } => "index_transform",
             KernelFamily::MetadataReplay { .. } => "metadata_replay",
@@ -292,7 +295,7 @@ impl KernelSpec {
         let knobs: Vec<String> = match self.family {
             KernelFamily::KvStore { format } => vec![format.tag().into()],
             KernelFamily::KvDequant => vec![KvCacheFormat::Fp8.tag().into()],
-            KernelFamily::IndexerKStore => vec!["fp8_132".into(), "p64".into()],
+            KernelFamily::IndexerKStore | KernelFamily::IndexerKGather => vec!["fp8_132".into(), "p64".into()],
             KernelFamily::TopK { k, transform, deterministic, layout } => {
                 let mut v = vec![format!("k{k}"), transform.tag().into()];
                 if deterministic {
@@ -339,6 +342,7 @@ impl KernelSpec {
             KernelFamily::KvStore { .. } => "kv_store.cu.tera",
             KernelFamily::KvDequant => "kv_dequant.cu.tera",
             KernelFamily::IndexerKStore => "indexer_k_store.cu.tera",
+            KernelFamily::IndexerKGather => "indexer_k_gather.cu.tera",
             KernelFamily::TopK { .. } => "topk.cu.tera",
             KernelFamily::IndexTransform { .. } => "index_transform.cu.tera",
             KernelFamily::MetadataReplay { .. } => "metadata_replay.cu.tera",
@@ -431,7 +435,7 @@ impl KernelSpec {
             KernelFamily::MetadataReplay { .. } => 1,
             KernelFamily::IndexTransform { .. } => self.block_threads(),
             KernelFamily::KvStore { .. } | KernelFamily::KvDequant => self.block_threads() / MLA_LANES_PER_TOKEN,
-            KernelFamily::IndexerKStore => {
+            KernelFamily::IndexerKStore | KernelFamily::IndexerKGather => {
                 self.block_threads() / INDEXER_LANES_PER_TOKEN * INDEXER_TOKENS_PER_LANE_GROUP
             }
         }
@@ -459,7 +463,7 @@ impl KernelSpec {
         ctx.insert("arch".into(), json!(self.target.arch()));
         ctx.insert("arch_header".into(), json!(self.target.arch_header()));
         ctx.insert("block_threads".into(), json!(self.block_threads()));
-        if self.family == KernelFamily::IndexerKStore {
+        if matches!(self.family, KernelFamily::IndexerKStore | KernelFamily::IndexerKGather) {
             ctx.insert("tokens_per_lane_group".into(), json!(INDEXER_TOKENS_PER_LANE_GROUP));
         }
         if let KernelFamily::TopK { k, transform, deterministic, .. } = self.family {
@@ -520,12 +524,12 @@ impl KernelSpec {
     }
 
     /// The representative variants of every family for `target` (compile-all and
-    /// snapshot matrix): each store kernel; top-k for k 512/1024/2048 with every
-    /// transform, plus the deterministic and throughput k 2048 ones; the index
-    /// transform at 2048; metadata replay of every mode at page sizes 64 and 1;
-    /// on NVIDIA, sparse decode (+ combine) for every head count of
-    /// [`DECODE_HEADS`] at top-k 2048 / page 64, top-k 512 and 1024 at 128 heads,
-    /// and page sizes 1 and 61; sparse prefill for every head count of
+    /// snapshot matrix): each store, dequant and gather kernel; top-k for k
+    /// 512/1024/2048 with every transform, plus the deterministic and throughput
+    /// k 2048 ones; the index transform at 2048; metadata replay of every mode at
+    /// page sizes 64 and 1; on NVIDIA, sparse decode (+ combine) for every head
+    /// count of [`DECODE_HEADS`] at top-k 2048 / page 64, top-k 512 and 1024 at
+    /// 128 heads, and page sizes 1 and 61; sparse prefill for every head count of
     /// [`PREFILL_HEADS`] at top-k 2048 / d_qk 576, top-k 512 and 1024 and d_qk 512
     /// at 128 heads; indexer logits (paged, ragged) at 64 heads. Sparse MLA and the
     /// indexer logits have no ROCm variant yet (mma.sync).
@@ -535,6 +539,7 @@ impl KernelSpec {
             KernelFamily::KvStore { format: KvCacheFormat::Fp8 },
             KernelFamily::KvDequant,
             KernelFamily::IndexerKStore,
+            KernelFamily::IndexerKGather,
         ];
         for k in [512, 1024, 2048] {
             for transform in TopkTransform::ALL {
@@ -594,6 +599,7 @@ impl KernelSpec {
             ("kv_store", [fmt]) => KernelFamily::KvStore { format: fmt.parse().ok()? },
             ("kv_dequant", _) => KernelFamily::KvDequant,
             ("indexer_k_store", _) => KernelFamily::IndexerKStore,
+            ("indexer_k_gather", _) => KernelFamily::IndexerKGather,
             ("topk", [k, t, flags @ ..]) => KernelFamily::TopK {
                 k: k_of(k)?,
                 transform: TopkTransform::ALL.into_iter().find(|x| x.tag() == *t)?,

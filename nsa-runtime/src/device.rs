@@ -79,7 +79,13 @@ impl Gpu {
             l2_bytes: attr(Attr::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)?,
             target: Target::from_compute_capability(cc),
         };
-        let stream = ctx.default_stream();
+        // One stream carries every launch and copy, so cudarc's cross-stream event
+        // tracking is not needed; without it, no event is recorded per launch and
+        // launches can be captured into CUDA graphs (the legacy default stream
+        // cannot be captured, hence a stream of our own).
+        // SAFETY: called before any buffer exists; all work is ordered on `stream`.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.new_stream().map_err(Error::driver("creating a stream"))?;
         Ok(Gpu { ctx, stream, caps, functions: Mutex::new(HashMap::new()) })
     }
 

@@ -11,6 +11,7 @@ pub mod cache;
 pub mod device;
 pub mod error;
 pub mod jit;
+pub mod layer;
 pub mod metadata;
 pub mod model;
 pub mod ops;

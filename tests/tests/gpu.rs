@@ -14,6 +14,8 @@ use std::sync::{Mutex, OnceLock};
 
 #[path = "gpu/indexer.rs"]
 mod indexer;
+#[path = "gpu/layer.rs"]
+mod layer;
 #[path = "gpu/metadata.rs"]
 mod metadata;
 #[path = "gpu/sparse_decode.rs"]
@@ -75,6 +77,21 @@ fn dequant_is_bit_exact_with_repeats_and_rejects() {
         SIZES.iter().map(|&n| verify::dequant(&rt, n, 41 + n as u64, false).unwrap()).collect();
     checks.push(verify::dequant(&rt, 513, 47, true).unwrap());
     assert_all(&checks);
+}
+
+#[test]
+fn indexer_gather_is_bit_exact_with_repeats_and_rejects() {
+    let rt = rt();
+    let mut checks: Vec<Check> =
+        SIZES.iter().map(|&n| verify::gather_indexer(&rt, n, 51 + n as u64, false).unwrap()).collect();
+    checks.push(verify::gather_indexer(&rt, 513, 57, true).unwrap());
+    assert_all(&checks);
+}
+
+#[test]
+fn kv_cache_suite_passes() {
+    let rt = rt();
+    assert_all(&verify::kv_cache_suite(&rt, &[1, 300], 61).unwrap());
 }
 
 /// dequant(quant(x)) is within the e4m3 bound for finite tokens:
@@ -164,6 +181,38 @@ fn rejected_slots_are_skipped_and_reported() {
         assert!(got == want, "{checks:?}: only slots 2 and 5 may change");
     }
     rt.set_checks(DeviceChecks::Skip).unwrap();
+}
+
+#[test]
+fn rejected_gather_slots_are_zeroed_and_reported() {
+    let mut rt = rt();
+    let stream = rt.gpu().stream().clone();
+    let cache: Vec<u8> = (0..INDEXER_PAGE_BYTES).map(|i| (i % 251) as u8 + 1).collect();
+    let slots = vec![5, -1, 64, 63];
+    let d_cache = upload(&stream, &cache).unwrap();
+    let d_slots = upload(&stream, &slots).unwrap();
+    let (want_keys, want_scales, rejected) = reference::gather_indexer_k(&cache, &slots);
+    assert_eq!(rejected, 2);
+    rt.set_checks(DeviceChecks::Report).unwrap();
+    let mut d_keys = upload(&stream, &vec![0x5au8; 4 * INDEXER_HEAD_DIM]).unwrap();
+    let mut d_scales = upload(&stream, &[1.0f32; 4]).unwrap();
+    let r = kv_cache::gather_indexer_k(
+        &rt,
+        &d_cache.slice(0..),
+        &d_slots.slice(0..),
+        &mut d_keys.slice_mut(0..),
+        &mut d_scales.slice_mut(0..),
+    );
+    rt.set_checks(DeviceChecks::Skip).unwrap();
+    match r {
+        Err(Error::DeviceRejected { count: 2, field: "slots", example, .. }) => {
+            assert!(example == 1 || example == 2, "example {example}");
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+    assert_eq!(download(&stream, &d_keys, want_keys.len()).unwrap(), want_keys);
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&download(&stream, &d_scales, 4).unwrap()), bits(&want_scales));
 }
 
 #[test]

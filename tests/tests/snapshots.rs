@@ -74,6 +74,7 @@ fn kernel_set_is_sorted_unique_and_covers_each_target() {
             let mut expected = BTreeSet::from([
                 "kv_store",
                 "indexer_k_store",
+                "indexer_k_gather",
                 "topk",
                 "index_transform",
                 "metadata_replay",
@@ -334,12 +335,12 @@ fn is_c_identifier(s: &str) -> bool {
 #[test]
 fn ids_and_symbols_are_unique_and_round_trip() {
     let specs = all_specs();
-    // 4 store kernels + 9 top-k + 3 deterministic + 3 throughput top-k + 1 index transform
+    // 4 store kernels + 1 indexer gather + 9 top-k + 3 deterministic + 3 throughput top-k + 1 index transform
     // + 3 metadata replay modes × 2 page sizes + 3 split stages × 3 transforms per target;
     // on NVIDIA also 9 sparse decode variants, 5 combines, 7 sparse prefill variants and
     // 2 indexer logits layouts.
     let nvidia = Target::ALL.iter().filter(|t| t.vendor() == nsa_kernels::Vendor::Nvidia).count();
-    assert_eq!(specs.len(), 35 * Target::ALL.len() + 23 * nvidia);
+    assert_eq!(specs.len(), 36 * Target::ALL.len() + 23 * nvidia);
     let mut ids = BTreeMap::new();
     let mut symbols = BTreeMap::new();
     let mut sources = BTreeSet::new();
@@ -500,7 +501,7 @@ fn launch_geometry_matches_the_device_code() {
         // launcher's grid divides by tokens_per_block: they must agree.
         let lanes = match spec.family {
             KernelFamily::KvStore { .. } | KernelFamily::KvDequant => k["kMlaLanes"],
-            KernelFamily::IndexerKStore => k["kIdxLanes"],
+            KernelFamily::IndexerKStore | KernelFamily::IndexerKGather => k["kIdxLanes"],
             // One row (or one chunk of a row) per block: the whole block cooperates.
             KernelFamily::TopK { .. } | KernelFamily::TopkSplit { .. } => {
                 assert_eq!(spec.tokens_per_block(), 1, "{spec}");
@@ -557,7 +558,7 @@ fn launch_geometry_matches_the_device_code() {
             }
         };
         assert_eq!(threads as i64 % lanes, 0, "{spec}");
-        // Indexer lane groups store several tokens each; the template passes the count.
+        // Indexer lane groups store or gather several tokens each; the template passes the count.
         let rounds = spec.context()["tokens_per_lane_group"].as_i64().unwrap_or(1);
         assert_eq!(spec.tokens_per_block() as i64, threads as i64 / lanes * rounds, "{spec}");
         // A token's lane group never straddles a warp (its shuffles stay inside one).

@@ -254,5 +254,45 @@ NSA_DEVICE void store_indexer_k(const u16* __restrict__ k, i64 k_stride, const i
   }
 }
 
+// Ragged gather for the extend logits (spec §6.3): keys[t] (128 e4m3) and scales[t]
+// = cache entry of slots[t]; a rejected slot yields a zero key and scale 0. Lane l of
+// a group moves bytes [16l, 16l + 16), lane 0 also the scale. All slot loads, then
+// all key loads, are issued before the first store (memory parallelism).
+template <int kBlockThreads, int kRounds>
+NSA_DEVICE void gather_indexer_k(const u8* __restrict__ cache, i64 pool_slots, const i32* __restrict__ slots,
+                                 i32 num_tokens, u8* __restrict__ keys, float* __restrict__ scales, u32* status) {
+  const int kGroups = kBlockThreads / kIdxLanes;
+  const u32 tid = thread_x();
+  const i64 first = (i64)block_x() * kGroups * kRounds + tid / kIdxLanes;
+  const u32 lane = tid % kIdxLanes;
+  i64 slot[kRounds];
+#pragma unroll
+  for (int r = 0; r < kRounds; ++r) {
+    const i64 token = first + r * kGroups;
+    slot[r] = token < num_tokens ? (i64)slots[token] : -1;
+  }
+  Vec16 q[kRounds];
+  float scale[kRounds];
+#pragma unroll
+  for (int r = 0; r < kRounds; ++r) {
+    q[r] = Vec16{{0u, 0u, 0u, 0u}};
+    scale[r] = 0.0f;
+    if (slot_ok(slot[r], pool_slots)) {
+      const u8* page = cache + (slot[r] / kIdxPageTokens) * kIdxPageBytes;
+      const i64 off = slot[r] % kIdxPageTokens;
+      q[r] = *reinterpret_cast<const Vec16*>(page + off * kIdxDim + lane * 16);
+      if (lane == 0) scale[r] = reinterpret_cast<const float*>(page + kIdxPageTokens * kIdxDim)[off];
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kRounds; ++r) {
+    const i64 token = first + r * kGroups;
+    if (token >= num_tokens) break;  // later rounds are further out
+    if (lane == 0 && !slot_ok(slot[r], pool_slots)) report_bad_entry(status, token);
+    reinterpret_cast<Vec16*>(keys + token * kIdxDim)[lane] = q[r];
+    if (lane == 0) scales[token] = scale[r];
+  }
+}
+
 }  // namespace kv
 }  // namespace nsa

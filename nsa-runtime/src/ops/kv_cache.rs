@@ -138,3 +138,34 @@ pub fn store_indexer_k(
     args.arg(&k.data).arg(&ks).arg(loc).arg(&num).arg(cache).arg(&pool_slots);
     rt.launch(&kernel, args, n, "loc", SLOT_EXPECTED)
 }
+
+/// Gathers the indexer keys of `slots` out of the paged indexer cache (`[pages, 8448]`
+/// bytes) into ragged `keys` (`[n, 128]` e4m3 bytes) and `scales` (`[n]`) for the
+/// extend logits (spec §6.3). A slot outside the pool yields a zero key and scale 0.
+pub fn gather_indexer_k(
+    rt: &Runtime,
+    cache: &CudaView<'_, u8>,
+    slots: &CudaView<'_, i32>,
+    keys: &mut CudaViewMut<'_, u8>,
+    scales: &mut CudaViewMut<'_, f32>,
+) -> Result<()> {
+    let stream = rt.gpu().stream();
+    let n = slots.len();
+    if cache.len() % INDEXER_PAGE_BYTES != 0 {
+        return Err(invalid(
+            "cache",
+            format!("{} bytes", cache.len()),
+            format!("a whole number of {INDEXER_PAGE_BYTES}-byte pages (64 tokens × 132 bytes)"),
+        ));
+    }
+    check_len("keys", keys.len(), n * INDEXER_HEAD_DIM, "slots.len() × 128")?;
+    check_len("scales", scales.len(), n, "one scale per entry of slots")?;
+    check_aligned("cache", cache, 16, stream)?;
+    check_aligned("keys", keys, 16, stream)?;
+    let pool_slots = (cache.len() / INDEXER_PAGE_BYTES * INDEXER_PAGE_TOKENS) as i64;
+    let num = check_count_fits_i32("slots", n)?;
+    let kernel = rt.kernel(KernelFamily::IndexerKGather)?;
+    let mut args = rt.args(&kernel);
+    args.arg(cache).arg(&pool_slots).arg(slots).arg(&num).arg(keys).arg(scales);
+    rt.launch(&kernel, args, n, "slots", SLOT_EXPECTED)
+}

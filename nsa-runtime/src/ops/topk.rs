@@ -13,7 +13,7 @@ use nsa_kernels::{KernelFamily, KernelSpec, Target, TopkLayout, TopkSplitStage, 
 #[derive(Debug)]
 pub struct TopkScores<'a> {
     pub scores: &'a CudaView<'a, f32>,
-    /// Elements between rows.
+    /// Elements between rows; 0 lets every row read the same scores.
     pub row_stride: usize,
     /// Readable elements per row; `row_starts[b] + lengths[b]` beyond it rejects row b.
     pub row_capacity: usize,
@@ -354,11 +354,12 @@ fn check_topk_args(
     if out.len() != rows * k as usize {
         return Err(invalid("out", format!("length {}", out.len()), format!("rows × k = {rows} × {k}")));
     }
-    if scores.row_capacity > scores.row_stride && rows > 1 {
+    // Stride 0 shares one row among all (read-only, so overlap is harmless).
+    if scores.row_stride != 0 && scores.row_capacity > scores.row_stride && rows > 1 {
         return Err(invalid(
             "row_capacity",
             scores.row_capacity.to_string(),
-            format!("at most row_stride {}", scores.row_stride),
+            format!("at most row_stride {} (or a row stride of 0: every row reads the same scores)", scores.row_stride),
         ));
     }
     check_rows_fit("scores", scores.scores.len(), rows, scores.row_stride, scores.row_capacity)?;

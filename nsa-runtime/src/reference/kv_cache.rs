@@ -13,6 +13,7 @@
 //! * a slot outside the pool is rejected: nothing is written, the entry is counted.
 
 use super::fp8::{e4m3_to_f32, f32_to_e4m3_satfinite, E4M3_MAX};
+use super::indexer::index_k_at;
 use half::bf16;
 use nsa_kernels::layout::*;
 
@@ -189,6 +190,30 @@ pub fn store_indexer_k(k: &[bf16], loc: &[i32], cache: &mut [u8]) -> Rejected {
     rejected
 }
 
+/// Gathers the indexer keys of `slots` into ragged `[n, 128]` e4m3 bytes and `[n]`
+/// scales (spec §6.3); a rejected slot yields a zero key and scale 0.
+pub fn gather_indexer_k(cache: &[u8], slots: &[i32]) -> (Vec<u8>, Vec<f32>, Rejected) {
+    let pool = cache.len() / INDEXER_PAGE_BYTES * INDEXER_PAGE_TOKENS;
+    let mut keys = Vec::with_capacity(slots.len() * INDEXER_HEAD_DIM);
+    let mut scales = Vec::with_capacity(slots.len());
+    let mut rejected = 0;
+    for &slot in slots {
+        match slot_in_pool(slot, pool) {
+            Some(s) => {
+                let (k, scale) = index_k_at(cache, s);
+                keys.extend_from_slice(k);
+                scales.push(scale);
+            }
+            None => {
+                rejected += 1;
+                keys.extend(std::iter::repeat_n(0u8, INDEXER_HEAD_DIM));
+                scales.push(0.0);
+            }
+        }
+    }
+    (keys, scales, rejected)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -258,5 +283,20 @@ mod tests {
         let (rows, rej) = dequant_fp8(&cache, &[0, 7]);
         assert_eq!(rej, 1);
         assert!(rows[BF16_TOKEN_ELEMS..].iter().all(|v| v.to_f32() == 0.0));
+    }
+
+    #[test]
+    fn indexer_gather_reads_back_the_store() {
+        let k: Vec<bf16> = (0..2 * INDEXER_HEAD_DIM).map(|i| bf16::from_f32(i as f32 - 100.0)).collect();
+        let mut cache = vec![0xa5u8; 2 * INDEXER_PAGE_BYTES];
+        assert_eq!(store_indexer_k(&k, &[70, 3], &mut cache), 0);
+        let (keys, scales, rej) = gather_indexer_k(&cache, &[3, -1, 70, 128, 3]);
+        assert_eq!((rej, keys.len(), scales.len()), (2, 5 * INDEXER_HEAD_DIM, 5));
+        let (q0, s0) = quantize_indexer_k(&k[..INDEXER_HEAD_DIM]);
+        let (q1, s1) = quantize_indexer_k(&k[INDEXER_HEAD_DIM..]);
+        assert_eq!(scales, [s1, 0.0, s0, 0.0, s1]);
+        let rows: Vec<&[u8]> = keys.chunks(INDEXER_HEAD_DIM).collect();
+        assert_eq!((rows[0], rows[2], rows[4]), (&q1[..], &q0[..], &q1[..]));
+        assert!(rows[1].iter().chain(rows[3]).all(|&b| b == 0));
     }
 }

@@ -65,6 +65,15 @@ pub fn reference_rows<F>(picked: &[usize], one: F) -> Vec<Attention>
 where
     F: Fn(usize) -> Attention + Sync,
 {
+    parallel_rows(picked, one)
+}
+
+/// `one(r)` for every picked row, on all cores, in order.
+pub fn parallel_rows<T, F>(picked: &[usize], one: F) -> Vec<T>
+where
+    T: Send,
+    F: Fn(usize) -> T + Sync,
+{
     let threads = std::thread::available_parallelism().map_or(4, |n| n.get()).min(picked.len().max(1));
     let chunk = picked.len().div_ceil(threads.max(1)).max(1);
     let one = &one;

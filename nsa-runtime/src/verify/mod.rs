@@ -211,6 +211,50 @@ pub fn store_indexer(rt: &Runtime, n: usize, seed: u64) -> Result<Check> {
     })
 }
 
+/// Builds a paged indexer cache with the reference store, gathers `n` slots (repeats
+/// included, plus −1 and out-of-pool entries when `with_rejects`) on the GPU and
+/// compares keys and scales with the reference gather, bit for bit.
+pub fn gather_indexer(rt: &Runtime, n: usize, seed: u64, with_rejects: bool) -> Result<Check> {
+    let stream = rt.gpu().stream();
+    let tokens = n.max(1);
+    let pages = pool_for(tokens).div_ceil(INDEXER_PAGE_TOKENS);
+    let pool = pages * INDEXER_PAGE_TOKENS;
+    let mut rng = testdata::rng(seed ^ 6);
+    // Random bytes under the stored keys: slots never stored are not zero either.
+    let mut cache: Vec<u8> = (0..pages * INDEXER_PAGE_BYTES).map(|_| rand::Rng::random(&mut rng)).collect();
+    let stored = testdata::indexer_rows(tokens, seed);
+    reference::store_indexer_k(&stored, &testdata::distinct_slots(tokens, pool, seed ^ 5), &mut cache);
+    let mut slots: Vec<i32> = (0..n).map(|_| rand::Rng::random_range(&mut rng, 0..pool as i32)).collect();
+    if with_rejects && n >= 2 {
+        slots[0] = -1;
+        slots[n - 1] = pool as i32;
+    }
+    let d_cache = upload(stream, &cache)?;
+    let d_slots = upload(stream, &slots)?;
+    let mut d_keys = upload(stream, &vec![0xa5u8; n * INDEXER_HEAD_DIM])?;
+    let mut d_scales = upload(stream, &vec![f32::from_bits(0xa5a5_a5a5); n])?;
+    kv_cache::gather_indexer_k(
+        rt,
+        &d_cache.slice(0..),
+        &d_slots.slice(0..n),
+        &mut d_keys.slice_mut(0..n * INDEXER_HEAD_DIM),
+        &mut d_scales.slice_mut(0..n),
+    )?;
+    let got_keys = download(stream, &d_keys, n * INDEXER_HEAD_DIM)?;
+    let got_scales: Vec<u32> = download(stream, &d_scales, n)?.iter().map(|v| v.to_bits()).collect();
+    let (want_keys, want_scales, _) = reference::gather_indexer_k(&cache, &slots);
+    let want_scales: Vec<u32> = want_scales.iter().map(|v| v.to_bits()).collect();
+    let (bad_keys, first_key) = compare_rows(&got_keys, &want_keys, INDEXER_HEAD_DIM, "key row");
+    let (bad_scales, first_scale) = compare_rows(&got_scales, &want_scales, 1, "scale");
+    Ok(Check {
+        kernel: id(rt, KernelFamily::IndexerKGather),
+        case: format!("n={n}, pages={pages}{}", if with_rejects { " with -1/out-of-pool" } else { "" }),
+        items: n,
+        mismatches: bad_keys + bad_scales,
+        first_mismatch: first_key.or(first_scale),
+    })
+}
+
 /// Every check of the KV cache family at each size in `sizes`.
 pub fn kv_cache_suite(rt: &Runtime, sizes: &[usize], seed: u64) -> Result<Vec<Check>> {
     let mut checks = Vec::new();
@@ -220,11 +264,13 @@ pub fn kv_cache_suite(rt: &Runtime, sizes: &[usize], seed: u64) -> Result<Vec<Ch
         checks.push(store_mla(rt, KvCacheFormat::Bf16, n, s + 1)?);
         checks.push(dequant(rt, n, s + 2, false)?);
         checks.push(store_indexer(rt, n, s + 3)?);
+        checks.push(gather_indexer(rt, n, s + 4, n > 1)?);
     }
     Ok(checks)
 }
 pub mod attention;
 pub mod indexer;
+pub mod layer;
 pub mod metadata;
 pub mod sparse_decode;
 pub mod sparse_prefill;

@@ -204,6 +204,7 @@ pub fn verify(args: VerifyArgs) -> Result<()> {
                 KernelFamily::KvStore { format } => verify::store_mla(&rt, format, n, seed)?,
                 KernelFamily::KvDequant => verify::dequant(&rt, n, seed, n > 1)?,
                 KernelFamily::IndexerKStore => verify::store_indexer(&rt, n, seed)?,
+                KernelFamily::IndexerKGather => verify::gather_indexer(&rt, n, seed, n > 1)?,
                 KernelFamily::TopK { k, transform, deterministic, layout } => {
                     let pattern = [ScorePattern::Gaussian, ScorePattern::OneBucket][i % 2];
                     let case = TopkCase {

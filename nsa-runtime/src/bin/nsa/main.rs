@@ -7,6 +7,7 @@ mod bench_prefill;
 mod compile;
 mod config_args;
 mod inspect;
+mod run;
 
 use clap::{Parser, Subcommand};
 use config_args::ConfigArgs;
@@ -33,6 +34,9 @@ enum Command {
     Inspect(inspect::InspectArgs),
     /// (GPU) Run every compiled kernel of the config against its CPU reference.
     Verify(compile::VerifyArgs),
+    /// (GPU) Run one NSA layer (store → indexer → top-k → sparse MLA) on random data
+    /// and check every stage against the whole-layer CPU reference.
+    Run(run::RunArgs),
     /// (GPU) Measure kernel bandwidth against a device copy, and JIT/cache latency.
     Bench(bench::BenchArgs),
 }
@@ -56,6 +60,7 @@ fn main() -> ExitCode {
         Command::Inspect(args) => inspect::run(args),
         Command::Verify(args) => compile::verify(args),
         Command::Bench(args) => bench::run(args),
+        Command::Run(args) => run::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

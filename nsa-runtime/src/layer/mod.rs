@@ -1,0 +1,461 @@
+//! [`NsaLayer`]: one attention layer of a DeepSeek V3.2-style model, run as the
+//! server calls it once per layer and step (spec §5.3, §6.1, §8.4):
+//!
+//! 1. KV store (bf16, or quantized to the FP8-656 record) at `out_cache_loc`;
+//! 2. indexer K store (FP8 + scale) at the same slots, before scoring (§6.1 step 7);
+//! 3. indexer logits: skipped when no token sees more than top-k keys, PAGED over
+//!    the index-K pages (decode-like, page size 64), or gathered + RAGGED (extend),
+//!    chunked under the caller's logits budget;
+//! 4. fused top-k with the PAGED (slots) or RAGGED (ragged rows) transform;
+//! 5. sparse MLA: decode kernel on the FP8 cache, prefill kernel on the bf16 pool, or
+//!    dequantize + prefill for RAGGED.
+//!
+//! The step's decisions live in a [`StepPlan`] built once per step from its
+//! [`NsaMetadata`](crate::metadata::NsaMetadata) and [`Dispatch`](crate::metadata::Dispatch)
+//! and shared by every layer; [`StepPlan::explain`] (and a `tracing` debug event
+//! per stage) says which variant each stage runs and why. A forward allocates
+//! nothing and never synchronises (with the default [`crate::DeviceChecks::Skip`]),
+//! so decode, verify and draft-extend steps can be captured in a CUDA graph.
+
+mod keys;
+mod plan;
+mod workspace;
+
+pub use keys::{ragged_keys, RaggedKeys};
+pub use plan::{AttentionStage, IndexerStage, StepDecisions, StepPlan, WorkspaceNeeds};
+pub use workspace::LayerWorkspace;
+
+use crate::metadata::device::Field;
+use crate::ops::indexer::{self, IndexerQuery, LogitsOut, PagedIndexerKeys, RaggedIndexerKeys};
+use crate::ops::kv_cache::{self, MlaCacheMut};
+use crate::ops::sparse_decode::{self, Fp8PagedCache, SparseDecodeInputs};
+use crate::ops::sparse_prefill::{self, Fp8RaggedKv, PrefillQuery, SparsePrefillInputs, SparsePrefillOutputs};
+use crate::ops::topk::{self, PageTable, TopkOutput, TopkScores};
+use crate::ops::Rows;
+use crate::runtime::Runtime;
+use crate::{Error, Result};
+use cudarc::driver::{CudaView, CudaViewMut};
+use half::bf16;
+use nsa_kernels::layout::{BF16_TOKEN_ELEMS, DEEPSEEK_V32_SM_SCALE, INDEXER_HEAD_DIM, KV_LORA_RANK};
+use nsa_kernels::{KernelFamily, NsaConfig, TopkLayout, TopkTransform};
+
+/// Default cap on one chunk of extend logits (spec §6.3 memory guard).
+pub const DEFAULT_LOGITS_BUDGET_BYTES: usize = 1 << 30;
+
+/// The per-layer configuration: the model's attention config plus run options.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LayerConfig {
+    pub model: NsaConfig,
+    /// Softmax scale of the sparse MLA (DeepSeek V3.2: `192^-0.5` × YaRN mscale²).
+    pub sm_scale: f32,
+    /// Top-k ties go to the lowest positions (reproducible runs).
+    pub deterministic_topk: bool,
+    /// Bytes one chunk of extend logits may take.
+    pub logits_budget_bytes: usize,
+}
+
+impl LayerConfig {
+    /// `model` (validated) with DeepSeek V3.2's softmax scale, fast top-k and a
+    /// 1 GiB logits budget.
+    pub fn new(model: NsaConfig) -> Result<Self> {
+        model.validate()?;
+        Ok(LayerConfig {
+            model,
+            sm_scale: DEEPSEEK_V32_SM_SCALE,
+            deterministic_topk: false,
+            logits_budget_bytes: DEFAULT_LOGITS_BUDGET_BYTES,
+        })
+    }
+}
+
+/// The tensors of one layer call; `T` = query tokens of the step.
+#[derive(Debug)]
+pub struct LayerInputs<'a> {
+    /// `[T, heads, 576]` bf16: absorbed q_nope (512) ‖ q_rope (64).
+    pub q: CudaView<'a, bf16>,
+    /// `T` rows of 512: the new tokens' latent.
+    pub k_nope: Rows<'a, bf16>,
+    /// `T` rows of 64: the new tokens' rope part.
+    pub k_rope: Rows<'a, bf16>,
+    /// `[T]` cache slots of the new tokens.
+    pub out_cache_loc: CudaView<'a, i32>,
+    /// `[T, index_heads, 128]` e4m3 bytes.
+    pub index_q: CudaView<'a, u8>,
+    /// `[T, index_heads]` f32 folded head weights (spec §6.1 step 6).
+    pub index_weights: CudaView<'a, f32>,
+    /// `T` rows of 128 bf16: the new tokens' indexer keys (quantized by the store).
+    pub index_k: Rows<'a, bf16>,
+}
+
+/// The layer's caches, written by the stores and read by the indexer and attention.
+#[derive(Debug)]
+pub struct LayerCaches<'a> {
+    /// The MLA cache in the model's format.
+    pub kv: MlaCacheMut<'a>,
+    /// The indexer K cache: pages of 64 tokens × (128 e4m3 + f32 scale).
+    pub index_k: CudaViewMut<'a, u8>,
+}
+
+/// Where the layer writes: `out` `[T, heads, 512]` bf16 (latent space; the model
+/// applies W_UV) and `lse` `[T, heads]` f32 (natural log; +inf for a token without keys).
+#[derive(Debug)]
+pub struct LayerOutputs<'a, 'b> {
+    pub out: &'a mut CudaViewMut<'b, bf16>,
+    pub lse: &'a mut CudaViewMut<'b, f32>,
+}
+
+/// The stages of a layer call, in order (for [`NsaLayer::forward_marked`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Stage {
+    KvStore,
+    IndexKStore,
+    /// Index-K gather (if any) and logits.
+    Indexer,
+    Topk,
+    Attention,
+}
+
+impl Stage {
+    pub const ALL: [Stage; 5] = [Stage::KvStore, Stage::IndexKStore, Stage::Indexer, Stage::Topk, Stage::Attention];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Stage::KvStore => "kv store",
+            Stage::IndexKStore => "index-K store",
+            Stage::Indexer => "indexer logits",
+            Stage::Topk => "top-k",
+            Stage::Attention => "sparse MLA",
+        }
+    }
+}
+
+/// One attention layer configuration on one runtime; see the [module docs](self).
+#[derive(Debug)]
+pub struct NsaLayer<'rt> {
+    rt: &'rt Runtime,
+    cfg: LayerConfig,
+}
+
+fn invalid(field: &'static str, value: impl Into<String>, expected: impl Into<String>) -> Error {
+    Error::InvalidArgument { field, value: value.into(), expected: expected.into() }
+}
+
+fn check_len(field: &'static str, got: usize, want: usize, what: &str) -> Result<()> {
+    if got != want {
+        return Err(invalid(field, format!("length {got}"), format!("length {want} ({what})")));
+    }
+    Ok(())
+}
+
+impl<'rt> NsaLayer<'rt> {
+    /// Checks `cfg` against the runtime's target and compiles (or loads) every
+    /// kernel the layer can run, so no step JIT-compiles or loads a module.
+    pub fn new(rt: &'rt Runtime, cfg: LayerConfig) -> Result<Self> {
+        cfg.model.validate()?;
+        let target = rt.target();
+        if !cfg.model.targets.contains(&target) {
+            return Err(invalid(
+                "targets",
+                format!("{:?}", cfg.model.targets.iter().map(|t| t.arch()).collect::<Vec<_>>()),
+                format!("a list including this GPU's {}", target.arch()),
+            ));
+        }
+        if !cfg.sm_scale.is_finite() || cfg.sm_scale <= 0.0 {
+            return Err(invalid("sm_scale", cfg.sm_scale.to_string(), "a finite positive softmax scale"));
+        }
+        for spec in nsa_kernels::kernel_set(&cfg.model).into_iter().filter(|s| s.target == target) {
+            rt.kernel(spec.family)?;
+        }
+        if cfg.deterministic_topk {
+            for transform in [TopkTransform::Paged, TopkTransform::Ragged] {
+                for layout in [TopkLayout::Latency, TopkLayout::Throughput] {
+                    rt.kernel(KernelFamily::TopK { k: cfg.model.topk, transform, deterministic: true, layout })?;
+                }
+            }
+        }
+        Ok(NsaLayer { rt, cfg })
+    }
+
+    pub fn config(&self) -> &LayerConfig {
+        &self.cfg
+    }
+
+    /// The step plan for `md` and `dispatch` (one per step, shared by all layers).
+    pub fn plan(&self, md: &crate::metadata::NsaMetadata, dispatch: &crate::metadata::Dispatch) -> Result<StepPlan> {
+        StepPlan::new(self.rt, &self.cfg, md, dispatch)
+    }
+
+    /// Runs the layer for one step. Every size is checked before the first launch.
+    pub fn forward(
+        &self,
+        plan: &StepPlan,
+        inputs: &LayerInputs<'_>,
+        caches: &mut LayerCaches<'_>,
+        ws: &mut LayerWorkspace,
+        outputs: LayerOutputs<'_, '_>,
+    ) -> Result<()> {
+        self.forward_marked(plan, inputs, caches, ws, outputs, &mut |_| Ok(()))
+    }
+
+    /// [`NsaLayer::forward`], calling `mark(stage)` after each stage's launches are
+    /// enqueued (profilers record an event there; chunked steps mark the indexer
+    /// and top-k once per chunk).
+    pub fn forward_marked(
+        &self,
+        plan: &StepPlan,
+        inputs: &LayerInputs<'_>,
+        caches: &mut LayerCaches<'_>,
+        ws: &mut LayerWorkspace,
+        outputs: LayerOutputs<'_, '_>,
+        mark: &mut dyn FnMut(Stage) -> Result<()>,
+    ) -> Result<()> {
+        self.check(plan, inputs, caches, ws, &outputs)?;
+        let rt = self.rt;
+        kv_cache::store_mla(rt, &inputs.k_nope, &inputs.k_rope, &inputs.out_cache_loc, &mut caches.kv)?;
+        mark(Stage::KvStore)?;
+        kv_cache::store_indexer_k(rt, &inputs.index_k, &inputs.out_cache_loc, &mut caches.index_k)?;
+        mark(Stage::IndexKStore)?;
+        if plan.rows() == 0 {
+            return Ok(());
+        }
+        self.select(plan, inputs, caches, ws, mark)?;
+        self.attend(plan, inputs, caches, ws, outputs)?;
+        mark(Stage::Attention)
+    }
+
+    fn check(
+        &self,
+        plan: &StepPlan,
+        inputs: &LayerInputs<'_>,
+        caches: &LayerCaches<'_>,
+        ws: &LayerWorkspace,
+        outputs: &LayerOutputs<'_, '_>,
+    ) -> Result<()> {
+        if plan.config != self.cfg {
+            return Err(invalid(
+                "plan",
+                "a plan of another layer configuration",
+                "a StepPlan made by a layer with this configuration",
+            ));
+        }
+        let m = &self.cfg.model;
+        let t = plan.rows();
+        let (heads, index_heads) = (m.num_q_heads as usize, m.index_n_heads as usize);
+        check_len("q", inputs.q.len(), t * heads * BF16_TOKEN_ELEMS, "T × heads × 576")?;
+        check_len("out_cache_loc", inputs.out_cache_loc.len(), t, "one slot per query token")?;
+        check_len("index_q", inputs.index_q.len(), t * index_heads * INDEXER_HEAD_DIM, "T × index heads × 128")?;
+        check_len("index_weights", inputs.index_weights.len(), t * index_heads, "T × index heads")?;
+        check_len("out", outputs.out.len(), t * heads * KV_LORA_RANK, "T × heads × 512")?;
+        check_len("lse", outputs.lse.len(), t * heads, "T × heads")?;
+        if caches.kv.format() != m.kv_cache {
+            return Err(invalid(
+                "caches.kv",
+                format!("a {} cache", caches.kv.format().tag()),
+                format!("the layer's {} cache", m.kv_cache.tag()),
+            ));
+        }
+        ws.check(&plan.needs())
+    }
+
+    /// Indexer logits and top-k, chunk by chunk, into `ws.indices`.
+    fn select(
+        &self,
+        plan: &StepPlan,
+        inputs: &LayerInputs<'_>,
+        caches: &LayerCaches<'_>,
+        ws: &mut LayerWorkspace,
+        mark: &mut dyn FnMut(Stage) -> Result<()>,
+    ) -> Result<()> {
+        let rt = self.rt;
+        let d = plan.decisions();
+        let m = &self.cfg.model;
+        let (k, index_heads) = (m.topk as usize, m.index_n_heads as usize);
+        let field = |f: Field| {
+            plan.metadata.field(f).ok_or_else(|| invalid("metadata", format!("{f:?} absent"), "a field the step reads"))
+        };
+        let expanded = field(Field::SeqlensExpanded)?;
+        let table = field(Field::PageTable1)?;
+        let keys = plan.keys.as_ref();
+        let key_view = |r: &std::ops::Range<usize>| keys.map(|k| k.buf.slice(r.clone()));
+        let index_cache = caches.index_k.as_view();
+        if let IndexerStage::Gathered { num_keys, .. } = d.indexer {
+            let slots = key_view(&keys.expect("gathered steps have keys").slots).expect("keys");
+            kv_cache::gather_indexer_k(
+                rt,
+                &index_cache,
+                &slots,
+                &mut ws.keys.slice_mut(..num_keys * INDEXER_HEAD_DIM),
+                &mut ws.key_scales.slice_mut(..num_keys),
+            )?;
+        }
+        for (ci, rows) in d.chunks.iter().enumerate() {
+            let n = rows.len();
+            let query = IndexerQuery {
+                heads: m.index_n_heads,
+                q: inputs
+                    .index_q
+                    .slice(rows.start * index_heads * INDEXER_HEAD_DIM..rows.end * index_heads * INDEXER_HEAD_DIM),
+                weights: inputs.index_weights.slice(rows.start * index_heads..rows.end * index_heads),
+            };
+            let ks = || keys.map(|k| k.buf.slice(k.ks.clone()).slice(rows.clone()));
+            let (row_stride, row_capacity) = match &d.indexer {
+                IndexerStage::Skip => (0, k),
+                IndexerStage::Paged { table_width } => {
+                    let lens = expanded.slice(rows.clone());
+                    let keys = PagedIndexerKeys {
+                        cache: index_cache.slice(..),
+                        block_table: field(Field::RealPageTable)?
+                            .slice(rows.start * table_width..rows.end * table_width),
+                        table_width: *table_width,
+                        context_lens: lens,
+                        next_n: 1,
+                    };
+                    let mut data = ws.logits.slice_mut(..);
+                    indexer::paged_logits(rt, &query, &keys, LogitsOut { data: &mut data, stride: d.logits_stride })?;
+                    (d.logits_stride, d.logits_stride)
+                }
+                IndexerStage::Gathered { num_keys, .. } => {
+                    let keys_dev = keys.expect("gathered steps have keys");
+                    let ragged = RaggedIndexerKeys {
+                        keys: ws.keys.slice(..num_keys * INDEXER_HEAD_DIM),
+                        scales: ws.key_scales.slice(..*num_keys),
+                        ks: ks().expect("keys"),
+                        ke: keys_dev.buf.slice(keys_dev.ke.clone()).slice(rows.clone()),
+                    };
+                    let mut data = ws.logits.slice_mut(..);
+                    indexer::ragged_logits(
+                        rt,
+                        &query,
+                        &ragged,
+                        LogitsOut { data: &mut data, stride: d.logits_stride },
+                    )?;
+                    (d.logits_stride, *num_keys)
+                }
+            };
+            mark(Stage::Indexer)?;
+            let scores_view = ws.logits.slice(..);
+            let lengths = expanded.slice(rows.clone());
+            let gathered = matches!(d.indexer, IndexerStage::Gathered { .. });
+            let starts = if gathered { ks() } else { None };
+            let scores = TopkScores {
+                scores: &scores_view,
+                row_stride,
+                row_capacity,
+                lengths: &lengths,
+                row_starts: starts.as_ref(),
+            };
+            let table_rows;
+            let cu;
+            let offsets;
+            let output = match d.transform {
+                crate::metadata::TransformMethod::Paged
+                    if plan.table_per_token || d.mode != crate::metadata::ForwardMode::Extend =>
+                {
+                    let w = plan.table_width;
+                    table_rows = table.slice(rows.start * w..rows.end * w);
+                    TopkOutput::Paged(PageTable {
+                        table: &table_rows,
+                        rows: n,
+                        stride: w,
+                        width: w,
+                        cu_seqlens_q: None,
+                    })
+                }
+                crate::metadata::TransformMethod::Paged => {
+                    cu = match keys {
+                        Some(kd) if !kd.chunk_cu.is_empty() => kd.buf.slice(kd.chunk_cu[ci].clone()),
+                        _ => field(Field::CuSeqlensQ)?,
+                    };
+                    let w = plan.table_width;
+                    table_rows = table.slice(..);
+                    TopkOutput::Paged(PageTable {
+                        table: &table_rows,
+                        rows: plan.table_rows,
+                        stride: w,
+                        width: w,
+                        cu_seqlens_q: Some(&cu),
+                    })
+                }
+                crate::metadata::TransformMethod::Ragged => {
+                    offsets = ks().expect("RAGGED steps have keys");
+                    TopkOutput::Ragged { offsets: &offsets }
+                }
+            };
+            let mut out = ws.indices.slice_mut(rows.start * k..rows.end * k);
+            topk::topk(rt, m.topk, self.cfg.deterministic_topk, &scores, &output, &mut out, ws.topk.as_mut())?;
+            mark(Stage::Topk)?;
+        }
+        Ok(())
+    }
+
+    /// Sparse MLA over the selected indices.
+    fn attend(
+        &self,
+        plan: &StepPlan,
+        inputs: &LayerInputs<'_>,
+        caches: &LayerCaches<'_>,
+        ws: &mut LayerWorkspace,
+        outputs: LayerOutputs<'_, '_>,
+    ) -> Result<()> {
+        let rt = self.rt;
+        let m = &self.cfg.model;
+        let t = plan.rows();
+        let k = m.topk as usize;
+        // Fresh views, so outputs and workspace slices share one lifetime.
+        let (mut out, mut lse) = (outputs.out.slice_mut(..), outputs.lse.slice_mut(..));
+        let heads = m.num_q_heads as usize;
+        let lens = plan
+            .metadata
+            .field(Field::NsaCacheSeqlens)
+            .ok_or_else(|| invalid("metadata", "NsaCacheSeqlens absent", "a field the step reads"))?
+            .slice(..t);
+        let query = PrefillQuery {
+            q: inputs.q.slice(..),
+            indices: ws.indices.slice(..t * k),
+            topk_length: Some(lens),
+            sm_scale: self.cfg.sm_scale,
+        };
+        match (&plan.decisions().attention, &caches.kv) {
+            (AttentionStage::Decode(p), MlaCacheMut::Fp8(cache)) => {
+                let inputs = SparseDecodeInputs {
+                    q: query.q,
+                    cache: Fp8PagedCache::dense(cache.as_view(), m.page_size),
+                    indices: query.indices,
+                    topk_length: query.topk_length,
+                    sm_scale: query.sm_scale,
+                };
+                let floats = plan.needs().decode_partials;
+                sparse_decode::sparse_decode(rt, p, &inputs, &mut out, &mut lse, &mut ws.partials.slice_mut(..floats))
+            }
+            (AttentionStage::PrefillPaged(s), MlaCacheMut::Bf16(cache)) => {
+                let kv = Rows::dense(cache.as_view(), BF16_TOKEN_ELEMS);
+                let out = SparsePrefillOutputs {
+                    out: &mut out,
+                    max_logits: &mut ws.max_logits.slice_mut(..t * heads),
+                    lse: &mut lse,
+                };
+                sparse_prefill::sparse_prefill(rt, s, &SparsePrefillInputs { query, kv }, out)
+            }
+            (AttentionStage::PrefillRagged(s), MlaCacheMut::Fp8(cache)) => {
+                let kd = plan.keys.as_ref().expect("RAGGED steps have keys");
+                let rows = kd.slots.len();
+                let kv = Fp8RaggedKv {
+                    cache: cache.as_view(),
+                    kv_slots: kd.buf.slice(kd.slots.clone()),
+                    buffer: &mut ws.ragged_kv.slice_mut(..sparse_prefill::ragged_kv_elems(rows)),
+                };
+                let out = SparsePrefillOutputs {
+                    out: &mut out,
+                    max_logits: &mut ws.max_logits.slice_mut(..t * heads),
+                    lse: &mut lse,
+                };
+                sparse_prefill::sparse_prefill_fp8_ragged(rt, s, kv, query, out)
+            }
+            (stage, cache) => Err(invalid(
+                "caches.kv",
+                format!("a {} cache", cache.format().tag()),
+                format!("the cache format the plan's attention stage reads ({stage:?})"),
+            )),
+        }
+    }
+}

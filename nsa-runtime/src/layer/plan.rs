@@ -1,0 +1,394 @@
+//! [`StepPlan`]: what one forward step runs in every layer, decided once from the
+//! step's metadata and dispatch and shared by all layers of the model.
+//!
+//! Every decision is a pure function of the configuration, the metadata and the SM
+//! count ([`StepDecisions::new`]), so it can be logged, table-tested and captured
+//! in a CUDA graph; [`StepPlan::new`] adds the device copies of the metadata.
+
+use super::keys::{ragged_keys, table_rows_per_token, RaggedKeys};
+use super::LayerConfig;
+use crate::metadata::device::DeviceNsaMetadata;
+use crate::metadata::{Dispatch, ForwardMode, NsaMetadata, TransformMethod};
+use crate::ops::indexer::ragged_chunk_rows;
+use crate::ops::sparse_decode::{DecodePlan, DecodeShape};
+use crate::ops::sparse_prefill::{ragged_kv_elems, PrefillShape};
+use crate::ops::topk::TopkWorkspace;
+use crate::runtime::Runtime;
+use crate::{Error, Result};
+use cudarc::driver::CudaSlice;
+use nsa_kernels::layout::{BF16_TOKEN_ELEMS, INDEXER_PAGE_TOKENS};
+use nsa_kernels::{KvCacheFormat, Target};
+use std::ops::Range;
+
+/// How the indexer scores keys in this step.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum IndexerStage {
+    /// Every query token sees at most top-k keys: top-k's short-row path selects all
+    /// of them without reading scores, so no logits are computed (spec §6.1
+    /// shortcut, exact in every mode).
+    Skip,
+    /// PAGED logits over the indexer K cache through the real page table
+    /// (`table_width` pages of 64 tokens), one query row per token.
+    Paged { table_width: usize },
+    /// Keys gathered by slot into a ragged buffer, then RAGGED logits over each
+    /// token's `[ks, ke)`, in `chunks` of query rows sized to the logits budget.
+    Gathered { num_keys: usize, chunk_rows: usize, why: &'static str },
+}
+
+/// Which sparse MLA kernel attends.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AttentionStage {
+    /// FP8 cache, PAGED slots: the sparse decode kernel, one row per query token.
+    Decode(DecodePlan),
+    /// bf16 cache, PAGED slots: the prefill kernel over the whole pool.
+    PrefillPaged(PrefillShape),
+    /// FP8 cache, RAGGED rows: dequantize every request's keys, then prefill.
+    PrefillRagged(PrefillShape),
+}
+
+/// Device scratch one layer call needs (shared by the layers, which run in turn).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WorkspaceNeeds {
+    /// f32 logits (one chunk of rows × row stride; 1 when no logits are computed).
+    pub logits: usize,
+    /// i32 top-k output, `[T, topk]`.
+    pub indices: usize,
+    /// Rows of the split top-k workspace ([`TopkWorkspace`]).
+    pub topk_split_rows: usize,
+    /// f32 split-KV partials of the decode kernel.
+    pub decode_partials: usize,
+    /// f32 max_logits of the prefill kernel, `[T, heads]`.
+    pub max_logits: usize,
+    /// Gathered indexer keys: `S` (×128 bytes and ×1 f32 scale).
+    pub gathered_keys: usize,
+    /// bf16 elements of the dequantized ragged KV (RAGGED prefill).
+    pub ragged_kv: usize,
+}
+
+impl WorkspaceNeeds {
+    /// The element-wise maximum: a workspace for both.
+    pub fn max(self, o: WorkspaceNeeds) -> WorkspaceNeeds {
+        WorkspaceNeeds {
+            logits: self.logits.max(o.logits),
+            indices: self.indices.max(o.indices),
+            topk_split_rows: self.topk_split_rows.max(o.topk_split_rows),
+            decode_partials: self.decode_partials.max(o.decode_partials),
+            max_logits: self.max_logits.max(o.max_logits),
+            gathered_keys: self.gathered_keys.max(o.gathered_keys),
+            ragged_kv: self.ragged_kv.max(o.ragged_kv),
+        }
+    }
+
+    /// Device bytes of a workspace with these needs on `target` (what a server
+    /// counts against its memory budget).
+    pub fn bytes(&self, target: Target) -> usize {
+        4 * (self.logits + self.indices + self.decode_partials + self.max_logits)
+            + self.gathered_keys * (128 + 4)
+            + 2 * self.ragged_kv
+            + TopkWorkspace::bytes_for(self.topk_split_rows, target)
+    }
+}
+
+/// Rows the split top-k path may take ([`crate::ops::topk::choose_plan`] splits only
+/// batches this small; larger ones never need the workspace).
+const TOPK_SPLIT_MAX_ROWS: usize = 16;
+
+/// The host-side decisions of one step.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StepDecisions {
+    pub mode: ForwardMode,
+    /// Query tokens `T`.
+    pub rows: usize,
+    pub transform: TransformMethod,
+    pub indexer: IndexerStage,
+    /// Query-row ranges processed together (logits chunk → top-k).
+    pub chunks: Vec<Range<usize>>,
+    /// f32 elements between logits rows (0 when no logits are computed).
+    pub logits_stride: usize,
+    pub attention: AttentionStage,
+    pub needs: WorkspaceNeeds,
+    /// Why: one line per stage.
+    pub explain: Vec<String>,
+}
+
+fn unsupported(field: &'static str, value: impl Into<String>, expected: impl Into<String>) -> Error {
+    Error::InvalidArgument { field, value: value.into(), expected: expected.into() }
+}
+
+impl StepDecisions {
+    /// Decides every stage of a step; `keys` is the ragged key layout when the
+    /// indexer gathers or the transform is RAGGED (see [`StepDecisions::needs_keys`]).
+    pub fn new(
+        cfg: &LayerConfig,
+        md: &NsaMetadata,
+        dispatch: &Dispatch,
+        num_keys: usize,
+        sm_count: u32,
+    ) -> Result<StepDecisions> {
+        let model = &cfg.model;
+        check_metadata(cfg, md, dispatch)?;
+        let rows = md.num_tokens();
+        let topk = model.topk as usize;
+        let mut explain = vec![format!("dispatch: {}", dispatch.reason)];
+        let indexer = indexer_stage(cfg, md, num_keys, rows)?;
+        let (chunks, logits_stride) = match &indexer {
+            IndexerStage::Skip => (std::iter::once(0..rows).collect(), 0),
+            IndexerStage::Paged { table_width } => {
+                (std::iter::once(0..rows).collect(), table_width * INDEXER_PAGE_TOKENS)
+            }
+            IndexerStage::Gathered { num_keys, chunk_rows, .. } => {
+                let chunks: Vec<Range<usize>> =
+                    (0..rows).step_by((*chunk_rows).max(1)).map(|r| r..(r + chunk_rows).min(rows)).collect();
+                (chunks, num_keys.next_multiple_of(4))
+            }
+        };
+        explain.push(match &indexer {
+            IndexerStage::Skip => {
+                format!("indexer: skipped, every token sees ≤ {topk} keys (top-k selects them all without scores)")
+            }
+            IndexerStage::Paged { table_width } => format!(
+                "indexer: indexer_logits.paged.h{} over the real page table ({table_width} pages of 64)",
+                model.index_n_heads
+            ),
+            IndexerStage::Gathered { num_keys, chunk_rows, why } => format!(
+                "indexer: indexer_k_gather of {num_keys} keys, then indexer_logits.ragged.h{} in {} chunk(s) of ≤ {chunk_rows} rows ({why}; logits budget {} bytes)",
+                model.index_n_heads,
+                chunks.len(),
+                cfg.logits_budget_bytes
+            ),
+        });
+        explain.push(format!(
+            "top-k: k={topk} {} transform{}",
+            dispatch.transform.name(),
+            if cfg.deterministic_topk { ", deterministic ties" } else { "" }
+        ));
+        let attention = attention_stage(cfg, md, dispatch, rows, sm_count)?;
+        explain.push(match &attention {
+            AttentionStage::Decode(p) => format!("attention: {} (FP8 cache, PAGED slots)", p.explain()),
+            AttentionStage::PrefillPaged(s) => format!("attention: {} over the bf16 pool (PAGED slots)", s.explain()),
+            AttentionStage::PrefillRagged(s) => {
+                format!("attention: kv_dequant of {num_keys} keys, then {} (FP8 cache, RAGGED rows)", s.explain())
+            }
+        });
+        let chunk_max = chunks.iter().map(|c| c.len()).max().unwrap_or(0);
+        let needs = WorkspaceNeeds {
+            logits: (chunk_max * logits_stride).max(topk),
+            indices: rows * topk,
+            topk_split_rows: if rows <= TOPK_SPLIT_MAX_ROWS { rows } else { 0 },
+            decode_partials: match &attention {
+                AttentionStage::Decode(p) => p.workspace_floats(),
+                _ => 0,
+            },
+            max_logits: match &attention {
+                AttentionStage::Decode(_) => 0,
+                _ => rows * model.num_q_heads as usize,
+            },
+            gathered_keys: if matches!(indexer, IndexerStage::Gathered { .. }) { num_keys } else { 0 },
+            ragged_kv: match &attention {
+                AttentionStage::PrefillRagged(_) => ragged_kv_elems(num_keys),
+                _ => 0,
+            },
+        };
+        Ok(StepDecisions {
+            mode: md.mode,
+            rows,
+            transform: dispatch.transform,
+            indexer,
+            chunks,
+            logits_stride,
+            attention,
+            needs,
+            explain,
+        })
+    }
+
+    /// Whether the step needs [`RaggedKeys`]: gathered indexer keys or a RAGGED
+    /// transform. Decided before the (host) layout is built.
+    pub fn needs_keys(cfg: &LayerConfig, md: &NsaMetadata, dispatch: &Dispatch) -> bool {
+        dispatch.transform == TransformMethod::Ragged || (needs_logits(cfg, md) && !paged_logits_apply(cfg, md).0)
+    }
+}
+
+fn check_metadata(cfg: &LayerConfig, md: &NsaMetadata, dispatch: &Dispatch) -> Result<()> {
+    let model = &cfg.model;
+    if dispatch.use_mha {
+        return Err(unsupported(
+            "dispatch.use_mha",
+            format!("true ({})", dispatch.reason),
+            "a sparse (absorbed MLA) batch: NsaLayer computes sparse MLA; run MHA one-shot batches in the model, or set DispatchPolicy::force_mla",
+        ));
+    }
+    if md.page_size != model.page_size || md.topk != model.topk {
+        return Err(unsupported(
+            "metadata.page_size/topk",
+            format!("{}/{}", md.page_size, md.topk),
+            format!("the layer's {}/{} (build metadata with MetadataParams::from_config)", model.page_size, model.topk),
+        ));
+    }
+    if md.bs_idx.is_some() {
+        return Err(unsupported(
+            "metadata.bs_idx",
+            "a context-parallel split",
+            "metadata without a CP split (NsaLayer does not run CP prefill yet)",
+        ));
+    }
+    if md.transform != dispatch.transform {
+        return Err(unsupported(
+            "dispatch.transform",
+            dispatch.transform.name(),
+            format!("the transform the metadata was built for ({})", md.transform.name()),
+        ));
+    }
+    Ok(())
+}
+
+fn needs_logits(cfg: &LayerConfig, md: &NsaMetadata) -> bool {
+    md.nsa_seqlens_expanded.iter().any(|&l| l as i64 > cfg.model.topk as i64)
+}
+
+/// PAGED logits read the indexer cache through 64-token pages of the real page
+/// table, one table row per query token: decode-like modes with page size 64.
+fn paged_logits_apply(cfg: &LayerConfig, md: &NsaMetadata) -> (bool, &'static str) {
+    if md.mode == ForwardMode::Extend {
+        (false, "extend batches score ragged keys")
+    } else if cfg.model.page_size as usize != INDEXER_PAGE_TOKENS {
+        (false, "the page size is not 64, so pages of the index-K cache are not table pages")
+    } else {
+        (true, "")
+    }
+}
+
+fn indexer_stage(cfg: &LayerConfig, md: &NsaMetadata, num_keys: usize, rows: usize) -> Result<IndexerStage> {
+    if !needs_logits(cfg, md) {
+        return Ok(IndexerStage::Skip);
+    }
+    match paged_logits_apply(cfg, md) {
+        (true, _) => Ok(IndexerStage::Paged { table_width: md.real_table().width }),
+        (false, why) => {
+            let stride = num_keys.next_multiple_of(4);
+            let chunk_rows = ragged_chunk_rows(rows, stride, cfg.logits_budget_bytes)?;
+            Ok(IndexerStage::Gathered { num_keys, chunk_rows, why })
+        }
+    }
+}
+
+fn attention_stage(
+    cfg: &LayerConfig,
+    md: &NsaMetadata,
+    dispatch: &Dispatch,
+    rows: usize,
+    sm_count: u32,
+) -> Result<AttentionStage> {
+    let model = &cfg.model;
+    let prefill = PrefillShape { s_q: rows, heads: model.num_q_heads, topk: model.topk, d_qk: BF16_TOKEN_ELEMS as u32 };
+    match (model.kv_cache, dispatch.transform) {
+        (KvCacheFormat::Bf16, TransformMethod::Paged) => Ok(AttentionStage::PrefillPaged(prefill)),
+        (KvCacheFormat::Fp8, TransformMethod::Ragged) => Ok(AttentionStage::PrefillRagged(prefill)),
+        (KvCacheFormat::Fp8, TransformMethod::Paged) => {
+            let shape = DecodeShape {
+                batch: rows,
+                s_q: 1,
+                heads: model.num_q_heads,
+                topk: model.topk,
+                page_size: model.page_size,
+            };
+            Ok(AttentionStage::Decode(DecodePlan::new(shape, sm_count)?))
+        }
+        (KvCacheFormat::Bf16, TransformMethod::Ragged) => Err(unsupported(
+            "dispatch.transform",
+            format!("RAGGED in a {} batch with a bf16 cache", md.mode.name()),
+            "PAGED: a bf16 pool is read in place (metadata::decide never picks RAGGED for bf16)",
+        )),
+    }
+}
+
+/// A step's decisions plus its device data: the packed metadata and the ragged keys.
+#[derive(Debug)]
+pub struct StepPlan {
+    pub(super) config: LayerConfig,
+    pub(super) decisions: StepDecisions,
+    pub(super) metadata: DeviceNsaMetadata,
+    pub(super) keys: Option<DeviceKeys>,
+    /// `page_table_1` has one row per query token.
+    pub(super) table_per_token: bool,
+    pub(super) table_rows: usize,
+    pub(super) table_width: usize,
+}
+
+/// The ragged keys on the device, plus per-chunk `cu_seqlens_q` shifted to the
+/// chunk's first row (extend PAGED top-k maps chunk-relative rows to requests).
+#[derive(Debug)]
+pub(super) struct DeviceKeys {
+    pub buf: CudaSlice<i32>,
+    pub slots: Range<usize>,
+    pub ks: Range<usize>,
+    pub ke: Range<usize>,
+    /// Per chunk (extend PAGED only): `cu_seqlens_q − chunk start`.
+    pub chunk_cu: Vec<Range<usize>>,
+}
+
+impl StepPlan {
+    /// Decides the step and uploads what its kernels read (two host→device copies).
+    pub fn new(rt: &Runtime, cfg: &LayerConfig, md: &NsaMetadata, dispatch: &Dispatch) -> Result<StepPlan> {
+        let keys = if StepDecisions::needs_keys(cfg, md, dispatch) { Some(ragged_keys(md)?) } else { None };
+        let num_keys = keys.as_ref().map_or(0, RaggedKeys::num_keys);
+        let decisions = StepDecisions::new(cfg, md, dispatch, num_keys, rt.gpu().caps().sm_count)?;
+        for line in &decisions.explain {
+            tracing::debug!(target: "nsa::layer", mode = md.mode.name(), "{line}");
+        }
+        let stream = rt.gpu().stream();
+        let metadata = DeviceNsaMetadata::upload(md, stream)?;
+        let extend_paged = md.mode == ForwardMode::Extend && dispatch.transform == TransformMethod::Paged;
+        let chunk_cu: Vec<Vec<i32>> = if extend_paged {
+            let cu = &md.cu_seqlens_q;
+            decisions.chunks.iter().map(|c| cu.iter().map(|&v| v - c.start as i32).collect()).collect()
+        } else {
+            Vec::new()
+        };
+        let keys = keys.map(|k| upload_keys(rt, &k, &chunk_cu)).transpose()?;
+        Ok(StepPlan {
+            config: cfg.clone(),
+            decisions,
+            metadata,
+            keys,
+            table_per_token: table_rows_per_token(md.mode),
+            table_rows: md.page_table_1.rows,
+            table_width: md.page_table_1.width,
+        })
+    }
+
+    pub fn decisions(&self) -> &StepDecisions {
+        &self.decisions
+    }
+
+    /// One line per stage: which kernel variant runs and why.
+    pub fn explain(&self) -> String {
+        self.decisions.explain.join("\n")
+    }
+
+    pub fn rows(&self) -> usize {
+        self.decisions.rows
+    }
+
+    pub fn needs(&self) -> WorkspaceNeeds {
+        self.decisions.needs
+    }
+}
+
+fn upload_keys(rt: &Runtime, k: &RaggedKeys, chunk_cu: &[Vec<i32>]) -> Result<DeviceKeys> {
+    let mut staging = Vec::new();
+    let mut push = |data: &[i32]| {
+        let start = staging.len();
+        staging.extend_from_slice(data);
+        let range = start..staging.len();
+        staging.resize(staging.len().next_multiple_of(crate::metadata::device::FIELD_ALIGN), 0);
+        range
+    };
+    let slots = push(&k.slots);
+    let ks = push(&k.ks);
+    let ke = push(&k.ke);
+    let chunk_cu = chunk_cu.iter().map(|cu| push(cu)).collect();
+    staging.resize(staging.len().max(1), 0);
+    let buf = rt.gpu().stream().clone_htod(&staging).map_err(Error::driver("uploading the ragged key layout"))?;
+    Ok(DeviceKeys { buf, slots, ks, ke, chunk_cu })
+}

@@ -1,0 +1,907 @@
+//! The whole layer ([`NsaLayer`]) on the GPU against a CPU reference of every stage
+//! (spec §2.4, §2.5, §6, §7, §8): a random batch in one forward mode, prefix tokens
+//! already cached, the step's new tokens stored by the layer.
+//!
+//! Stage by stage, each fed what the GPU produced upstream once that was checked:
+//! * both caches, every byte, against the reference stores;
+//! * indexer logits of sampled rows against the f64 reference (tolerance of
+//!   [`super::indexer`]: `2·10⁻⁵·max|row| + 10⁻⁶`);
+//! * top-k of sampled rows: exactly `min(n, k)` distinct visible positions (slots
+//!   mapped back through the request's table, or ragged rows minus the row offset),
+//!   −1 after them, positions `0..n` for short rows, and for long rows no unselected
+//!   key whose reference logit beats a selected one by more than twice that tolerance;
+//! * attention of sampled rows over the selected keys (tolerances of
+//!   [`super::attention`]), keys read as the chosen kernel reads them;
+//! * with a planted needle: every token that sees its request's needle selects it,
+//!   and the output follows the needle's latent.
+
+use super::attention::{compare, parallel_rows, reference_rows, sample_rows, within, GpuAttention};
+use super::{download, upload, Check};
+use crate::layer::{
+    AttentionStage, IndexerStage, LayerCaches, LayerConfig, LayerInputs, LayerOutputs, LayerWorkspace, NsaLayer, Stage,
+};
+use crate::metadata::{
+    decide, BatchSummary, DispatchPolicy, ExtendBatch, ForwardMode, MetadataBuilder, MetadataParams, NsaMetadata,
+    PrefillBackend, ReqToToken, Requests,
+};
+use crate::ops::kv_cache::MlaCacheMut;
+use crate::ops::Rows;
+use crate::reference::fp8::f32_to_e4m3_satfinite;
+use crate::reference::indexer::{index_k_at, logit};
+use crate::reference::kv_cache::{dequantize_fp8_token, quantize_fp8_token, store_bf16, store_fp8, store_indexer_k};
+use crate::reference::sparse_mla::{attend, PagedFp8};
+use crate::reference::topk::check_row;
+use crate::runtime::Runtime;
+use crate::testdata;
+use crate::Result;
+use cudarc::driver::CudaSlice;
+use half::bf16;
+use nsa_kernels::layout::*;
+use nsa_kernels::{KvCacheFormat, NsaConfig};
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::Rng;
+
+/// The forward mode of a layer case.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LayerMode {
+    Decode,
+    /// `draft` tokens per request verified at once.
+    TargetVerify {
+        draft: u32,
+    },
+    /// Per-request accept lengths in `1..=draft`.
+    DraftExtend {
+        draft: u32,
+    },
+    /// Prefill; with `prefix`, each request has a cached prefix.
+    Extend {
+        prefix: bool,
+    },
+}
+
+impl LayerMode {
+    pub fn name(self) -> String {
+        match self {
+            LayerMode::Decode => "decode".into(),
+            LayerMode::TargetVerify { draft } => format!("verify D={draft}"),
+            LayerMode::DraftExtend { draft } => format!("draft-extend D={draft}"),
+            LayerMode::Extend { prefix: false } => "extend".into(),
+            LayerMode::Extend { prefix: true } => "extend+prefix".into(),
+        }
+    }
+}
+
+/// One whole-layer case.
+#[derive(Clone, Debug)]
+pub struct LayerCase {
+    pub model: NsaConfig,
+    pub mode: LayerMode,
+    pub batch: usize,
+    /// KV length of the longest request after the step (request 0 is kept short).
+    pub context: usize,
+    /// Plant one strongly matching key per request.
+    pub needle: bool,
+    /// Prefill backend of the dispatch policy (`Fixed(FlashMlaSparse)` makes FP8
+    /// extend RAGGED on Hopper).
+    pub prefill_backend: PrefillBackend,
+    /// Logits budget per chunk (small values force chunked extend logits).
+    pub logits_budget: Option<usize>,
+    pub check_rows: usize,
+    /// Also time this many eager forwards (and the stage shares over as many more).
+    pub timing_iters: usize,
+    /// Also capture the forward in a CUDA graph and check replays (with new inputs
+    /// written in place between them) against eager forwards, bit for bit. Needs
+    /// [`LayerConfig::deterministic_topk`] semantics, which the case then uses.
+    pub graph_replays: bool,
+    pub seed: u64,
+}
+
+impl LayerCase {
+    pub fn new(model: NsaConfig, mode: LayerMode, batch: usize, context: usize, seed: u64) -> Self {
+        LayerCase {
+            model,
+            mode,
+            batch,
+            context,
+            needle: false,
+            prefill_backend: PrefillBackend::Auto,
+            logits_budget: None,
+            check_rows: 24,
+            timing_iters: 0,
+            graph_replays: false,
+            seed,
+        }
+    }
+
+    pub fn describe(&self) -> String {
+        format!(
+            "{} b{} ctx{} h{} {} p{}{}",
+            self.mode.name(),
+            self.batch,
+            self.context,
+            self.model.num_q_heads,
+            self.model.kv_cache.tag(),
+            self.model.page_size,
+            if self.needle { " needle" } else { "" }
+        )
+    }
+}
+
+/// What a run checked, and the plan's explanation.
+#[derive(Debug)]
+pub struct LayerReport {
+    pub checks: Vec<Check>,
+    pub explain: String,
+    /// With [`LayerCase::timing_iters`]: the eager step time and each stage's µs.
+    pub timing: Option<LayerTiming>,
+}
+
+/// Device time of one layer call (events on the stream, launch gaps included).
+#[derive(Clone, Debug)]
+pub struct LayerTiming {
+    pub total_us: f64,
+    pub stages: Vec<(Stage, f64)>,
+}
+
+/// The batch: per request its KV length after the step and its new tokens.
+struct Batch {
+    totals: Vec<usize>,
+    news: Vec<usize>,
+    /// `[rows, width]` req_to_token and each request's row in it.
+    table: Vec<i32>,
+    width: usize,
+    rows_of: Vec<i32>,
+    pool_slots: usize,
+}
+
+impl Batch {
+    fn slot(&self, i: usize, pos: usize) -> i32 {
+        self.table[self.rows_of[i] as usize * self.width + pos]
+    }
+}
+
+fn make_batch(case: &LayerCase, rng: &mut StdRng) -> Batch {
+    let topk = case.model.topk as usize;
+    let ctx = case.context.max(1);
+    let mut totals: Vec<usize> = (0..case.batch)
+        .map(|i| if i == 0 { ctx.min(topk / 2 + 3) } else { rng.random_range(ctx / 2 + 1..=ctx) })
+        .collect();
+    let news: Vec<usize> = totals
+        .iter_mut()
+        .map(|total| match case.mode {
+            LayerMode::Decode => 1,
+            LayerMode::TargetVerify { draft } | LayerMode::DraftExtend { draft } => {
+                let d = if matches!(case.mode, LayerMode::DraftExtend { .. }) {
+                    rng.random_range(1..=draft as usize)
+                } else {
+                    draft as usize
+                };
+                *total = (*total).max(d + 1);
+                d
+            }
+            LayerMode::Extend { prefix: false } => *total,
+            LayerMode::Extend { prefix: true } => rng.random_range(1..=*total),
+        })
+        .collect();
+    let page = case.model.page_size as usize;
+    let width = totals.iter().copied().max().unwrap_or(1).max(1).next_multiple_of(page);
+    let rows = case.batch + 1;
+    let pages_per_row = width / page;
+    let mut pages: Vec<usize> = (0..rows * pages_per_row + 3).collect();
+    pages.shuffle(rng);
+    let mut table = vec![0i32; rows * width];
+    for r in 0..rows {
+        for pos in 0..width {
+            table[r * width + pos] = (pages[r * pages_per_row + pos / page] * page + pos % page) as i32;
+        }
+    }
+    let mut rows_of: Vec<i32> = (0..rows as i32).collect();
+    rows_of.shuffle(rng);
+    rows_of.truncate(case.batch);
+    let pool_slots = (rows * pages_per_row + 3) * page;
+    Batch { totals, news, table, width, rows_of, pool_slots }
+}
+
+fn policy(rt: &Runtime, case: &LayerCase) -> DispatchPolicy {
+    DispatchPolicy {
+        compute_capability: rt.gpu().caps().compute_capability,
+        kv_cache: case.model.kv_cache,
+        prefill_backend: case.prefill_backend,
+        topk: case.model.topk,
+        max_chunk_capacity: usize::MAX,
+        cp_enabled: false,
+        // The layer computes sparse MLA; MHA-eligible batches stay sparse here.
+        force_mla: true,
+    }
+}
+
+fn metadata(rt: &Runtime, case: &LayerCase, b: &Batch) -> Result<(NsaMetadata, crate::metadata::Dispatch)> {
+    let draft = match case.mode {
+        LayerMode::TargetVerify { draft } | LayerMode::DraftExtend { draft } => draft,
+        _ => 0,
+    };
+    let params = MetadataParams {
+        page_size: case.model.page_size,
+        topk: case.model.topk,
+        draft_tokens: draft,
+        pool_slots: b.pool_slots,
+        cp: None,
+    };
+    let builder = MetadataBuilder::new(params)?;
+    let table = ReqToToken::new(&b.table, b.width)?;
+    let totals: Vec<i32> = b.totals.iter().map(|&v| v as i32).collect();
+    let news: Vec<i32> = b.news.iter().map(|&v| v as i32).collect();
+    let tokens: usize = b.news.iter().sum();
+    let mode = match case.mode {
+        LayerMode::Decode => ForwardMode::Decode,
+        LayerMode::TargetVerify { .. } => ForwardMode::TargetVerify,
+        LayerMode::DraftExtend { .. } => ForwardMode::DraftExtend,
+        LayerMode::Extend { .. } => ForwardMode::Extend,
+    };
+    let summary = BatchSummary { mode, seq_lens: &totals, extend_num_tokens: tokens };
+    let dispatch = decide(&policy(rt, case), Some(&summary));
+    let verify_lens: Vec<i32> = totals.iter().zip(&news).map(|(t, n)| t - n).collect();
+    let md = match case.mode {
+        LayerMode::Decode => builder.decode(&table, Requests { req_pool_indices: &b.rows_of, seq_lens: &totals })?,
+        LayerMode::TargetVerify { .. } => {
+            builder.target_verify(&table, Requests { req_pool_indices: &b.rows_of, seq_lens: &verify_lens })?
+        }
+        LayerMode::DraftExtend { .. } => {
+            builder.draft_extend(&table, Requests { req_pool_indices: &b.rows_of, seq_lens: &totals }, &news)?
+        }
+        LayerMode::Extend { prefix } => {
+            let prefixes = verify_lens;
+            let batch = ExtendBatch {
+                req_pool_indices: &b.rows_of,
+                seq_lens: &totals,
+                extend_lens: &news,
+                prefix_lens: prefix.then_some(&prefixes[..]),
+            };
+            builder.extend(&table, batch, dispatch.extend_plan())?
+        }
+    };
+    Ok((md, dispatch))
+}
+
+/// Host copies of everything the layer reads and the reference writes.
+struct Data {
+    /// `[pool_slots, 576]` bf16 latent of every position (new and cached).
+    kv_rows: Vec<bf16>,
+    index_rows: Vec<bf16>,
+    /// Per request, the needle position.
+    needles: Vec<Option<usize>>,
+    q: Vec<bf16>,
+    index_q: Vec<u8>,
+    index_weights: Vec<f32>,
+    /// Token t → (request, position).
+    tokens: Vec<(usize, usize)>,
+}
+
+fn e4m3(rng: &mut StdRng) -> u8 {
+    loop {
+        let b: u8 = rng.random();
+        if b & 0x7f != 0x7f {
+            return b;
+        }
+    }
+}
+
+fn make_data(case: &LayerCase, b: &Batch, rng: &mut StdRng) -> Data {
+    let heads = case.model.num_q_heads as usize;
+    let ih = case.model.index_n_heads as usize;
+    let mut kv_rows = random_bf16(b.pool_slots * BF16_TOKEN_ELEMS, 2.0, rng.random());
+    let mut index_rows = random_bf16(b.pool_slots * INDEXER_HEAD_DIM, 1.0, rng.random());
+    let tokens: Vec<(usize, usize)> =
+        (0..case.batch).flat_map(|i| (b.totals[i] - b.news[i]..b.totals[i]).map(move |p| (i, p))).collect();
+    // The needle direction: every query head points along `u`, the needle's latent is `u`.
+    let u: Vec<f32> = (0..BF16_TOKEN_ELEMS).map(|_| if rng.random::<bool>() { 1.0 } else { -1.0 }).collect();
+    let needles: Vec<Option<usize>> = (0..case.batch).map(|i| case.needle.then(|| b.totals[i] / 3)).collect();
+    for (i, needle) in needles.iter().enumerate() {
+        if let Some(p) = *needle {
+            let slot = b.slot(i, p) as usize;
+            for (d, &v) in u.iter().enumerate() {
+                kv_rows[slot * BF16_TOKEN_ELEMS + d] = bf16::from_f32(v);
+            }
+            index_rows[slot * INDEXER_HEAD_DIM..][..INDEXER_HEAD_DIM].fill(bf16::from_f32(4.0));
+        }
+    }
+    let t = tokens.len();
+    let q: Vec<bf16> = (0..t * heads * BF16_TOKEN_ELEMS)
+        .map(|e| {
+            let noise = rng.random_range(-1.0f32..1.0);
+            bf16::from_f32(if case.needle { u[e % BF16_TOKEN_ELEMS] + 0.25 * noise } else { noise })
+        })
+        .collect();
+    let one = f32_to_e4m3_satfinite(1.0);
+    let index_q: Vec<u8> = (0..t * ih * INDEXER_HEAD_DIM).map(|_| if case.needle { one } else { e4m3(rng) }).collect();
+    let index_weights: Vec<f32> = (0..t * ih)
+        .map(|_| if case.needle { rng.random_range(0.01f32..0.05) } else { rng.random_range(-0.02f32..0.05) })
+        .collect();
+    Data { kv_rows, index_rows, needles, q, index_q, index_weights, tokens }
+}
+
+/// `n` uniform bf16 values in `[-amp, amp)`, generated on all cores.
+fn random_bf16(n: usize, amp: f32, seed: u64) -> Vec<bf16> {
+    use rand::SeedableRng;
+    let mut out = vec![bf16::ZERO; n];
+    let threads = std::thread::available_parallelism().map_or(4, |n| n.get());
+    let chunk = n.div_ceil(threads).max(1 << 16);
+    std::thread::scope(|scope| {
+        for (c, part) in out.chunks_mut(chunk).enumerate() {
+            scope.spawn(move || {
+                let mut rng =
+                    rand::rngs::SmallRng::seed_from_u64(seed ^ (c as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+                part.iter_mut().for_each(|v| *v = bf16::from_f32(rng.random_range(-amp..amp)));
+            });
+        }
+    });
+    out
+}
+
+/// The reference caches with every slot's row stored (quantized on all cores):
+/// FP8 records or bf16 rows for the MLA cache, and the indexer pages.
+fn filled_caches(fp8: bool, data: &Data, pool_slots: usize) -> (Vec<u8>, Vec<bf16>, Vec<u8>) {
+    let threads = std::thread::available_parallelism().map_or(4, |n| n.get());
+    let per = pool_slots.div_ceil(threads).next_multiple_of(INDEXER_PAGE_TOKENS).max(INDEXER_PAGE_TOKENS);
+    let mut index = vec![0u8; pool_slots.div_ceil(INDEXER_PAGE_TOKENS) * INDEXER_PAGE_BYTES];
+    let mut records = vec![0u8; if fp8 { pool_slots * FP8_TOKEN_BYTES } else { 0 }];
+    std::thread::scope(|scope| {
+        for (c, pages) in index.chunks_mut(per / INDEXER_PAGE_TOKENS * INDEXER_PAGE_BYTES).enumerate() {
+            scope.spawn(move || {
+                let first = c * per;
+                let slots: Vec<i32> = (first..(first + per).min(pool_slots)).map(|s| (s - first) as i32).collect();
+                let rows = &data.index_rows[first * INDEXER_HEAD_DIM..(first + slots.len()) * INDEXER_HEAD_DIM];
+                store_indexer_k(rows, &slots, pages);
+            });
+        }
+        if fp8 {
+            for (c, part) in records.chunks_mut(per * FP8_TOKEN_BYTES).enumerate() {
+                scope.spawn(move || {
+                    for (j, rec) in part.chunks_mut(FP8_TOKEN_BYTES).enumerate() {
+                        let row = row_of(&data.kv_rows, c * per + j, BF16_TOKEN_ELEMS);
+                        rec.copy_from_slice(&quantize_fp8_token(&row[..KV_LORA_RANK], &row[KV_LORA_RANK..]));
+                    }
+                });
+            }
+        }
+    });
+    let bf16_rows = if fp8 { Vec::new() } else { data.kv_rows[..pool_slots * BF16_TOKEN_ELEMS].to_vec() };
+    (records, bf16_rows, index)
+}
+
+fn row_of(rows: &[bf16], slot: usize, width: usize) -> &[bf16] {
+    &rows[slot * width..(slot + 1) * width]
+}
+
+/// Runs `case` on the GPU and checks every stage against the CPU reference.
+pub fn run(rt: &Runtime, case: &LayerCase) -> Result<LayerReport> {
+    let stream = rt.gpu().stream();
+    let mut rng = testdata::rng(case.seed);
+    let b = make_batch(case, &mut rng);
+    let (md, dispatch) = metadata(rt, case, &b)?;
+    let data = make_data(case, &b, &mut rng);
+    let mut cfg = LayerConfig::new(case.model.clone())?;
+    if let Some(budget) = case.logits_budget {
+        cfg.logits_budget_bytes = budget;
+    }
+    // Replays are compared bit for bit: ties and summation order must not vary.
+    cfg.deterministic_topk = case.graph_replays;
+    let layer = NsaLayer::new(rt, cfg.clone())?;
+    let plan = layer.plan(&md, &dispatch)?;
+    let heads = case.model.num_q_heads as usize;
+    let ih = case.model.index_n_heads as usize;
+    let k = case.model.topk as usize;
+    let t = data.tokens.len();
+    assert_eq!(t, md.num_tokens(), "tokens of the batch and of the metadata");
+    let name = case.describe();
+
+    // Reference caches before the step: every slot holds its row, except the new
+    // tokens' slots, which hold a sentinel until the layer stores them.
+    let fp8 = case.model.kv_cache == KvCacheFormat::Fp8;
+    let new_slots: Vec<i32> = data.tokens.iter().map(|&(i, p)| b.slot(i, p)).collect();
+    let gather = |slots: &[i32], rows: &[bf16], w: usize| -> Vec<bf16> {
+        slots.iter().flat_map(|&s| row_of(rows, s as usize, w).iter().copied()).collect()
+    };
+    let (new_nope, new_rope) = super::split_rows(&gather(&new_slots, &data.kv_rows, BF16_TOKEN_ELEMS));
+    let new_index = gather(&new_slots, &data.index_rows, INDEXER_HEAD_DIM);
+    let (mut ref_fp8, mut ref_bf16, mut ref_index) = filled_caches(fp8, &data, b.pool_slots);
+    for &slot in &new_slots {
+        let s = slot as usize;
+        if fp8 {
+            ref_fp8[s * FP8_TOKEN_BYTES..][..FP8_TOKEN_BYTES].fill(0xa5);
+        } else {
+            ref_bf16[s * BF16_TOKEN_ELEMS..][..BF16_TOKEN_ELEMS].fill(bf16::from_bits(0xa5a5));
+        }
+        let page = &mut ref_index[s / INDEXER_PAGE_TOKENS * INDEXER_PAGE_BYTES..][..INDEXER_PAGE_BYTES];
+        page[s % INDEXER_PAGE_TOKENS * INDEXER_HEAD_DIM..][..INDEXER_HEAD_DIM].fill(0xa5);
+    }
+
+    // GPU: upload and run.
+    let mut bufs = Buffers::upload(
+        rt,
+        &HostInputs {
+            q: &data.q,
+            nope: &new_nope,
+            rope: &new_rope,
+            loc: &new_slots,
+            index_q: &data.index_q,
+            index_weights: &data.index_weights,
+            index_k: &new_index,
+        },
+        &ref_index,
+        if fp8 { CacheInit::Fp8(&ref_fp8) } else { CacheInit::Bf16(&ref_bf16) },
+        heads,
+    )?;
+    let mut ws = LayerWorkspace::new(rt, plan.needs())?;
+    bufs.forward(&layer, &plan, &mut ws, &mut |_| Ok(()))?;
+    let timing = (case.timing_iters > 0)
+        .then(|| time_layer(rt, case.timing_iters, &mut |mark| bufs.forward(&layer, &plan, &mut ws, mark)))
+        .transpose()?;
+    let (d_index, d_fp8, d_bf16, d_out, d_lse) = (&bufs.index, &bufs.fp8, &bufs.bf16, &bufs.out, &bufs.lse);
+    let got_index = download(stream, d_index, ref_index.len())?;
+    let got_fp8 = download(stream, d_fp8, ref_fp8.len())?;
+    let got_bf16 = download(stream, d_bf16, ref_bf16.len())?;
+    let indices = download(stream, ws.indices(), t * k)?;
+    let out = download(stream, d_out, t * heads * KV_LORA_RANK)?;
+    let lse = download(stream, d_lse, t * heads)?;
+    let d = plan.decisions();
+    let single_chunk = d.chunks.len() == 1;
+    let logits = if single_chunk && d.indexer != IndexerStage::Skip {
+        download(stream, ws.logits(), t * d.logits_stride)?
+    } else {
+        Vec::new()
+    };
+    // Last on the device: replays rewrite the inputs.
+    let graph =
+        case.graph_replays.then(|| graph_replays(rt, &layer, &plan, &mut bufs, &mut ws, &data, &name)).transpose()?;
+
+    // Reference stores of the new tokens.
+    store_indexer_k(&new_index, &new_slots, &mut ref_index);
+    if fp8 {
+        store_fp8(&new_nope, &new_rope, &new_slots, &mut ref_fp8);
+    } else {
+        store_bf16(&new_nope, &new_rope, &new_slots, &mut ref_bf16);
+    }
+    let mut checks: Vec<Check> = graph.into_iter().collect();
+    let bytes_check = |kernel: &str, got: &[u8], want: &[u8], row: usize| {
+        let bad = got.chunks(row).zip(want.chunks(row)).filter(|(g, w)| g != w).count();
+        let first = got.chunks(row).zip(want.chunks(row)).position(|(g, w)| g != w).map(|r| format!("row {r} differs"));
+        Check {
+            kernel: kernel.into(),
+            case: name.clone(),
+            items: want.len() / row,
+            mismatches: bad,
+            first_mismatch: first,
+        }
+    };
+    checks.push(bytes_check("layer: index-K store", &got_index, &ref_index, INDEXER_PAGE_BYTES));
+    if fp8 {
+        checks.push(bytes_check("layer: KV store", &got_fp8, &ref_fp8, FP8_TOKEN_BYTES));
+    } else {
+        let g: Vec<u8> = got_bf16.iter().flat_map(|v| v.to_bits().to_le_bytes()).collect();
+        let w: Vec<u8> = ref_bf16.iter().flat_map(|v| v.to_bits().to_le_bytes()).collect();
+        checks.push(bytes_check("layer: KV store", &g, &w, 2 * BF16_TOKEN_ELEMS));
+    }
+
+    // Per sampled row: reference logits over its visible keys.
+    let picked = sample_rows(t, case.check_rows);
+    let keys = crate::layer::ragged_keys(&md)?;
+    let visible = |r: usize| md.nsa_seqlens_expanded[r].max(0) as usize;
+    let ref_logits = |r: usize| -> Vec<f32> {
+        let (i, _) = data.tokens[r];
+        let q = &data.index_q[r * ih * INDEXER_HEAD_DIM..][..ih * INDEXER_HEAD_DIM];
+        let w = &data.index_weights[r * ih..][..ih];
+        (0..visible(r))
+            .map(|p| {
+                let (kb, scale) = index_k_at(&ref_index, b.slot(i, p) as usize);
+                logit(q, w, kb, scale)
+            })
+            .collect()
+    };
+    let computed = d.indexer != IndexerStage::Skip;
+    let want_logits: Vec<Vec<f32>> = parallel_rows(&picked, |r| if computed { ref_logits(r) } else { Vec::new() });
+    if computed && single_chunk {
+        let (mut bad, mut first) = (0, None);
+        for (&r, want) in picked.iter().zip(&want_logits) {
+            let base = r * d.logits_stride
+                + if matches!(d.indexer, IndexerStage::Gathered { .. }) { keys.ks[r] as usize } else { 0 };
+            let max = want.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            if let Some(p) = (0..want.len()).find(|&p| (logits[base + p] - want[p]).abs() > 2e-5 * max + 1e-6) {
+                bad += 1;
+                first.get_or_insert(format!("row {r} key {p}: gpu {} vs reference {}", logits[base + p], want[p]));
+            }
+        }
+        checks.push(Check {
+            kernel: "layer: indexer logits".into(),
+            case: name.clone(),
+            items: picked.len(),
+            mismatches: bad,
+            first_mismatch: first,
+        });
+    }
+
+    // Top-k: positions back from slots (PAGED) or ragged rows (RAGGED).
+    let mut pos_of_slot = vec![(-1i64, -1i64); b.pool_slots];
+    for i in 0..case.batch {
+        for p in 0..b.totals[i] {
+            pos_of_slot[b.slot(i, p) as usize] = (i as i64, p as i64);
+        }
+    }
+    let ragged = d.transform == crate::metadata::TransformMethod::Ragged;
+    let positions = |r: usize| -> Vec<Option<i32>> {
+        let (i, _) = data.tokens[r];
+        indices[r * k..(r + 1) * k]
+            .iter()
+            .map(|&v| {
+                if v < 0 {
+                    Some(-1)
+                } else if ragged {
+                    let p = v - keys.ks[r];
+                    (p >= 0 && (p as usize) < b.totals[i]).then_some(p)
+                } else {
+                    match pos_of_slot.get(v as usize) {
+                        Some(&(owner, p)) if owner == i as i64 => Some(p as i32),
+                        _ => None,
+                    }
+                }
+            })
+            .collect()
+    };
+    let (mut bad, mut first) = (0, None);
+    for (&r, want) in picked.iter().zip(&want_logits) {
+        let got = positions(r);
+        let n = visible(r);
+        let err = if n <= k { check_row(&vec![0.0; n], k, &got).err() } else { topk_within(want, k, &got) };
+        if let Some(e) = err {
+            bad += 1;
+            first.get_or_insert(format!("row {r}: {e}"));
+        }
+    }
+    checks.push(Check {
+        kernel: "layer: top-k".into(),
+        case: name.clone(),
+        items: picked.len(),
+        mismatches: bad,
+        first_mismatch: first,
+    });
+
+    // Attention over the selected keys, read as the chosen kernel reads them.
+    let paged = PagedFp8 {
+        bytes: &ref_fp8,
+        page_size: case.model.page_size as usize,
+        page_stride: case.model.page_size as usize * FP8_TOKEN_BYTES,
+    };
+    let key_row = |slot: usize| -> Vec<f32> {
+        match &d.attention {
+            AttentionStage::Decode(_) => paged.token(slot),
+            AttentionStage::PrefillRagged(_) => {
+                dequantize_fp8_token(&ref_fp8[slot * FP8_TOKEN_BYTES..][..FP8_TOKEN_BYTES])
+                    .iter()
+                    .map(|v| v.to_f32())
+                    .collect()
+            }
+            AttentionStage::PrefillPaged(_) => {
+                row_of(&ref_bf16, slot, BF16_TOKEN_ELEMS).iter().map(|v| v.to_f32()).collect()
+            }
+        }
+    };
+    let want_attn = reference_rows(&picked, |r| {
+        let (i, _) = data.tokens[r];
+        let chosen: Vec<Vec<f32>> = positions(r)
+            .iter()
+            .filter_map(|p| p.filter(|&p| p >= 0))
+            .map(|p| key_row(b.slot(i, p as usize) as usize))
+            .collect();
+        let refs: Vec<&[f32]> = chosen.iter().map(|v| v.as_slice()).collect();
+        let q: Vec<f32> =
+            data.q[r * heads * BF16_TOKEN_ELEMS..][..heads * BF16_TOKEN_ELEMS].iter().map(|v| v.to_f32()).collect();
+        attend(&q, heads, BF16_TOKEN_ELEMS, &refs, cfg.sm_scale)
+    });
+    let gpu = GpuAttention { heads, out: &out, lse: &lse, max_logits: None };
+    let (bad, first) = compare(&gpu, &picked, &want_attn);
+    checks.push(Check {
+        kernel: "layer: sparse MLA".into(),
+        case: name.clone(),
+        items: picked.len(),
+        mismatches: bad,
+        first_mismatch: first,
+    });
+
+    if case.needle {
+        checks.push(needle_check(&name, &data, &b, &md, &positions, &out, heads, k));
+    }
+    Ok(LayerReport { checks, explain: plan.explain(), timing })
+}
+
+type Forward<'f> = dyn FnMut(&mut dyn FnMut(Stage) -> Result<()>) -> Result<()> + 'f;
+
+/// Mean eager step time over `iters` forwards, then per-stage time from events
+/// recorded at each stage mark over `iters` more.
+fn time_layer(rt: &Runtime, iters: usize, forward: &mut Forward<'_>) -> Result<LayerTiming> {
+    let stream = rt.gpu().stream();
+    let event = || {
+        stream
+            .record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(crate::Error::driver("recording an event"))
+    };
+    let elapsed = |a: &cudarc::driver::CudaEvent, b: &cudarc::driver::CudaEvent| -> Result<f64> {
+        b.synchronize().map_err(crate::Error::driver("waiting for the layer"))?;
+        Ok(a.elapsed_ms(b).map_err(crate::Error::driver("reading event time"))? as f64 * 1e3)
+    };
+    let start = event()?;
+    for _ in 0..iters {
+        forward(&mut |_| Ok(()))?;
+    }
+    let total_us = elapsed(&start, &event()?)? / iters as f64;
+    let mut sums = vec![0.0f64; Stage::ALL.len()];
+    for _ in 0..iters {
+        let mut marks = vec![(None, event()?)];
+        forward(&mut |stage| {
+            marks.push((Some(stage), event()?));
+            Ok(())
+        })?;
+        for pair in marks.windows(2) {
+            if let (Some(stage), a, b) = (pair[1].0, &pair[0].1, &pair[1].1) {
+                sums[stage as usize] += elapsed(a, b)?;
+            }
+        }
+    }
+    let stages = Stage::ALL.iter().map(|&s| (s, sums[s as usize] / iters as f64)).collect();
+    Ok(LayerTiming { total_us, stages })
+}
+
+/// Long rows: the chosen set holds `k` distinct visible positions, −1-free, and no
+/// unchosen key beats a chosen one by more than twice the logits tolerance.
+fn topk_within(want: &[f32], k: usize, got: &[Option<i32>]) -> Option<String> {
+    let n = want.len();
+    let mut chosen = vec![false; n];
+    for (j, p) in got.iter().enumerate() {
+        match p {
+            Some(p) if *p >= 0 && (*p as usize) < n && !chosen[*p as usize] => chosen[*p as usize] = true,
+            other => return Some(format!("entry {j} is {other:?}: not a new position in 0..{n}")),
+        }
+    }
+    let _ = k;
+    let max = want.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    let tol = 2.0 * (2e-5 * max + 1e-6);
+    let lowest_in = (0..n).filter(|&p| chosen[p]).map(|p| want[p]).fold(f32::INFINITY, f32::min);
+    let highest_out = (0..n).filter(|&p| !chosen[p]).map(|p| want[p]).fold(f32::NEG_INFINITY, f32::max);
+    (highest_out > lowest_in + tol)
+        .then(|| format!("unselected logit {highest_out} beats selected {lowest_in} (tolerance {tol})"))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn needle_check(
+    name: &str,
+    data: &Data,
+    b: &Batch,
+    md: &NsaMetadata,
+    positions: &dyn Fn(usize) -> Vec<Option<i32>>,
+    out: &[bf16],
+    heads: usize,
+    k: usize,
+) -> Check {
+    let (mut items, mut bad, mut first) = (0, 0, None);
+    for (r, &(i, _)) in data.tokens.iter().enumerate() {
+        let Some(needle) = data.needles[i] else { continue };
+        if needle >= md.nsa_seqlens_expanded[r].max(0) as usize {
+            continue;
+        }
+        items += 1;
+        let found = positions(r).iter().take(k).any(|&p| p == Some(needle as i32));
+        let slot = b.slot(i, needle) as usize;
+        let latent = row_of(&data.kv_rows, slot, BF16_TOKEN_ELEMS);
+        let follows = (0..heads).all(|h| {
+            (0..KV_LORA_RANK).all(|dim| {
+                within(out[(r * heads + h) * KV_LORA_RANK + dim].to_f32(), latent[dim].to_f32(), 1.0 / 64.0, 1e-2)
+            })
+        });
+        if !(found && follows) {
+            bad += 1;
+            first.get_or_insert(format!(
+                "token {r} (request {i}, needle at {needle}): {}",
+                if found { "output does not follow the needle" } else { "needle not in the top-k" }
+            ));
+        }
+    }
+    Check { kernel: "layer: needle".into(), case: name.into(), items, mismatches: bad, first_mismatch: first }
+}
+
+/// Host inputs of one forward, token-major.
+struct HostInputs<'a> {
+    q: &'a [bf16],
+    nope: &'a [bf16],
+    rope: &'a [bf16],
+    loc: &'a [i32],
+    index_q: &'a [u8],
+    index_weights: &'a [f32],
+    index_k: &'a [bf16],
+}
+
+enum CacheInit<'a> {
+    Fp8(&'a [u8]),
+    Bf16(&'a [bf16]),
+}
+
+/// The device buffers of a case; forwards build their views from them, so inputs
+/// can be rewritten in place between forwards (graph replays).
+struct Buffers {
+    q: CudaSlice<bf16>,
+    nope: CudaSlice<bf16>,
+    rope: CudaSlice<bf16>,
+    loc: CudaSlice<i32>,
+    index_q: CudaSlice<u8>,
+    index_weights: CudaSlice<f32>,
+    index_k: CudaSlice<bf16>,
+    index: CudaSlice<u8>,
+    fp8: CudaSlice<u8>,
+    bf16: CudaSlice<bf16>,
+    out: CudaSlice<bf16>,
+    lse: CudaSlice<f32>,
+    tokens: usize,
+    heads: usize,
+    fp8_cache: bool,
+}
+
+impl Buffers {
+    fn upload(rt: &Runtime, h: &HostInputs<'_>, index: &[u8], cache: CacheInit<'_>, heads: usize) -> Result<Self> {
+        let stream = rt.gpu().stream();
+        let t = h.loc.len();
+        let (fp8, bf16_cache, fp8_cache) = match cache {
+            CacheInit::Fp8(c) => (upload(stream, c)?, upload::<bf16>(stream, &[])?, true),
+            CacheInit::Bf16(c) => (upload::<u8>(stream, &[])?, upload(stream, c)?, false),
+        };
+        Ok(Buffers {
+            q: upload(stream, h.q)?,
+            nope: upload(stream, h.nope)?,
+            rope: upload(stream, h.rope)?,
+            loc: upload(stream, h.loc)?,
+            index_q: upload(stream, h.index_q)?,
+            index_weights: upload(stream, h.index_weights)?,
+            index_k: upload(stream, h.index_k)?,
+            index: upload(stream, index)?,
+            fp8,
+            bf16: bf16_cache,
+            out: upload(stream, &vec![bf16::from_bits(0x7fc1); t * heads * KV_LORA_RANK])?,
+            lse: upload(stream, &vec![f32::NAN; t * heads])?,
+            tokens: t,
+            heads,
+            fp8_cache,
+        })
+    }
+
+    /// Rewrites the per-token inputs in place (same sizes).
+    fn rewrite(&mut self, rt: &Runtime, h: &HostInputs<'_>) -> Result<()> {
+        let stream = rt.gpu().stream();
+        let e = || crate::Error::driver("rewriting layer inputs");
+        stream.memcpy_htod(h.q, &mut self.q.slice_mut(..h.q.len())).map_err(e())?;
+        stream.memcpy_htod(h.nope, &mut self.nope.slice_mut(..h.nope.len())).map_err(e())?;
+        stream.memcpy_htod(h.rope, &mut self.rope.slice_mut(..h.rope.len())).map_err(e())?;
+        stream.memcpy_htod(h.index_q, &mut self.index_q.slice_mut(..h.index_q.len())).map_err(e())?;
+        stream.memcpy_htod(h.index_weights, &mut self.index_weights.slice_mut(..h.index_weights.len())).map_err(e())?;
+        stream.memcpy_htod(h.index_k, &mut self.index_k.slice_mut(..h.index_k.len())).map_err(e())?;
+        Ok(())
+    }
+
+    fn forward(
+        &mut self,
+        layer: &NsaLayer<'_>,
+        plan: &crate::layer::StepPlan,
+        ws: &mut LayerWorkspace,
+        mark: &mut dyn FnMut(Stage) -> Result<()>,
+    ) -> Result<()> {
+        let (t, heads) = (self.tokens, self.heads);
+        let inputs = LayerInputs {
+            q: self.q.slice(0..t * heads * BF16_TOKEN_ELEMS),
+            k_nope: Rows {
+                data: self.nope.slice(0..t * KV_LORA_RANK),
+                count: t,
+                width: KV_LORA_RANK,
+                stride: KV_LORA_RANK,
+            },
+            k_rope: Rows { data: self.rope.slice(0..t * ROPE_DIM), count: t, width: ROPE_DIM, stride: ROPE_DIM },
+            out_cache_loc: self.loc.slice(0..t),
+            index_q: self
+                .index_q
+                .slice(0..self.index_q.len().min(t * layer.config().model.index_n_heads as usize * INDEXER_HEAD_DIM)),
+            index_weights: self.index_weights.slice(0..t * layer.config().model.index_n_heads as usize),
+            index_k: Rows {
+                data: self.index_k.slice(0..t * INDEXER_HEAD_DIM),
+                count: t,
+                width: INDEXER_HEAD_DIM,
+                stride: INDEXER_HEAD_DIM,
+            },
+        };
+        let kv = if self.fp8_cache {
+            MlaCacheMut::Fp8(self.fp8.slice_mut(..))
+        } else {
+            MlaCacheMut::Bf16(self.bf16.slice_mut(..))
+        };
+        let mut caches = LayerCaches { kv, index_k: self.index.slice_mut(..) };
+        let outputs = LayerOutputs {
+            out: &mut self.out.slice_mut(0..t * heads * KV_LORA_RANK),
+            lse: &mut self.lse.slice_mut(0..t * heads),
+        };
+        layer.forward_marked(plan, &inputs, &mut caches, ws, outputs, mark)
+    }
+
+    fn results(&self, rt: &Runtime, ws: &LayerWorkspace, k: usize) -> Result<(Vec<u16>, Vec<u32>, Vec<i32>)> {
+        let stream = rt.gpu().stream();
+        let (t, heads) = (self.tokens, self.heads);
+        let out = download(stream, &self.out, t * heads * KV_LORA_RANK)?.iter().map(|v| v.to_bits()).collect();
+        let lse = download(stream, &self.lse, t * heads)?.iter().map(|v| v.to_bits()).collect();
+        Ok((out, lse, download(stream, ws.indices(), t * k)?))
+    }
+}
+
+/// Captures one forward in a CUDA graph, then for three input sets (the case's,
+/// and two rewritten in place) compares a graph launch with an eager forward bit
+/// for bit: out, lse and the top-k indices.
+fn graph_replays(
+    rt: &Runtime,
+    layer: &NsaLayer<'_>,
+    plan: &crate::layer::StepPlan,
+    bufs: &mut Buffers,
+    ws: &mut LayerWorkspace,
+    data: &Data,
+    name: &str,
+) -> Result<Check> {
+    use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+    let stream = rt.gpu().stream();
+    let k = layer.config().model.topk as usize;
+    let driver = |what: &'static str| crate::Error::driver(what);
+    stream
+        .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+        .map_err(driver("beginning a graph capture"))?;
+    let captured = bufs.forward(layer, plan, ws, &mut |_| Ok(()));
+    let graph = stream.end_capture(CUgraphInstantiate_flags(0)).map_err(driver("ending the graph capture"))?;
+    captured?;
+    let graph = graph.ok_or_else(|| crate::Error::Other("the captured layer graph is empty".into()))?;
+    let mut rng = testdata::rng(data.q.len() as u64);
+    let (mut items, mut bad, mut first) = (0, 0, None);
+    for round in 0..3 {
+        if round > 0 {
+            let q: Vec<bf16> =
+                data.q.iter().map(|v| bf16::from_f32(v.to_f32() * rng.random_range(0.5f32..1.5))).collect();
+            let mut index_q = data.index_q.clone();
+            index_q.shuffle(&mut rng);
+            let mut weights = data.index_weights.clone();
+            weights.shuffle(&mut rng);
+            let t = bufs.tokens;
+            let rows: Vec<bf16> =
+                (0..t * BF16_TOKEN_ELEMS).map(|_| bf16::from_f32(rng.random_range(-2.0f32..2.0))).collect();
+            let (nope, rope) = super::split_rows(&rows);
+            let index_k: Vec<bf16> =
+                (0..t * INDEXER_HEAD_DIM).map(|_| bf16::from_f32(rng.random_range(-1.0f32..1.0))).collect();
+            let loc = download(stream, &bufs.loc, t)?;
+            let h = HostInputs {
+                q: &q,
+                nope: &nope,
+                rope: &rope,
+                loc: &loc,
+                index_q: &index_q,
+                index_weights: &weights,
+                index_k: &index_k,
+            };
+            bufs.rewrite(rt, &h)?;
+        }
+        graph.launch().map_err(driver("launching the layer graph"))?;
+        let replayed = bufs.results(rt, ws, k)?;
+        bufs.forward(layer, plan, ws, &mut |_| Ok(()))?;
+        let eager = bufs.results(rt, ws, k)?;
+        items += 1;
+        if replayed != eager {
+            bad += 1;
+            let what = if replayed.2 != eager.2 {
+                "top-k indices"
+            } else if replayed.0 != eager.0 {
+                "out"
+            } else {
+                "lse"
+            };
+            first.get_or_insert(format!("input set {round}: graph and eager {what} differ"));
+        }
+    }
+    Ok(Check { kernel: "layer: graph replay".into(), case: name.into(), items, mismatches: bad, first_mismatch: first })
+}
