@@ -80,6 +80,8 @@ pub struct LayerCase {
     pub batch: usize,
     /// KV length of the longest request after the step (request 0 is kept short).
     pub context: usize,
+    /// Every request exactly `context` long (benchmarks).
+    pub uniform: bool,
     /// Plant one strongly matching key per request.
     pub needle: bool,
     /// Prefill backend of the dispatch policy (`Fixed(FlashMlaSparse)` makes FP8
@@ -104,6 +106,7 @@ impl LayerCase {
             mode,
             batch,
             context,
+            uniform: false,
             needle: false,
             prefill_backend: PrefillBackend::Auto,
             logits_budget: None,
@@ -141,6 +144,8 @@ pub struct LayerReport {
 #[derive(Clone, Debug)]
 pub struct LayerTiming {
     pub total_us: f64,
+    /// The same step captured once in a CUDA graph and launched (no launch gaps).
+    pub graph_us: f64,
     pub stages: Vec<(Stage, f64)>,
 }
 
@@ -165,7 +170,11 @@ fn make_batch(case: &LayerCase, rng: &mut StdRng) -> Batch {
     let topk = case.model.topk as usize;
     let ctx = case.context.max(1);
     let mut totals: Vec<usize> = (0..case.batch)
-        .map(|i| if i == 0 { ctx.min(topk / 2 + 3) } else { rng.random_range(ctx / 2 + 1..=ctx) })
+        .map(|i| match (case.uniform, i) {
+            (true, _) => ctx,
+            (false, 0) => ctx.min(topk / 2 + 3),
+            _ => rng.random_range(ctx / 2 + 1..=ctx),
+        })
         .collect();
     let news: Vec<usize> = totals
         .iter_mut()
@@ -634,6 +643,13 @@ fn time_layer(rt: &Runtime, iters: usize, forward: &mut Forward<'_>) -> Result<L
         forward(&mut |_| Ok(()))?;
     }
     let total_us = elapsed(&start, &event()?)? / iters as f64;
+    let graph = capture(rt, &mut |mark| forward(mark))?;
+    graph.launch().map_err(crate::Error::driver("launching the layer graph"))?;
+    let start = event()?;
+    for _ in 0..iters {
+        graph.launch().map_err(crate::Error::driver("launching the layer graph"))?;
+    }
+    let graph_us = elapsed(&start, &event()?)? / iters as f64;
     let mut sums = vec![0.0f64; Stage::ALL.len()];
     for _ in 0..iters {
         let mut marks = vec![(None, event()?)];
@@ -648,7 +664,7 @@ fn time_layer(rt: &Runtime, iters: usize, forward: &mut Forward<'_>) -> Result<L
         }
     }
     let stages = Stage::ALL.iter().map(|&s| (s, sums[s as usize] / iters as f64)).collect();
-    Ok(LayerTiming { total_us, stages })
+    Ok(LayerTiming { total_us, graph_us, stages })
 }
 
 /// Long rows: the chosen set holds `k` distinct visible positions, −1-free, and no
@@ -835,6 +851,19 @@ impl Buffers {
     }
 }
 
+/// One forward captured into a CUDA graph (nothing runs until it is launched).
+fn capture(rt: &Runtime, forward: &mut Forward<'_>) -> Result<cudarc::driver::CudaGraph> {
+    use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+    let stream = rt.gpu().stream();
+    let mode = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+    stream.begin_capture(mode).map_err(crate::Error::driver("beginning a graph capture"))?;
+    let captured = forward(&mut |_| Ok(()));
+    let graph =
+        stream.end_capture(CUgraphInstantiate_flags(0)).map_err(crate::Error::driver("ending the graph capture"))?;
+    captured?;
+    graph.ok_or_else(|| crate::Error::Other("the captured layer graph is empty".into()))
+}
+
 /// Captures one forward in a CUDA graph, then for three input sets (the case's,
 /// and two rewritten in place) compares a graph launch with an eager forward bit
 /// for bit: out, lse and the top-k indices.
@@ -847,17 +876,10 @@ fn graph_replays(
     data: &Data,
     name: &str,
 ) -> Result<Check> {
-    use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
     let stream = rt.gpu().stream();
     let k = layer.config().model.topk as usize;
     let driver = |what: &'static str| crate::Error::driver(what);
-    stream
-        .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-        .map_err(driver("beginning a graph capture"))?;
-    let captured = bufs.forward(layer, plan, ws, &mut |_| Ok(()));
-    let graph = stream.end_capture(CUgraphInstantiate_flags(0)).map_err(driver("ending the graph capture"))?;
-    captured?;
-    let graph = graph.ok_or_else(|| crate::Error::Other("the captured layer graph is empty".into()))?;
+    let graph = capture(rt, &mut |mark| bufs.forward(layer, plan, ws, mark))?;
     let mut rng = testdata::rng(data.q.len() as u64);
     let (mut items, mut bad, mut first) = (0, 0, None);
     for round in 0..3 {

@@ -12,6 +12,7 @@ use nsa_runtime::ops::sparse_decode::DecodeShape;
 use nsa_runtime::ops::sparse_prefill::PrefillShape;
 use nsa_runtime::testdata::ScorePattern;
 use nsa_runtime::verify::indexer::{self as vindexer, IndexerCase};
+use nsa_runtime::verify::layer::{self as vlayer, LayerCase, LayerMode};
 use nsa_runtime::verify::metadata::{self as vmeta, ReplayCase};
 use nsa_runtime::verify::sparse_decode::{self as vdecode, DecodeCase, IndexPattern};
 use nsa_runtime::verify::sparse_prefill::{self as vprefill, KvSource, PrefillCase};
@@ -295,6 +296,13 @@ pub fn verify(args: VerifyArgs) -> Result<()> {
                 }
             });
         }
+    }
+    // The whole layer (stores → indexer → top-k → sparse MLA) in a decode-like and
+    // an extend step, against the whole-layer CPU reference.
+    for (n, mode) in [LayerMode::TargetVerify { draft: 2 }, LayerMode::Extend { prefix: true }].into_iter().enumerate()
+    {
+        let case = LayerCase::new(cfg.clone(), mode, 3, 5000, args.seed.wrapping_add(100 + n as u64));
+        checks.extend(vlayer::run(&rt, &case)?.checks);
     }
     for c in &checks {
         println!("{c}");

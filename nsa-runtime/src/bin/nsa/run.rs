@@ -29,6 +29,9 @@ pub struct RunArgs {
     /// KV length of the longest request after the step (request 0 is kept short).
     #[arg(long, default_value_t = 16_384)]
     pub context: usize,
+    /// Every request exactly --context long (otherwise lengths vary and request 0 is short).
+    #[arg(long)]
+    pub uniform: bool,
     /// Draft tokens D (verify: all of them; draft-extend: accept lengths in 1..=D).
     #[arg(long, default_value_t = 2)]
     pub draft: u32,
@@ -63,6 +66,7 @@ pub fn run(args: RunArgs) -> Result<()> {
     };
     let mut case = LayerCase::new(model, mode, args.batch, args.context, args.seed);
     case.needle = args.needle;
+    case.uniform = args.uniform;
     case.check_rows = args.check_rows;
     case.timing_iters = args.iters;
     case.logits_budget = args.logits_budget_mib.map(|m| m << 20);
@@ -76,7 +80,10 @@ pub fn run(args: RunArgs) -> Result<()> {
         println!("{c}");
     }
     if let Some(t) = &report.timing {
-        println!("eager step: {:.1} µs per layer call ({} iterations)", t.total_us, args.iters);
+        println!(
+            "layer call: {:.1} µs eager, {:.1} µs as a CUDA graph ({} iterations each)",
+            t.total_us, t.graph_us, args.iters
+        );
         let marked: f64 = t.stages.iter().map(|s| s.1).sum();
         for (stage, us) in &t.stages {
             println!("  {:16} {:9.1} µs  {:5.1}%", stage.name(), us, 100.0 * us / marked.max(1e-9));
