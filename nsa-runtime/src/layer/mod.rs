@@ -181,14 +181,29 @@ impl<'rt> NsaLayer<'rt> {
     }
 
     /// The step plan for `md` and `dispatch` (one per step, shared by all layers).
-    pub fn plan(&self, md: &crate::metadata::NsaMetadata, dispatch: &crate::metadata::Dispatch) -> Result<StepPlan> {
+    pub fn plan(
+        &self,
+        md: &crate::metadata::NsaMetadata,
+        dispatch: &crate::metadata::Dispatch,
+    ) -> Result<StepPlan<'static>> {
         StepPlan::new(self.rt, &self.cfg, md, dispatch)
+    }
+
+    /// The plan of a CUDA graph of `bs` requests reading `state`'s buffers (see
+    /// [`StepPlan::for_graph`]).
+    pub fn plan_for_graph<'m>(
+        &self,
+        state: &'m crate::metadata::graph_device::DeviceGraphState,
+        bs: usize,
+        step: usize,
+    ) -> Result<StepPlan<'m>> {
+        StepPlan::for_graph(self.rt, &self.cfg, state, bs, step)
     }
 
     /// Runs the layer for one step. Every size is checked before the first launch.
     pub fn forward(
         &self,
-        plan: &StepPlan,
+        plan: &StepPlan<'_>,
         inputs: &LayerInputs<'_>,
         caches: &mut LayerCaches<'_>,
         ws: &mut LayerWorkspace,
@@ -202,7 +217,7 @@ impl<'rt> NsaLayer<'rt> {
     /// and top-k once per chunk).
     pub fn forward_marked(
         &self,
-        plan: &StepPlan,
+        plan: &StepPlan<'_>,
         inputs: &LayerInputs<'_>,
         caches: &mut LayerCaches<'_>,
         ws: &mut LayerWorkspace,
@@ -225,7 +240,7 @@ impl<'rt> NsaLayer<'rt> {
 
     fn check(
         &self,
-        plan: &StepPlan,
+        plan: &StepPlan<'_>,
         inputs: &LayerInputs<'_>,
         caches: &LayerCaches<'_>,
         ws: &LayerWorkspace,
@@ -260,7 +275,7 @@ impl<'rt> NsaLayer<'rt> {
     /// Indexer logits and top-k, chunk by chunk, into `ws.indices`.
     fn select(
         &self,
-        plan: &StepPlan,
+        plan: &StepPlan<'_>,
         inputs: &LayerInputs<'_>,
         caches: &LayerCaches<'_>,
         ws: &mut LayerWorkspace,
@@ -391,7 +406,7 @@ impl<'rt> NsaLayer<'rt> {
     /// Sparse MLA over the selected indices.
     fn attend(
         &self,
-        plan: &StepPlan,
+        plan: &StepPlan<'_>,
         inputs: &LayerInputs<'_>,
         caches: &LayerCaches<'_>,
         ws: &mut LayerWorkspace,

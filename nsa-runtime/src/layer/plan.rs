@@ -7,7 +7,9 @@
 
 use super::keys::{ragged_keys, table_rows_per_token, RaggedKeys};
 use super::LayerConfig;
-use crate::metadata::device::DeviceNsaMetadata;
+use crate::metadata::device::{DeviceNsaMetadata, Field};
+use crate::metadata::graph_device::{DeviceGraphBuffers, DeviceGraphState};
+use crate::metadata::GraphMode;
 use crate::metadata::{Dispatch, ForwardMode, NsaMetadata, TransformMethod};
 use crate::ops::indexer::ragged_chunk_rows;
 use crate::ops::sparse_decode::{DecodePlan, DecodeShape};
@@ -15,7 +17,7 @@ use crate::ops::sparse_prefill::{ragged_kv_elems, PrefillShape};
 use crate::ops::topk::TopkWorkspace;
 use crate::runtime::Runtime;
 use crate::{Error, Result};
-use cudarc::driver::CudaSlice;
+use cudarc::driver::{CudaSlice, CudaView};
 use nsa_kernels::layout::{BF16_TOKEN_ELEMS, INDEXER_PAGE_TOKENS};
 use nsa_kernels::{KvCacheFormat, Target};
 use std::ops::Range;
@@ -125,81 +127,35 @@ impl StepDecisions {
         num_keys: usize,
         sm_count: u32,
     ) -> Result<StepDecisions> {
-        let model = &cfg.model;
         check_metadata(cfg, md, dispatch)?;
         let rows = md.num_tokens();
-        let topk = model.topk as usize;
-        let mut explain = vec![format!("dispatch: {}", dispatch.reason)];
         let indexer = indexer_stage(cfg, md, num_keys, rows)?;
-        let (chunks, logits_stride) = match &indexer {
-            IndexerStage::Skip => (std::iter::once(0..rows).collect(), 0),
-            IndexerStage::Paged { table_width } => {
-                (std::iter::once(0..rows).collect(), table_width * INDEXER_PAGE_TOKENS)
-            }
-            IndexerStage::Gathered { num_keys, chunk_rows, .. } => {
-                let chunks: Vec<Range<usize>> =
-                    (0..rows).step_by((*chunk_rows).max(1)).map(|r| r..(r + chunk_rows).min(rows)).collect();
-                (chunks, num_keys.next_multiple_of(4))
-            }
-        };
-        explain.push(match &indexer {
-            IndexerStage::Skip => {
-                format!("indexer: skipped, every token sees ≤ {topk} keys (top-k selects them all without scores)")
-            }
-            IndexerStage::Paged { table_width } => format!(
-                "indexer: indexer_logits.paged.h{} over the real page table ({table_width} pages of 64)",
-                model.index_n_heads
-            ),
-            IndexerStage::Gathered { num_keys, chunk_rows, why } => format!(
-                "indexer: indexer_k_gather of {num_keys} keys, then indexer_logits.ragged.h{} in {} chunk(s) of ≤ {chunk_rows} rows ({why}; logits budget {} bytes)",
-                model.index_n_heads,
-                chunks.len(),
-                cfg.logits_budget_bytes
-            ),
-        });
-        explain.push(format!(
-            "top-k: k={topk} {} transform{}",
-            dispatch.transform.name(),
-            if cfg.deterministic_topk { ", deterministic ties" } else { "" }
-        ));
-        let attention = attention_stage(cfg, md, dispatch, rows, sm_count)?;
-        explain.push(match &attention {
-            AttentionStage::Decode(p) => format!("attention: {} (FP8 cache, PAGED slots)", p.explain()),
-            AttentionStage::PrefillPaged(s) => format!("attention: {} over the bf16 pool (PAGED slots)", s.explain()),
-            AttentionStage::PrefillRagged(s) => {
-                format!("attention: kv_dequant of {num_keys} keys, then {} (FP8 cache, RAGGED rows)", s.explain())
-            }
-        });
-        let chunk_max = chunks.iter().map(|c| c.len()).max().unwrap_or(0);
-        let needs = WorkspaceNeeds {
-            logits: (chunk_max * logits_stride).max(topk),
-            indices: rows * topk,
-            topk_split_rows: if rows <= TOPK_SPLIT_MAX_ROWS { rows } else { 0 },
-            decode_partials: match &attention {
-                AttentionStage::Decode(p) => p.workspace_floats(),
-                _ => 0,
-            },
-            max_logits: match &attention {
-                AttentionStage::Decode(_) => 0,
-                _ => rows * model.num_q_heads as usize,
-            },
-            gathered_keys: if matches!(indexer, IndexerStage::Gathered { .. }) { num_keys } else { 0 },
-            ragged_kv: match &attention {
-                AttentionStage::PrefillRagged(_) => ragged_kv_elems(num_keys),
-                _ => 0,
-            },
-        };
-        Ok(StepDecisions {
-            mode: md.mode,
-            rows,
-            transform: dispatch.transform,
-            indexer,
-            chunks,
-            logits_stride,
-            attention,
-            needs,
-            explain,
-        })
+        let attention = attention_stage(cfg, md.mode, dispatch.transform, rows, sm_count)?;
+        Ok(assemble(cfg, md.mode, rows, dispatch.transform, indexer, attention, num_keys, &dispatch.reason))
+    }
+
+    /// The decisions of a CUDA graph of `rows` query rows in `mode` that reads
+    /// [`DeviceGraphState`] buffers of `width` columns: nothing depends on the
+    /// lengths a replay writes, so logits are always computed (PAGED; page size 64)
+    /// and top-k and attention cover every row.
+    pub fn for_graph(
+        cfg: &LayerConfig,
+        mode: ForwardMode,
+        rows: usize,
+        width: usize,
+        sm_count: u32,
+    ) -> Result<StepDecisions> {
+        if cfg.model.page_size as usize != INDEXER_PAGE_TOKENS {
+            return Err(unsupported(
+                "page_size",
+                cfg.model.page_size.to_string(),
+                "64 for graph-bound steps (PAGED logits read index-K pages through the real page table); other page sizes run eager steps",
+            ));
+        }
+        let indexer = IndexerStage::Paged { table_width: width.div_ceil(INDEXER_PAGE_TOKENS) };
+        let attention = attention_stage(cfg, mode, TransformMethod::Paged, rows, sm_count)?;
+        let reason = format!("CUDA graph of {} rows ({}): PAGED, MLA", rows, mode.name());
+        Ok(assemble(cfg, mode, rows, TransformMethod::Paged, indexer, attention, 0, &reason))
     }
 
     /// Whether the step needs [`RaggedKeys`]: gathered indexer keys or a RAGGED
@@ -207,6 +163,79 @@ impl StepDecisions {
     pub fn needs_keys(cfg: &LayerConfig, md: &NsaMetadata, dispatch: &Dispatch) -> bool {
         dispatch.transform == TransformMethod::Ragged || (needs_logits(cfg, md) && !paged_logits_apply(cfg, md).0)
     }
+}
+
+/// The chunks, explanation and workspace of chosen stages.
+#[allow(clippy::too_many_arguments)]
+fn assemble(
+    cfg: &LayerConfig,
+    mode: ForwardMode,
+    rows: usize,
+    transform: TransformMethod,
+    indexer: IndexerStage,
+    attention: AttentionStage,
+    num_keys: usize,
+    reason: &str,
+) -> StepDecisions {
+    let model = &cfg.model;
+    let topk = model.topk as usize;
+    let mut explain = vec![format!("dispatch: {reason}")];
+    let (chunks, logits_stride) = match &indexer {
+        IndexerStage::Skip => (std::iter::once(0..rows).collect(), 0),
+        IndexerStage::Paged { table_width } => (std::iter::once(0..rows).collect(), table_width * INDEXER_PAGE_TOKENS),
+        IndexerStage::Gathered { num_keys, chunk_rows, .. } => {
+            let chunks: Vec<Range<usize>> =
+                (0..rows).step_by((*chunk_rows).max(1)).map(|r| r..(r + chunk_rows).min(rows)).collect();
+            (chunks, num_keys.next_multiple_of(4))
+        }
+    };
+    explain.push(match &indexer {
+        IndexerStage::Skip => {
+            format!("indexer: skipped, every token sees ≤ {topk} keys (top-k selects them all without scores)")
+        }
+        IndexerStage::Paged { table_width } => format!(
+            "indexer: indexer_logits.paged.h{} over the real page table ({table_width} pages of 64)",
+            model.index_n_heads
+        ),
+        IndexerStage::Gathered { num_keys, chunk_rows, why } => format!(
+            "indexer: indexer_k_gather of {num_keys} keys, then indexer_logits.ragged.h{} in {} chunk(s) of ≤ {chunk_rows} rows ({why}; logits budget {} bytes)",
+            model.index_n_heads,
+            chunks.len(),
+            cfg.logits_budget_bytes
+        ),
+    });
+    explain.push(format!(
+        "top-k: k={topk} {} transform{}",
+        transform.name(),
+        if cfg.deterministic_topk { ", deterministic ties" } else { "" }
+    ));
+    explain.push(match &attention {
+        AttentionStage::Decode(p) => format!("attention: {} (FP8 cache, PAGED slots)", p.explain()),
+        AttentionStage::PrefillPaged(s) => format!("attention: {} over the bf16 pool (PAGED slots)", s.explain()),
+        AttentionStage::PrefillRagged(s) => {
+            format!("attention: kv_dequant of {num_keys} keys, then {} (FP8 cache, RAGGED rows)", s.explain())
+        }
+    });
+    let chunk_max = chunks.iter().map(|c| c.len()).max().unwrap_or(0);
+    let needs = WorkspaceNeeds {
+        logits: (chunk_max * logits_stride).max(topk),
+        indices: rows * topk,
+        topk_split_rows: if rows <= TOPK_SPLIT_MAX_ROWS { rows } else { 0 },
+        decode_partials: match &attention {
+            AttentionStage::Decode(p) => p.workspace_floats(),
+            _ => 0,
+        },
+        max_logits: match &attention {
+            AttentionStage::Decode(_) => 0,
+            _ => rows * model.num_q_heads as usize,
+        },
+        gathered_keys: if matches!(indexer, IndexerStage::Gathered { .. }) { num_keys } else { 0 },
+        ragged_kv: match &attention {
+            AttentionStage::PrefillRagged(_) => ragged_kv_elems(num_keys),
+            _ => 0,
+        },
+    };
+    StepDecisions { mode, rows, transform, indexer, chunks, logits_stride, attention, needs, explain }
 }
 
 fn check_metadata(cfg: &LayerConfig, md: &NsaMetadata, dispatch: &Dispatch) -> Result<()> {
@@ -274,14 +303,14 @@ fn indexer_stage(cfg: &LayerConfig, md: &NsaMetadata, num_keys: usize, rows: usi
 
 fn attention_stage(
     cfg: &LayerConfig,
-    md: &NsaMetadata,
-    dispatch: &Dispatch,
+    mode: ForwardMode,
+    transform: TransformMethod,
     rows: usize,
     sm_count: u32,
 ) -> Result<AttentionStage> {
     let model = &cfg.model;
     let prefill = PrefillShape { s_q: rows, heads: model.num_q_heads, topk: model.topk, d_qk: BF16_TOKEN_ELEMS as u32 };
-    match (model.kv_cache, dispatch.transform) {
+    match (model.kv_cache, transform) {
         (KvCacheFormat::Bf16, TransformMethod::Paged) => Ok(AttentionStage::PrefillPaged(prefill)),
         (KvCacheFormat::Fp8, TransformMethod::Ragged) => Ok(AttentionStage::PrefillRagged(prefill)),
         (KvCacheFormat::Fp8, TransformMethod::Paged) => {
@@ -296,18 +325,19 @@ fn attention_stage(
         }
         (KvCacheFormat::Bf16, TransformMethod::Ragged) => Err(unsupported(
             "dispatch.transform",
-            format!("RAGGED in a {} batch with a bf16 cache", md.mode.name()),
+            format!("RAGGED in a {} batch with a bf16 cache", mode.name()),
             "PAGED: a bf16 pool is read in place (metadata::decide never picks RAGGED for bf16)",
         )),
     }
 }
 
-/// A step's decisions plus its device data: the packed metadata and the ragged keys.
+/// A step's decisions plus its device data: the metadata (uploaded for this step,
+/// or the fixed buffers of a CUDA-graph state that replays rewrite) and the ragged keys.
 #[derive(Debug)]
-pub struct StepPlan {
+pub struct StepPlan<'m> {
     pub(super) config: LayerConfig,
     pub(super) decisions: StepDecisions,
-    pub(super) metadata: DeviceNsaMetadata,
+    pub(super) metadata: PlanMetadata<'m>,
     pub(super) keys: Option<DeviceKeys>,
     /// `page_table_1` has one row per query token.
     pub(super) table_per_token: bool,
@@ -327,9 +357,85 @@ pub(super) struct DeviceKeys {
     pub chunk_cu: Vec<Range<usize>>,
 }
 
-impl StepPlan {
+/// Where a plan's metadata lives.
+#[derive(Debug)]
+pub(super) enum PlanMetadata<'m> {
+    /// Uploaded for one step.
+    Owned(DeviceNsaMetadata),
+    /// A CUDA-graph state's buffers (fixed addresses, rewritten by each replay).
+    Graph(DeviceGraphBuffers<'m>),
+}
+
+impl PlanMetadata<'_> {
+    pub(super) fn field(&self, f: Field) -> Option<CudaView<'_, i32>> {
+        let b = match self {
+            PlanMetadata::Owned(m) => return m.field(f),
+            PlanMetadata::Graph(b) => b,
+        };
+        Some(match f {
+            Field::CacheSeqlens => b.cache_seqlens.slice(..),
+            Field::CuSeqlensQ | Field::NsaCuSeqlensQ => b.cu_seqlens_q.slice(..),
+            Field::CuSeqlensK => b.cu_seqlens_k.slice(..),
+            Field::PageTable1 => b.page_table_1.slice(..),
+            Field::RealPageTable => b.real_page_table.as_ref().unwrap_or(&b.page_table_1).slice(..),
+            Field::SeqlensExpanded => b.nsa_seqlens_expanded.slice(..),
+            Field::NsaCacheSeqlens => b.nsa_cache_seqlens.slice(..),
+            Field::NsaCuSeqlensK => b.nsa_cu_seqlens_k.slice(..),
+            _ => return None,
+        })
+    }
+}
+
+impl<'m> StepPlan<'m> {
+    /// A plan bound to the buffers of `state` for graphs of `bs` requests (step
+    /// `step` of a multi-step state): capture the layer's forward once per batch
+    /// size, then each step replays the metadata (one launch) and the layer graph.
+    pub fn for_graph(
+        rt: &Runtime,
+        cfg: &LayerConfig,
+        state: &'m DeviceGraphState,
+        bs: usize,
+        step: usize,
+    ) -> Result<StepPlan<'m>> {
+        let p = state.params();
+        if p.page_size != cfg.model.page_size || p.topk != cfg.model.topk {
+            return Err(unsupported(
+                "state.params.page_size/topk",
+                format!("{}/{}", p.page_size, p.topk),
+                format!("the layer's {}/{}", cfg.model.page_size, cfg.model.topk),
+            ));
+        }
+        if bs == 0 || bs > state.capacity().max_bs || step >= state.steps() {
+            return Err(unsupported(
+                "bs/step",
+                format!("{bs}/{step}"),
+                format!("1..={} requests and a step below {}", state.capacity().max_bs, state.steps()),
+            ));
+        }
+        let mode = match state.mode() {
+            GraphMode::Decode => ForwardMode::Decode,
+            GraphMode::TargetVerify => ForwardMode::TargetVerify,
+            GraphMode::DraftExtend => ForwardMode::DraftExtend,
+            GraphMode::DraftExtendV2 => ForwardMode::DraftExtendV2,
+        };
+        let shape = state.shape(bs);
+        let width = state.layout().width;
+        let decisions = StepDecisions::for_graph(cfg, mode, shape.rows, width, rt.gpu().caps().sm_count)?;
+        Ok(StepPlan {
+            config: cfg.clone(),
+            decisions,
+            metadata: PlanMetadata::Graph(state.buffers(step)),
+            keys: None,
+            table_per_token: true,
+            table_rows: shape.rows,
+            table_width: width,
+        })
+    }
+}
+
+impl StepPlan<'static> {
     /// Decides the step and uploads what its kernels read (two host→device copies).
-    pub fn new(rt: &Runtime, cfg: &LayerConfig, md: &NsaMetadata, dispatch: &Dispatch) -> Result<StepPlan> {
+    pub fn new(rt: &Runtime, cfg: &LayerConfig, md: &NsaMetadata, dispatch: &Dispatch) -> Result<StepPlan<'static>> {
         let keys = if StepDecisions::needs_keys(cfg, md, dispatch) { Some(ragged_keys(md)?) } else { None };
         let num_keys = keys.as_ref().map_or(0, RaggedKeys::num_keys);
         let decisions = StepDecisions::new(cfg, md, dispatch, num_keys, rt.gpu().caps().sm_count)?;
@@ -349,14 +455,16 @@ impl StepPlan {
         Ok(StepPlan {
             config: cfg.clone(),
             decisions,
-            metadata,
+            metadata: PlanMetadata::Owned(metadata),
             keys,
             table_per_token: table_rows_per_token(md.mode),
             table_rows: md.page_table_1.rows,
             table_width: md.page_table_1.width,
         })
     }
+}
 
+impl StepPlan<'_> {
     pub fn decisions(&self) -> &StepDecisions {
         &self.decisions
     }

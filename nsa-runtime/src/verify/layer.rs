@@ -792,6 +792,7 @@ impl Buffers {
         let stream = rt.gpu().stream();
         let e = || crate::Error::driver("rewriting layer inputs");
         stream.memcpy_htod(h.q, &mut self.q.slice_mut(..h.q.len())).map_err(e())?;
+        stream.memcpy_htod(h.loc, &mut self.loc.slice_mut(..h.loc.len())).map_err(e())?;
         stream.memcpy_htod(h.nope, &mut self.nope.slice_mut(..h.nope.len())).map_err(e())?;
         stream.memcpy_htod(h.rope, &mut self.rope.slice_mut(..h.rope.len())).map_err(e())?;
         stream.memcpy_htod(h.index_q, &mut self.index_q.slice_mut(..h.index_q.len())).map_err(e())?;
@@ -926,4 +927,164 @@ fn graph_replays(
         }
     }
     Ok(Check { kernel: "layer: graph replay".into(), case: name.into(), items, mismatches: bad, first_mismatch: first })
+}
+
+/// CUDA-graph serving over several steps: the layer is captured ONCE with a plan
+/// bound to a [`DeviceGraphState`](crate::metadata::graph_device::DeviceGraphState);
+/// each step replays the metadata (one launch, lengths grown by the step's tokens)
+/// and the layer graph, with new inputs written in place. Every step must equal an
+/// eager step built from host metadata, bit for bit (out, lse, top-k indices).
+/// Decode and target-verify cases.
+pub fn graph_steps(rt: &Runtime, case: &LayerCase, steps: usize) -> Result<Check> {
+    use crate::metadata::graph_device::{DeviceGraphState, DeviceRequests};
+    use crate::metadata::{GraphCapacity, GraphMode};
+    let stream = rt.gpu().stream();
+    let (mode, per_req) = match case.mode {
+        LayerMode::Decode => (GraphMode::Decode, 1),
+        LayerMode::TargetVerify { draft } => (GraphMode::TargetVerify, draft as usize),
+        other => return Err(crate::Error::Other(format!("graph steps cover decode and verify, not {}", other.name()))),
+    };
+    let mut rng = testdata::rng(case.seed);
+    let b = make_batch(case, &mut rng);
+    let data = make_data(case, &b, &mut rng);
+    let mut cfg = LayerConfig::new(case.model.clone())?;
+    cfg.deterministic_topk = true;
+    let layer = NsaLayer::new(rt, cfg)?;
+    let (bs, heads, ih) = (case.batch, case.model.num_q_heads as usize, case.model.index_n_heads as usize);
+    let t = bs * per_req;
+    // KV length of request i after step s; the last step ends at the batch's totals.
+    let kv_len = |i: usize, s: usize| b.totals[i] - (steps - 1 - s) * per_req;
+    assert!((0..bs).all(|i| b.totals[i] > steps * per_req), "requests long enough for {steps} steps");
+    let step_inputs = |s: usize, rng: &mut StdRng| {
+        let slots: Vec<i32> = (0..bs)
+            .flat_map(|i| (kv_len(i, s) - per_req..kv_len(i, s)).map(move |p| (i, p)))
+            .map(|(i, p)| b.slot(i, p))
+            .collect();
+        let rows: Vec<bf16> =
+            slots.iter().flat_map(|&sl| row_of(&data.kv_rows, sl as usize, BF16_TOKEN_ELEMS).iter().copied()).collect();
+        let (nope, rope) = super::split_rows(&rows);
+        let index_k: Vec<bf16> = slots
+            .iter()
+            .flat_map(|&sl| row_of(&data.index_rows, sl as usize, INDEXER_HEAD_DIM).iter().copied())
+            .collect();
+        let q = random_bf16(t * heads * BF16_TOKEN_ELEMS, 1.0, rng.random());
+        let index_q: Vec<u8> = (0..t * ih * INDEXER_HEAD_DIM).map(|_| e4m3(rng)).collect();
+        let weights: Vec<f32> = (0..t * ih).map(|_| rng.random_range(-0.02f32..0.05)).collect();
+        StepInputs { q, nope, rope, loc: slots, index_q, weights, index_k }
+    };
+    let fp8 = case.model.kv_cache == KvCacheFormat::Fp8;
+    let (ref_fp8, ref_bf16, ref_index) = filled_caches(fp8, &data, b.pool_slots);
+    let first = step_inputs(0, &mut rng);
+    let mut bufs = Buffers::upload(
+        rt,
+        &first.host(),
+        &ref_index,
+        if fp8 { CacheInit::Fp8(&ref_fp8) } else { CacheInit::Bf16(&ref_bf16) },
+        heads,
+    )?;
+
+    // The graph state, its request tables on the device, and the layer graph.
+    let params = MetadataParams {
+        page_size: case.model.page_size,
+        topk: case.model.topk,
+        draft_tokens: per_req as u32 * u32::from(mode != GraphMode::Decode),
+        pool_slots: b.pool_slots,
+        cp: None,
+    };
+    let capacity = GraphCapacity { max_bs: bs, max_tokens: t, max_context_len: b.width };
+    let mut state = DeviceGraphState::new(rt, params, mode, capacity)?;
+    let d_table = upload(stream, &b.table)?;
+    let d_rpi = upload(stream, &b.rows_of)?;
+    let seq_of = |s: usize| -> Vec<i32> {
+        (0..bs).map(|i| (kv_len(i, s) - if per_req > 1 { per_req } else { 0 }) as i32).collect()
+    };
+    let mut d_seq = upload(stream, &seq_of(0))?;
+    state.capture(rt, &d_seq.slice(0..bs))?;
+    // The graph keeps the state's buffer addresses; the plan's borrow ends here so
+    // replays can rewrite them.
+    let (graph, graph_ws) = {
+        let plan = layer.plan_for_graph(&state, bs, 0)?;
+        let mut ws = LayerWorkspace::new(rt, plan.needs())?;
+        let g = capture(rt, &mut |mark| bufs.forward(&layer, &plan, &mut ws, mark))?;
+        (g, ws)
+    };
+    let builder = MetadataBuilder::new(params)?;
+    let table = ReqToToken::new(&b.table, b.width)?;
+    let (mut bad, mut first_bad) = (0, None);
+    let k = case.model.topk as usize;
+    for s in 0..steps {
+        if s > 0 {
+            let x = step_inputs(s, &mut rng);
+            bufs.rewrite(rt, &x.host())?;
+        }
+        let seq = seq_of(s);
+        stream.memcpy_htod(&seq, &mut d_seq.slice_mut(..bs)).map_err(crate::Error::driver("writing seq_lens"))?;
+        let reqs = DeviceRequests {
+            req_to_token: &d_table.slice(..),
+            req_to_token_width: b.width,
+            req_pool_indices: &d_rpi.slice(..bs),
+            seq_lens: &d_seq.slice(..bs),
+        };
+        match mode {
+            GraphMode::Decode => state.replay_decode(rt, &reqs)?,
+            _ => state.replay_target_verify(rt, &reqs)?,
+        }
+        graph.launch().map_err(crate::Error::driver("launching the layer graph"))?;
+        let replayed = bufs.results(rt, &graph_ws, k)?;
+        // Eager: host metadata for the same batch.
+        let reqs = Requests { req_pool_indices: &b.rows_of, seq_lens: &seq };
+        let md = match mode {
+            GraphMode::Decode => builder.decode(&table, reqs)?,
+            _ => builder.target_verify(&table, reqs)?,
+        };
+        let summary = BatchSummary { mode: md.mode, seq_lens: &md.cache_seqlens, extend_num_tokens: t };
+        let dispatch = decide(&policy(rt, case), Some(&summary));
+        let plan = layer.plan(&md, &dispatch)?;
+        let mut ws = LayerWorkspace::new(rt, plan.needs())?;
+        bufs.forward(&layer, &plan, &mut ws, &mut |_| Ok(()))?;
+        let eager = bufs.results(rt, &ws, k)?;
+        if replayed != eager {
+            bad += 1;
+            let what = if replayed.2 != eager.2 {
+                "top-k indices"
+            } else if replayed.0 != eager.0 {
+                "out"
+            } else {
+                "lse"
+            };
+            first_bad.get_or_insert(format!("step {s}: graph and eager {what} differ"));
+        }
+    }
+    Ok(Check {
+        kernel: "layer: graph-bound steps".into(),
+        case: format!("{} ×{steps} steps", case.describe()),
+        items: steps,
+        mismatches: bad,
+        first_mismatch: first_bad,
+    })
+}
+
+/// Owned host inputs of one step (graph steps).
+struct StepInputs {
+    q: Vec<bf16>,
+    nope: Vec<bf16>,
+    rope: Vec<bf16>,
+    loc: Vec<i32>,
+    index_q: Vec<u8>,
+    weights: Vec<f32>,
+    index_k: Vec<bf16>,
+}
+
+impl StepInputs {
+    fn host(&self) -> HostInputs<'_> {
+        HostInputs {
+            q: &self.q,
+            nope: &self.nope,
+            rope: &self.rope,
+            loc: &self.loc,
+            index_q: &self.index_q,
+            index_weights: &self.weights,
+            index_k: &self.index_k,
+        }
+    }
 }

@@ -118,3 +118,23 @@ fn graph_capture_and_replay_equal_eager() {
     assert_eq!(checks.iter().filter(|c| c.kernel == "layer: graph replay" && c.items == 3).count(), 3);
     assert_all(&checks);
 }
+
+#[test]
+fn graph_bound_plans_follow_metadata_replays_across_steps() {
+    use nsa_runtime::verify::layer::graph_steps;
+    let rt = rt();
+    let mut checks = Vec::new();
+    for (i, (heads, kv, mode)) in [
+        (128, KvCacheFormat::Fp8, LayerMode::Decode),
+        (16, KvCacheFormat::Bf16, LayerMode::Decode),
+        (32, KvCacheFormat::Fp8, LayerMode::TargetVerify { draft: 3 }),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        // Request 0 stays below top-k (the short-row path), the others are longer.
+        let case = LayerCase::new(model(heads, kv, 64), mode, 5, 6000, 7600 + i as u64);
+        checks.push(graph_steps(&rt, &case, 6).unwrap_or_else(|e| panic!("{}: {e}", case.describe())));
+    }
+    assert_all(&checks);
+}
