@@ -843,12 +843,28 @@ impl Buffers {
         layer.forward_marked(plan, &inputs, &mut caches, ws, outputs, mark)
     }
 
-    fn results(&self, rt: &Runtime, ws: &LayerWorkspace, k: usize) -> Result<(Vec<u16>, Vec<u32>, Vec<i32>)> {
+    fn results(&self, rt: &Runtime, ws: &LayerWorkspace, k: usize) -> Result<StepResults> {
         let stream = rt.gpu().stream();
         let (t, heads) = (self.tokens, self.heads);
         let out = download(stream, &self.out, t * heads * KV_LORA_RANK)?.iter().map(|v| v.to_bits()).collect();
         let lse = download(stream, &self.lse, t * heads)?.iter().map(|v| v.to_bits()).collect();
         Ok((out, lse, download(stream, ws.indices(), t * k)?))
+    }
+}
+
+/// Bits of out, lse and the top-k indices of one forward.
+type StepResults = (Vec<u16>, Vec<u32>, Vec<i32>);
+
+/// The first output in which two forwards differ, bit for bit.
+fn difference(a: &StepResults, b: &StepResults) -> Option<&'static str> {
+    if a.2 != b.2 {
+        Some("top-k indices")
+    } else if a.0 != b.0 {
+        Some("out")
+    } else if a.1 != b.1 {
+        Some("lse")
+    } else {
+        None
     }
 }
 
@@ -914,15 +930,8 @@ fn graph_replays(
         bufs.forward(layer, plan, ws, &mut |_| Ok(()))?;
         let eager = bufs.results(rt, ws, k)?;
         items += 1;
-        if replayed != eager {
+        if let Some(what) = difference(&replayed, &eager) {
             bad += 1;
-            let what = if replayed.2 != eager.2 {
-                "top-k indices"
-            } else if replayed.0 != eager.0 {
-                "out"
-            } else {
-                "lse"
-            };
             first.get_or_insert(format!("input set {round}: graph and eager {what} differ"));
         }
     }
@@ -1043,15 +1052,8 @@ pub fn graph_steps(rt: &Runtime, case: &LayerCase, steps: usize) -> Result<Check
         let mut ws = LayerWorkspace::new(rt, plan.needs())?;
         bufs.forward(&layer, &plan, &mut ws, &mut |_| Ok(()))?;
         let eager = bufs.results(rt, &ws, k)?;
-        if replayed != eager {
+        if let Some(what) = difference(&replayed, &eager) {
             bad += 1;
-            let what = if replayed.2 != eager.2 {
-                "top-k indices"
-            } else if replayed.0 != eager.0 {
-                "out"
-            } else {
-                "lse"
-            };
             first_bad.get_or_insert(format!("step {s}: graph and eager {what} differ"));
         }
     }
