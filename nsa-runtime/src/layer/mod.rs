@@ -26,6 +26,7 @@ pub use plan::{AttentionStage, IndexerStage, StepDecisions, StepPlan, WorkspaceN
 pub use workspace::LayerWorkspace;
 
 use crate::metadata::device::Field;
+use crate::metadata::{ForwardMode, TransformMethod};
 use crate::ops::indexer::{self, IndexerQuery, LogitsOut, PagedIndexerKeys, RaggedIndexerKeys};
 use crate::ops::kv_cache::{self, MlaCacheMut};
 use crate::ops::sparse_decode::{self, Fp8PagedCache, SparseDecodeInputs};
@@ -291,10 +292,10 @@ impl<'rt> NsaLayer<'rt> {
         let expanded = field(Field::SeqlensExpanded)?;
         let table = field(Field::PageTable1)?;
         let keys = plan.keys.as_ref();
-        let key_view = |r: &std::ops::Range<usize>| keys.map(|k| k.buf.slice(r.clone()));
         let index_cache = caches.index_k.as_view();
         if let IndexerStage::Gathered { num_keys, .. } = d.indexer {
-            let slots = key_view(&keys.expect("gathered steps have keys").slots).expect("keys");
+            let kd = keys.expect("gathered steps have keys");
+            let slots = kd.buf.slice(kd.slots.clone());
             kv_cache::gather_indexer_k(
                 rt,
                 &index_cache,
@@ -363,9 +364,8 @@ impl<'rt> NsaLayer<'rt> {
             let cu;
             let offsets;
             let output = match d.transform {
-                crate::metadata::TransformMethod::Paged
-                    if plan.table_per_token || d.mode != crate::metadata::ForwardMode::Extend =>
-                {
+                // Decode-like: one table row per query token.
+                TransformMethod::Paged if plan.table_per_token || d.mode != ForwardMode::Extend => {
                     let w = plan.table_width;
                     table_rows = table.slice(rows.start * w..rows.end * w);
                     TopkOutput::Paged(PageTable {
@@ -376,7 +376,8 @@ impl<'rt> NsaLayer<'rt> {
                         cu_seqlens_q: None,
                     })
                 }
-                crate::metadata::TransformMethod::Paged => {
+                // Extend: rows map to requests through cu_seqlens_q (shifted per chunk).
+                TransformMethod::Paged => {
                     cu = match keys {
                         Some(kd) if !kd.chunk_cu.is_empty() => kd.buf.slice(kd.chunk_cu[ci].clone()),
                         _ => field(Field::CuSeqlensQ)?,
@@ -391,7 +392,7 @@ impl<'rt> NsaLayer<'rt> {
                         cu_seqlens_q: Some(&cu),
                     })
                 }
-                crate::metadata::TransformMethod::Ragged => {
+                TransformMethod::Ragged => {
                     offsets = ks().expect("RAGGED steps have keys");
                     TopkOutput::Ragged { offsets: &offsets }
                 }
