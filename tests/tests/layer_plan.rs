@@ -167,3 +167,38 @@ fn batches_the_layer_does_not_run_are_named() {
     let err = StepDecisions::new(&other, &s.md, &s.dispatch, 0, SMS).unwrap_err().to_string();
     assert!(err.contains("`metadata.page_size/topk`") && err.contains("64/2048"), "{err}");
 }
+
+#[test]
+fn graph_bound_decisions_do_not_depend_on_lengths() {
+    let c = cfg(KvCacheFormat::Fp8, 64, 128);
+    let d = StepDecisions::for_graph(&c, ForwardMode::TargetVerify, 24, 9000, SMS).unwrap();
+    assert_eq!(d.indexer, IndexerStage::Paged { table_width: 9000usize.div_ceil(64) });
+    assert_eq!((d.rows, d.transform, d.chunks.len()), (24, TransformMethod::Paged, 1));
+    assert!(matches!(d.attention, AttentionStage::Decode(p) if p.shape.batch == 24));
+    let bf16 = cfg(KvCacheFormat::Bf16, 64, 16);
+    let d = StepDecisions::for_graph(&bf16, ForwardMode::Decode, 8, 4096, SMS).unwrap();
+    assert!(matches!(d.attention, AttentionStage::PrefillPaged(s) if s.s_q == 8));
+    let p1 = cfg(KvCacheFormat::Fp8, 1, 16);
+    let err = StepDecisions::for_graph(&p1, ForwardMode::Decode, 8, 4096, SMS).unwrap_err().to_string();
+    assert!(err.contains("`page_size`") && err.contains("eager"), "{err}");
+}
+
+#[test]
+fn workspace_bytes_count_every_buffer() {
+    use nsa_kernels::Target;
+    use nsa_runtime::layer::WorkspaceNeeds;
+    use nsa_runtime::ops::topk::TopkWorkspace;
+    let n = WorkspaceNeeds {
+        logits: 10,
+        indices: 20,
+        topk_split_rows: 2,
+        decode_partials: 30,
+        max_logits: 40,
+        gathered_keys: 5,
+        ragged_kv: 7,
+    };
+    let want = 4 * (10 + 20 + 30 + 40) + 5 * 132 + 2 * 7 + TopkWorkspace::bytes_for(2, Target::Sm90a);
+    assert_eq!(n.bytes(Target::Sm90a), want);
+    let m = n.max(WorkspaceNeeds { logits: 99, ..Default::default() });
+    assert_eq!((m.logits, m.indices), (99, 20));
+}

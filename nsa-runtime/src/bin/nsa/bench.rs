@@ -402,6 +402,19 @@ fn metadata_bench(rt: &Runtime, reps: usize) -> Result<Vec<MetadataRow>> {
         let per_step = (state.launches() - before) as f64 / (reps + 3) as f64;
         println!("metadata device decode replay, bs 256: {us:>9.2} µs per step, {per_step} launch(es) per step");
         rows.push(MetadataRow { what: format!("device decode replay bs=256 ({per_step} launches/step)"), us });
+        // The host side of a device-built decode step: checks + one launch (the
+        // eager path through NsaLayer::plan_for_graph needs nothing else). Fewer
+        // launches than the driver's queue holds, so enqueueing never blocks.
+        stream.synchronize().map_err(Error::driver("waiting for the replays"))?;
+        let launches = 100;
+        let t = Instant::now();
+        for _ in 0..launches {
+            state.replay_decode(rt, &reqs)?;
+        }
+        let host_us = t.elapsed().as_secs_f64() * 1e6 / launches as f64;
+        stream.synchronize().map_err(Error::driver("waiting for the replays"))?;
+        println!("metadata device decode build, bs 256: {host_us:>9.2} µs of host time per step (enqueue)");
+        rows.push(MetadataRow { what: "device decode build bs=256, host time".into(), us: host_us });
     }
     Ok(rows)
 }
