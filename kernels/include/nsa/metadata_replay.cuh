@@ -95,6 +95,50 @@ NSA_DEVICE i32 kv_len(const Params& p, i32 i) {
   return p.seq_lens[i] + (add ? p.draft_tokens : 0);
 }
 
+// One page_table_1 row (and its real-table entries) into every step. 16-byte
+// vectors, two in flight per thread, when every address allows it; else (and for
+// the tail) one slot per thread. A page start is lane 0 of a vector when the page
+// size is a multiple of 4.
+#ifdef NSA_CUDA
+constexpr bool kVectorRows = true;
+#else
+constexpr bool kVectorRows = false;  // clang for gfx942 puts the vector pair in scratch
+#endif
+
+template <int kPageSize, int kBlockThreads>
+NSA_DEVICE void copy_row(const i32* __restrict__ src, i32* __restrict__ dst, i32* __restrict__ real, i32 max_kv,
+                         i32 steps, i64 ss) {
+  const i32 tid = (i32)thread_x();
+  const bool vec = kVectorRows && (kPageSize == 1 || kPageSize % 4 == 0) && (ss & 3) == 0 &&
+                   ((reinterpret_cast<u64>(src) | reinterpret_cast<u64>(dst)) & 15) == 0;
+  const i32 n4 = vec ? max_kv / 4 : 0;
+  const Vec16* s4 = reinterpret_cast<const Vec16*>(src);
+  Vec16* d4 = reinterpret_cast<Vec16*>(dst);
+  // Two vectors per thread per trip: both loads issue before the stores.
+  for (i32 c = tid; c < n4; c += 2 * kBlockThreads) {
+    const i32 c2 = c + kBlockThreads;
+    const bool has2 = c2 < n4;
+    const Vec16 a = s4[c];
+    const Vec16 b = s4[has2 ? c2 : c];
+    for (i32 s = 0; s < steps; ++s) {
+      d4[s * (ss / 4) + c] = a;
+      if (has2) d4[s * (ss / 4) + c2] = b;
+      if (kPageSize > 1) {
+        if ((4 * c) % kPageSize == 0) real[s * ss + 4 * c / kPageSize] = floor_div<kPageSize>((i32)a.w[0]);
+        if (has2 && (4 * c2) % kPageSize == 0) real[s * ss + 4 * c2 / kPageSize] = floor_div<kPageSize>((i32)b.w[0]);
+      }
+    }
+  }
+  for (i32 col = 4 * n4 + tid; col < max_kv; col += kBlockThreads) {
+    const i32 slot = src[col];
+    const bool page_start = kPageSize > 1 && col % kPageSize == 0;
+    for (i32 s = 0; s < steps; ++s) {
+      dst[s * ss + col] = slot;
+      if (page_start) real[s * ss + col / kPageSize] = floor_div<kPageSize>(slot);
+    }
+  }
+}
+
 template <int kMode, int kPageSize, int kBlockThreads, int kMaxBatch>
 NSA_DEVICE void run(const Params& p, u32* status) {
   static_assert(kMaxBatch % kBlockThreads == 0, "the batch is scanned in whole chunks");
@@ -197,14 +241,7 @@ NSA_DEVICE void run(const Params& p, u32* status) {
     if (replay) {
       const i32 i = segment_of(row_start, bs, r);
       const i32* src = p.req_to_token + (i64)p.req_pool_indices[i] * p.table_stride;
-      for (i32 col = tid; col < max_kv; col += kBlockThreads) {
-        const i32 slot = src[col];
-        const bool page_start = kPageSize > 1 && col % kPageSize == 0;
-        for (i32 s = 0; s < p.steps; ++s) {
-          dst[s * ss + col] = slot;
-          if (page_start) real[s * ss + col / kPageSize] = floor_div<kPageSize>(slot);
-        }
-      }
+      copy_row<kPageSize, kBlockThreads>(src, dst, real, max_kv, p.steps, ss);
     } else if (kPageSize > 1) {
       // Capture: the real table of the resident rows, over the full width.
       const i32 cols = (p.width + kPageSize - 1) / kPageSize;
