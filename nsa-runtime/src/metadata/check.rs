@@ -65,6 +65,22 @@ pub(crate) fn rows_and_width(table: &ReqToToken<'_>, rpi: &[i32], max_kv: usize,
     Ok(())
 }
 
+/// The error for the first bad slot, at position `p` of request `i`'s row.
+fn slot_error(row: &[i32], r: i32, i: usize, p: usize, pool_slots: usize, page_size: u32) -> crate::Error {
+    let s = row[p];
+    let at = format!("slot {s} at row {r} (request {i}), position {p}");
+    if s < 0 || s as usize >= pool_slots {
+        return invalid("req_to_token", at, format!("a slot in 0..{pool_slots} (the KV pool's capacity)"));
+    }
+    let offset = p % page_size as usize;
+    let after = if offset == 0 { String::new() } else { format!(", right after slot {}", row[p - 1]) };
+    invalid(
+        "req_to_token",
+        at,
+        format!("page-aligned slots for page_size {page_size}: position {p} at offset {offset} of its page{after}"),
+    )
+}
+
 /// The slots a request reads (positions `0..kv_len`) are inside the pool and, with
 /// pages larger than 1, page-aligned: position p sits at offset `p % page` of a page
 /// whose slots run consecutively (spec §2.1).
@@ -75,28 +91,20 @@ pub(crate) fn slots(
     pool_slots: usize,
     page_size: u32,
 ) -> Result<()> {
-    let page = page_size as i64;
+    let page = page_size as usize;
     for (i, &r) in rpi.iter().enumerate() {
         let row = &table.row(r as usize)[..kv_len(i)];
-        for (p, &s) in row.iter().enumerate() {
-            if s < 0 || s as usize >= pool_slots {
-                return Err(invalid(
-                    "req_to_token",
-                    format!("slot {s} at row {r} (request {i}), position {p}"),
-                    format!("a slot in 0..{pool_slots} (the KV pool's capacity)"),
-                ));
-            }
-            let aligned = if p as i64 % page == 0 { s as i64 % page == 0 } else { s == row[p - 1] + 1 };
-            if !aligned {
-                return Err(invalid(
-                    "req_to_token",
-                    format!("slot {s} at row {r} (request {i}), position {p}"),
-                    format!(
-                        "page-aligned slots for page_size {page_size}: position {p} at offset {} of its page{}",
-                        p as i64 % page,
-                        if p as i64 % page == 0 { String::new() } else { format!(", right after slot {}", row[p - 1]) }
-                    ),
-                ));
+        // Page by page: one division for the page start, then plain comparisons
+        // (slot j of a page must be its first slot + j, which also keeps it ≥ 0).
+        for (pg, chunk) in row.chunks(page).enumerate() {
+            let s0 = chunk[0] as i64;
+            let bad = if s0 < 0 || s0 as usize >= pool_slots || s0 % page as i64 != 0 {
+                Some(0)
+            } else {
+                chunk.iter().enumerate().position(|(j, &s)| s as i64 != s0 + j as i64 || s as usize >= pool_slots)
+            };
+            if let Some(j) = bad {
+                return Err(slot_error(row, r, i, pg * page + j, pool_slots, page_size));
             }
         }
     }
