@@ -32,9 +32,9 @@ use crate::ops::kv_cache::{self, MlaCacheMut};
 use crate::ops::sparse_decode::{self, Fp8PagedCache, SparseDecodeInputs};
 use crate::ops::sparse_prefill::{self, Fp8RaggedKv, PrefillQuery, SparsePrefillInputs, SparsePrefillOutputs};
 use crate::ops::topk::{self, PageTable, TopkOutput, TopkScores};
-use crate::ops::Rows;
+use crate::ops::{check_len, invalid, Rows};
 use crate::runtime::Runtime;
-use crate::{Error, Result};
+use crate::Result;
 use cudarc::driver::{CudaView, CudaViewMut};
 use half::bf16;
 use nsa_kernels::layout::{BF16_TOKEN_ELEMS, DEEPSEEK_V32_SM_SCALE, INDEXER_HEAD_DIM, KV_LORA_RANK};
@@ -135,17 +135,6 @@ impl Stage {
 pub struct NsaLayer<'rt> {
     rt: &'rt Runtime,
     cfg: LayerConfig,
-}
-
-fn invalid(field: &'static str, value: impl Into<String>, expected: impl Into<String>) -> Error {
-    Error::InvalidArgument { field, value: value.into(), expected: expected.into() }
-}
-
-fn check_len(field: &'static str, got: usize, want: usize, what: &str) -> Result<()> {
-    if got != want {
-        return Err(invalid(field, format!("length {got}"), format!("length {want} ({what})")));
-    }
-    Ok(())
 }
 
 impl<'rt> NsaLayer<'rt> {

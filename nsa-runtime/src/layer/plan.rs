@@ -12,6 +12,7 @@ use crate::metadata::graph_device::{DeviceGraphBuffers, DeviceGraphState};
 use crate::metadata::GraphMode;
 use crate::metadata::{Dispatch, ForwardMode, NsaMetadata, TransformMethod};
 use crate::ops::indexer::ragged_chunk_rows;
+use crate::ops::invalid;
 use crate::ops::sparse_decode::{DecodePlan, DecodeShape};
 use crate::ops::sparse_prefill::{ragged_kv_elems, PrefillShape};
 use crate::ops::topk::TopkWorkspace;
@@ -113,10 +114,6 @@ pub struct StepDecisions {
     pub explain: Vec<String>,
 }
 
-fn unsupported(field: &'static str, value: impl Into<String>, expected: impl Into<String>) -> Error {
-    Error::InvalidArgument { field, value: value.into(), expected: expected.into() }
-}
-
 impl StepDecisions {
     /// Decides every stage of a step; `keys` is the ragged key layout when the
     /// indexer gathers or the transform is RAGGED (see [`StepDecisions::needs_keys`]).
@@ -146,7 +143,7 @@ impl StepDecisions {
         sm_count: u32,
     ) -> Result<StepDecisions> {
         if cfg.model.page_size as usize != INDEXER_PAGE_TOKENS {
-            return Err(unsupported(
+            return Err(invalid(
                 "page_size",
                 cfg.model.page_size.to_string(),
                 "64 for graph-bound steps (PAGED logits read index-K pages through the real page table); other page sizes run eager steps",
@@ -241,28 +238,28 @@ fn assemble(
 fn check_metadata(cfg: &LayerConfig, md: &NsaMetadata, dispatch: &Dispatch) -> Result<()> {
     let model = &cfg.model;
     if dispatch.use_mha {
-        return Err(unsupported(
+        return Err(invalid(
             "dispatch.use_mha",
             format!("true ({})", dispatch.reason),
             "a sparse (absorbed MLA) batch: NsaLayer computes sparse MLA; run MHA one-shot batches in the model, or set DispatchPolicy::force_mla",
         ));
     }
     if md.page_size != model.page_size || md.topk != model.topk {
-        return Err(unsupported(
+        return Err(invalid(
             "metadata.page_size/topk",
             format!("{}/{}", md.page_size, md.topk),
             format!("the layer's {}/{} (build metadata with MetadataParams::from_config)", model.page_size, model.topk),
         ));
     }
     if md.bs_idx.is_some() {
-        return Err(unsupported(
+        return Err(invalid(
             "metadata.bs_idx",
             "a context-parallel split",
             "metadata without a CP split (NsaLayer does not run CP prefill yet)",
         ));
     }
     if md.transform != dispatch.transform {
-        return Err(unsupported(
+        return Err(invalid(
             "dispatch.transform",
             dispatch.transform.name(),
             format!("the transform the metadata was built for ({})", md.transform.name()),
@@ -323,7 +320,7 @@ fn attention_stage(
             };
             Ok(AttentionStage::Decode(DecodePlan::new(shape, sm_count)?))
         }
-        (KvCacheFormat::Bf16, TransformMethod::Ragged) => Err(unsupported(
+        (KvCacheFormat::Bf16, TransformMethod::Ragged) => Err(invalid(
             "dispatch.transform",
             format!("RAGGED in a {} batch with a bf16 cache", mode.name()),
             "PAGED: a bf16 pool is read in place (metadata::decide never picks RAGGED for bf16)",
@@ -399,14 +396,14 @@ impl<'m> StepPlan<'m> {
     ) -> Result<StepPlan<'m>> {
         let p = state.params();
         if p.page_size != cfg.model.page_size || p.topk != cfg.model.topk {
-            return Err(unsupported(
+            return Err(invalid(
                 "state.params.page_size/topk",
                 format!("{}/{}", p.page_size, p.topk),
                 format!("the layer's {}/{}", cfg.model.page_size, cfg.model.topk),
             ));
         }
         if bs == 0 || bs > state.capacity().max_bs || step >= state.steps() {
-            return Err(unsupported(
+            return Err(invalid(
                 "bs/step",
                 format!("{bs}/{step}"),
                 format!("1..={} requests and a step below {}", state.capacity().max_bs, state.steps()),

@@ -30,7 +30,7 @@ pub enum IndexerCase {
 }
 
 /// A random finite e4m3 byte (no NaN code).
-fn e4m3(rng: &mut StdRng) -> u8 {
+pub(crate) fn e4m3(rng: &mut StdRng) -> u8 {
     loop {
         let b: u8 = rng.random();
         if b & 0x7f != 0x7f {

@@ -16,6 +16,7 @@
 //!   and the output follows the needle's latent.
 
 use super::attention::{compare, parallel_rows, reference_rows, sample_rows, within, GpuAttention};
+use super::indexer::e4m3;
 use super::{download, upload, Check};
 use crate::layer::{
     AttentionStage, IndexerStage, LayerCaches, LayerConfig, LayerInputs, LayerOutputs, LayerWorkspace, NsaLayer, Stage,
@@ -287,15 +288,6 @@ struct Data {
     tokens: Vec<(usize, usize)>,
 }
 
-fn e4m3(rng: &mut StdRng) -> u8 {
-    loop {
-        let b: u8 = rng.random();
-        if b & 0x7f != 0x7f {
-            return b;
-        }
-    }
-}
-
 fn make_data(case: &LayerCase, b: &Batch, rng: &mut StdRng) -> Data {
     let heads = case.model.num_q_heads as usize;
     let ih = case.model.index_n_heads as usize;
@@ -561,7 +553,7 @@ pub fn run(rt: &Runtime, case: &LayerCase) -> Result<LayerReport> {
     for (&r, want) in picked.iter().zip(&want_logits) {
         let got = positions(r);
         let n = visible(r);
-        let err = if n <= k { check_row(&vec![0.0; n], k, &got).err() } else { topk_within(want, k, &got) };
+        let err = if n <= k { check_row(&vec![0.0; n], k, &got).err() } else { topk_within(want, &got) };
         if let Some(e) = err {
             bad += 1;
             first.get_or_insert(format!("row {r}: {e}"));
@@ -669,7 +661,7 @@ fn time_layer(rt: &Runtime, iters: usize, forward: &mut Forward<'_>) -> Result<L
 
 /// Long rows: the chosen set holds `k` distinct visible positions, −1-free, and no
 /// unchosen key beats a chosen one by more than twice the logits tolerance.
-fn topk_within(want: &[f32], k: usize, got: &[Option<i32>]) -> Option<String> {
+fn topk_within(want: &[f32], got: &[Option<i32>]) -> Option<String> {
     let n = want.len();
     let mut chosen = vec![false; n];
     for (j, p) in got.iter().enumerate() {
@@ -678,7 +670,6 @@ fn topk_within(want: &[f32], k: usize, got: &[Option<i32>]) -> Option<String> {
             other => return Some(format!("entry {j} is {other:?}: not a new position in 0..{n}")),
         }
     }
-    let _ = k;
     let max = want.iter().fold(0.0f32, |m, v| m.max(v.abs()));
     let tol = 2.0 * (2e-5 * max + 1e-6);
     let lowest_in = (0..n).filter(|&p| chosen[p]).map(|p| want[p]).fold(f32::INFINITY, f32::min);
