@@ -63,6 +63,11 @@ impl Runtime {
         self.target
     }
 
+    /// The target and SM count launch plans are made for.
+    pub fn launch_target(&self) -> crate::ops::LaunchTarget {
+        crate::ops::LaunchTarget { target: self.target, sm_count: self.gpu.caps().sm_count }
+    }
+
     pub fn checks(&self) -> DeviceChecks {
         self.checks
     }

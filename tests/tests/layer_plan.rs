@@ -2,14 +2,15 @@
 //! and attention variant each batch gets, the ragged key layout, chunking under
 //! the logits budget, and the errors for batches the layer does not run.
 
-use nsa_kernels::{KvCacheFormat, NsaConfig};
+use nsa_kernels::{KvCacheFormat, NsaConfig, Target};
 use nsa_runtime::layer::{ragged_keys, AttentionStage, IndexerStage, LayerConfig, StepDecisions};
 use nsa_runtime::metadata::{
     decide, AttnImpl, BatchSummary, Dispatch, DispatchPolicy, ExtendBatch, ForwardMode, MetadataBuilder,
     MetadataParams, NsaMetadata, PrefillBackend, ReqToToken, Requests, TransformMethod,
 };
+use nsa_runtime::ops::LaunchTarget;
 
-const SMS: u32 = 132;
+const H200: LaunchTarget = LaunchTarget { target: Target::Sm90a, sm_count: 132 };
 
 fn cfg(kv: KvCacheFormat, page_size: u32, heads: u32) -> LayerConfig {
     let mut m = NsaConfig::preset("deepseek-v3.2").unwrap();
@@ -72,7 +73,7 @@ fn step(c: &LayerConfig, mode: ForwardMode, seq: &[i32], ext: &[i32], backend: P
 
 fn decide_step(c: &LayerConfig, s: &Step) -> StepDecisions {
     let keys = StepDecisions::needs_keys(c, &s.md, &s.dispatch).then(|| ragged_keys(&s.md).unwrap());
-    StepDecisions::new(c, &s.md, &s.dispatch, keys.map_or(0, |k| k.num_keys()), SMS).unwrap()
+    StepDecisions::new(c, &s.md, &s.dispatch, keys.map_or(0, |k| k.num_keys()), H200).unwrap()
 }
 
 #[test]
@@ -146,7 +147,7 @@ fn extend_logits_are_chunked_under_the_budget() {
     assert!(d.needs.logits * 4 <= c.logits_budget_bytes);
     c.logits_budget_bytes = 1000;
     let keys = ragged_keys(&s.md).unwrap();
-    let err = StepDecisions::new(&c, &s.md, &s.dispatch, keys.num_keys(), SMS).unwrap_err().to_string();
+    let err = StepDecisions::new(&c, &s.md, &s.dispatch, keys.num_keys(), H200).unwrap_err().to_string();
     assert!(err.contains("`logits budget`"), "{err}");
 }
 
@@ -159,27 +160,27 @@ fn batches_the_layer_does_not_run_are_named() {
         Some(&BatchSummary { mode: ForwardMode::Extend, seq_lens: &[100], extend_num_tokens: 100 }),
     );
     assert!(s.dispatch.use_mha);
-    let err = StepDecisions::new(&c, &s.md, &s.dispatch, 100, SMS).unwrap_err().to_string();
+    let err = StepDecisions::new(&c, &s.md, &s.dispatch, 100, H200).unwrap_err().to_string();
     assert!(err.contains("`dispatch.use_mha`") && err.contains("force_mla"), "{err}");
 
     let other = cfg(KvCacheFormat::Bf16, 32, 16);
     let s = step(&c, ForwardMode::Decode, &[100], &[1], PrefillBackend::Auto);
-    let err = StepDecisions::new(&other, &s.md, &s.dispatch, 0, SMS).unwrap_err().to_string();
+    let err = StepDecisions::new(&other, &s.md, &s.dispatch, 0, H200).unwrap_err().to_string();
     assert!(err.contains("`metadata.page_size/topk`") && err.contains("64/2048"), "{err}");
 }
 
 #[test]
 fn graph_bound_decisions_do_not_depend_on_lengths() {
     let c = cfg(KvCacheFormat::Fp8, 64, 128);
-    let d = StepDecisions::for_graph(&c, ForwardMode::TargetVerify, 24, 9000, SMS).unwrap();
+    let d = StepDecisions::for_graph(&c, ForwardMode::TargetVerify, 24, 9000, H200).unwrap();
     assert_eq!(d.indexer, IndexerStage::Paged { table_width: 9000usize.div_ceil(64) });
     assert_eq!((d.rows, d.transform, d.chunks.len()), (24, TransformMethod::Paged, 1));
     assert!(matches!(d.attention, AttentionStage::Decode(p) if p.shape.batch == 24));
     let bf16 = cfg(KvCacheFormat::Bf16, 64, 16);
-    let d = StepDecisions::for_graph(&bf16, ForwardMode::Decode, 8, 4096, SMS).unwrap();
+    let d = StepDecisions::for_graph(&bf16, ForwardMode::Decode, 8, 4096, H200).unwrap();
     assert!(matches!(d.attention, AttentionStage::PrefillPaged(s) if s.s_q == 8));
     let p1 = cfg(KvCacheFormat::Fp8, 1, 16);
-    let err = StepDecisions::for_graph(&p1, ForwardMode::Decode, 8, 4096, SMS).unwrap_err().to_string();
+    let err = StepDecisions::for_graph(&p1, ForwardMode::Decode, 8, 4096, H200).unwrap_err().to_string();
     assert!(err.contains("`page_size`") && err.contains("eager"), "{err}");
 }
 

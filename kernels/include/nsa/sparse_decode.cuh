@@ -46,8 +46,6 @@ struct Params {
 template <int kHT>
 using Smem = attend::Smem<kHT, kDqk>;
 
-NSA_DEVICE u32 tile_offset(u32 r, u32 c) { return KRows::offset(r, c); }
-
 // One producer thread's share of a 64-token step: token `ptid / 4`, scale tile
 // `ptid % 4` (128 e4m3 bytes, 16 rope dims, the tile's scale).
 struct Gather {
@@ -64,16 +62,16 @@ NSA_DEVICE const u8* record(const Params& p, i32 slot) {
   return p.cache + (i64)(s / (u32)kPage) * p.page_stride + (i64)(s % (u32)kPage) * kTokenBytes;
 }
 
+// An invalid slot (-1) loads nothing and leaves zeros (predicated loads, no branch).
 template <int kPage>
 NSA_DEVICE void issue_gather(const Params& p, i32 slot, u32 part, Gather& g) {
   g.valid = slot >= 0;
-  if (!g.valid) return;
-  const u8* rec = record<kPage>(p, slot);
+  const u8* rec = record<kPage>(p, g.valid ? slot : 0);
 #pragma unroll
-  for (int i = 0; i < 8; ++i) g.nope[i] = mma::ldg_nc_v4(rec + part * kNopePerPart + i * 16);
+  for (int i = 0; i < 8; ++i) g.nope[i] = mma::ldg_nc_v4_if(rec + part * kNopePerPart + i * 16, g.valid);
 #pragma unroll
-  for (int i = 0; i < 2; ++i) g.rope[i] = mma::ldg_nc_v4(rec + kRopeOffset + part * 32 + i * 16);
-  g.scale = *reinterpret_cast<const float*>(rec + kScalesOffset + part * 4);
+  for (int i = 0; i < 2; ++i) g.rope[i] = mma::ldg_nc_v4_if(rec + kRopeOffset + part * 32 + i * 16, g.valid);
+  g.scale = mma::ldg_nc_f32_if(reinterpret_cast<const float*>(rec + kScalesOffset + part * 4), g.valid);
 }
 
 // e4m3 pair -> bf16 pair holding value * 2^-112, exactly: the f16 conversion is exact
@@ -126,30 +124,29 @@ NSA_DEVICE Vec16 dequant8(u32 w0, u32 w1, const TileScale& ts) {
   return o;
 }
 
-// Writes a gathered token share into K/V buffer `kbuf` (zeros for an invalid token,
-// so masked keys can never inject NaN through 0 * garbage).
-template <bool kTwoStep>
+// Writes a gathered token share into K/V buffer `kbuf`. An invalid token was
+// gathered as zeros (scale included), so it dequantizes to exact zeros and masked
+// keys can never inject NaN through 0 * garbage. `Tile::offset(token, chunk)`: the
+// byte offset of a 16-byte chunk in the consumer's tile layout.
+template <class Tile, bool kTwoStep>
 NSA_DEVICE void store_nope(const Gather& g, const TileScale& ts, u32 kbuf, u32 token, u32 part) {
-  const Vec16 zero = {{0u, 0u, 0u, 0u}};
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
-    const Vec16 lo = g.valid ? dequant8<kTwoStep>(g.nope[i].w[0], g.nope[i].w[1], ts) : zero;
-    const Vec16 hi = g.valid ? dequant8<kTwoStep>(g.nope[i].w[2], g.nope[i].w[3], ts) : zero;
-    mma::sts_v4(kbuf + tile_offset(token, part * 16 + 2 * i), lo);
-    mma::sts_v4(kbuf + tile_offset(token, part * 16 + 2 * i + 1), hi);
+    mma::sts_v4(kbuf + Tile::offset(token, part * 16 + 2 * i), dequant8<kTwoStep>(g.nope[i].w[0], g.nope[i].w[1], ts));
+    mma::sts_v4(kbuf + Tile::offset(token, part * 16 + 2 * i + 1), dequant8<kTwoStep>(g.nope[i].w[2], g.nope[i].w[3], ts));
   }
 }
 
+template <class Tile>
 NSA_DEVICE void store_gather(const Gather& g, u32 kbuf, u8* valid_flags, u32 token, u32 part) {
-  const Vec16 zero = {{0u, 0u, 0u, 0u}};
   const TileScale ts = tile_scale(g.scale);
   // Uniform per thread (one tile): the common case pays one multiply per pair.
   if (ts.second == 0u)
-    store_nope<false>(g, ts, kbuf, token, part);
+    store_nope<Tile, false>(g, ts, kbuf, token, part);
   else
-    store_nope<true>(g, ts, kbuf, token, part);
+    store_nope<Tile, true>(g, ts, kbuf, token, part);
 #pragma unroll
-  for (int i = 0; i < 2; ++i) mma::sts_v4(kbuf + tile_offset(token, 64 + part * 2 + i), g.valid ? g.rope[i] : zero);
+  for (int i = 0; i < 2; ++i) mma::sts_v4(kbuf + Tile::offset(token, 64 + part * 2 + i), g.rope[i]);
   if (part == 0) valid_flags[token] = g.valid ? 1 : 0;
 }
 
@@ -184,7 +181,7 @@ NSA_DEVICE void produce(const Params& p, u32 k_base, u8* valid_flags, i64 row, i
   for (i32 step = 0; step < steps; ++step) {
     const u32 buf = step & 1;
     if (step >= 2) mma::bar_sync(kBarEmpty + buf, kThreads);
-    store_gather(g, k_base + buf * KRows::kTileBytes, valid_flags + buf * kBlockTokens, token, part);
+    store_gather<KRows>(g, k_base + buf * KRows::kTileBytes, valid_flags + buf * kBlockTokens, token, part);
     mma::bar_arrive(kBarFull + buf, kThreads);
     if (step + 1 < steps) {
       issue_gather<kPage>(p, next, part, g);

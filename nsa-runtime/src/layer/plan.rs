@@ -12,10 +12,10 @@ use crate::metadata::graph_device::{DeviceGraphBuffers, DeviceGraphState};
 use crate::metadata::GraphMode;
 use crate::metadata::{Dispatch, ForwardMode, NsaMetadata, TransformMethod};
 use crate::ops::indexer::ragged_chunk_rows;
-use crate::ops::invalid;
 use crate::ops::sparse_decode::{DecodePlan, DecodeShape};
 use crate::ops::sparse_prefill::{ragged_kv_elems, PrefillShape};
 use crate::ops::topk::TopkWorkspace;
+use crate::ops::{invalid, LaunchTarget};
 use crate::runtime::Runtime;
 use crate::{Error, Result};
 use cudarc::driver::{CudaSlice, CudaView};
@@ -122,12 +122,12 @@ impl StepDecisions {
         md: &NsaMetadata,
         dispatch: &Dispatch,
         num_keys: usize,
-        sm_count: u32,
+        gpu: LaunchTarget,
     ) -> Result<StepDecisions> {
         check_metadata(cfg, md, dispatch)?;
         let rows = md.num_tokens();
         let indexer = indexer_stage(cfg, md, num_keys, rows)?;
-        let attention = attention_stage(cfg, md.mode, dispatch.transform, rows, sm_count)?;
+        let attention = attention_stage(cfg, md.mode, dispatch.transform, rows, gpu)?;
         Ok(assemble(cfg, md.mode, rows, dispatch.transform, indexer, attention, num_keys, &dispatch.reason))
     }
 
@@ -140,7 +140,7 @@ impl StepDecisions {
         mode: ForwardMode,
         rows: usize,
         width: usize,
-        sm_count: u32,
+        gpu: LaunchTarget,
     ) -> Result<StepDecisions> {
         if cfg.model.page_size as usize != INDEXER_PAGE_TOKENS {
             return Err(invalid(
@@ -150,7 +150,7 @@ impl StepDecisions {
             ));
         }
         let indexer = IndexerStage::Paged { table_width: width.div_ceil(INDEXER_PAGE_TOKENS) };
-        let attention = attention_stage(cfg, mode, TransformMethod::Paged, rows, sm_count)?;
+        let attention = attention_stage(cfg, mode, TransformMethod::Paged, rows, gpu)?;
         let reason = format!("CUDA graph of {} rows ({}): PAGED, MLA", rows, mode.name());
         Ok(assemble(cfg, mode, rows, TransformMethod::Paged, indexer, attention, 0, &reason))
     }
@@ -303,7 +303,7 @@ fn attention_stage(
     mode: ForwardMode,
     transform: TransformMethod,
     rows: usize,
-    sm_count: u32,
+    gpu: LaunchTarget,
 ) -> Result<AttentionStage> {
     let model = &cfg.model;
     let prefill = PrefillShape { s_q: rows, heads: model.num_q_heads, topk: model.topk, d_qk: BF16_TOKEN_ELEMS as u32 };
@@ -318,7 +318,7 @@ fn attention_stage(
                 topk: model.topk,
                 page_size: model.page_size,
             };
-            Ok(AttentionStage::Decode(DecodePlan::new(shape, sm_count)?))
+            Ok(AttentionStage::Decode(DecodePlan::new(shape, gpu)?))
         }
         (KvCacheFormat::Bf16, TransformMethod::Ragged) => Err(invalid(
             "dispatch.transform",
@@ -417,7 +417,7 @@ impl<'m> StepPlan<'m> {
         };
         let shape = state.shape(bs);
         let width = state.layout().width;
-        let decisions = StepDecisions::for_graph(cfg, mode, shape.rows, width, rt.gpu().caps().sm_count)?;
+        let decisions = StepDecisions::for_graph(cfg, mode, shape.rows, width, rt.launch_target())?;
         Ok(StepPlan {
             config: cfg.clone(),
             decisions,
@@ -435,7 +435,7 @@ impl StepPlan<'static> {
     pub fn new(rt: &Runtime, cfg: &LayerConfig, md: &NsaMetadata, dispatch: &Dispatch) -> Result<StepPlan<'static>> {
         let keys = if StepDecisions::needs_keys(cfg, md, dispatch) { Some(ragged_keys(md)?) } else { None };
         let num_keys = keys.as_ref().map_or(0, RaggedKeys::num_keys);
-        let decisions = StepDecisions::new(cfg, md, dispatch, num_keys, rt.gpu().caps().sm_count)?;
+        let decisions = StepDecisions::new(cfg, md, dispatch, num_keys, rt.launch_target())?;
         for line in &decisions.explain {
             tracing::debug!(target: "nsa::layer", mode = md.mode.name(), "{line}");
         }

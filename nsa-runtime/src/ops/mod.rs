@@ -10,6 +10,15 @@ pub mod topk;
 
 use crate::{Error, Result};
 use cudarc::driver::{CudaStream, DevicePtr};
+use nsa_kernels::Target;
+
+/// What a launch plan needs to know about the GPU: the kernel variants differ by
+/// target, the split counts by SM count.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LaunchTarget {
+    pub target: Target,
+    pub sm_count: u32,
+}
 
 /// `count` rows of `width` elements, `stride` elements apart, on the device.
 #[derive(Debug)]

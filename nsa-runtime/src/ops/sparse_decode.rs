@@ -2,14 +2,14 @@
 //! (a pure function of the batch shape, so a CUDA graph can capture it), the
 //! workspace it needs, and the launcher (decode kernel, then combine when split).
 
-use super::{check_aligned, check_count_fits_i32, check_len, check_sparse_mla_heads_topk, invalid};
+use super::{check_aligned, check_count_fits_i32, check_len, check_sparse_mla_heads_topk, invalid, LaunchTarget};
 use crate::runtime::Runtime;
 use crate::Result;
 use cudarc::driver::{CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr, PushKernelArg};
 use half::bf16;
 use nsa_kernels::layout::{BF16_TOKEN_ELEMS, FP8_TOKEN_BYTES, KV_LORA_RANK};
-use nsa_kernels::spec::{sparse_head_tile, DECODE_BLOCK_TOKENS};
-use nsa_kernels::KernelFamily;
+use nsa_kernels::spec::{decode_head_tile, DECODE_BLOCK_TOKENS};
+use nsa_kernels::{KernelFamily, Target};
 
 /// The shape of one decode call: `batch` requests of `s_q` query tokens each
 /// (s_q > 1: target-verify / MTP draft tokens), every query token with its own
@@ -35,7 +35,10 @@ impl DecodeShape {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DecodePlan {
     pub shape: DecodeShape,
-    /// Heads per CTA (16 or 32).
+    /// The GPU generation the plan's kernel variant is for.
+    pub target: Target,
+    /// Heads per CTA: 64 on sm_90a for a multiple of 64 heads (the warp-group
+    /// kernel), else 16 or 32 (the mma.sync kernel).
     pub head_tile: u32,
     /// KV splits per query row; 1 writes the output directly (no combine).
     pub splits: u32,
@@ -69,9 +72,10 @@ pub fn choose_splits(base_ctas: usize, steps: u32, sm_count: u32) -> u32 {
     best.1
 }
 
-/// The head tile of a shape the kernels support, or an error naming the field.
-fn check_shape(shape: &DecodeShape) -> Result<u32> {
-    let head_tile = check_sparse_mla_heads_topk(shape.heads, shape.topk)?;
+/// The head tile of a shape the kernels support on `target`, or an error naming the field.
+fn check_shape(shape: &DecodeShape, target: Target) -> Result<u32> {
+    check_sparse_mla_heads_topk(shape.heads, shape.topk)?;
+    let head_tile = decode_head_tile(shape.heads, target).expect("heads checked above");
     if shape.page_size == 0 || shape.page_size > 1024 {
         return Err(invalid("page_size", shape.page_size.to_string(), "1..=1024 tokens per page"));
     }
@@ -83,37 +87,37 @@ fn check_shape(shape: &DecodeShape) -> Result<u32> {
 }
 
 impl DecodePlan {
-    /// Checks the shape against what the kernels support and picks the splits for
-    /// a GPU with `sm_count` SMs.
-    pub fn new(shape: DecodeShape, sm_count: u32) -> Result<DecodePlan> {
-        let head_tile = check_shape(&shape)?;
+    /// Checks the shape against what the kernels of `gpu.target` support and picks
+    /// the splits for its SM count.
+    pub fn new(shape: DecodeShape, gpu: LaunchTarget) -> Result<DecodePlan> {
+        let head_tile = check_shape(&shape, gpu.target)?;
         let head_tiles = shape.heads.div_ceil(head_tile) as usize;
-        let splits = choose_splits(shape.rows() * head_tiles, shape.topk / DECODE_BLOCK_TOKENS, sm_count);
-        Ok(DecodePlan::split(shape, head_tile, splits))
+        let splits = choose_splits(shape.rows() * head_tiles, shape.topk / DECODE_BLOCK_TOKENS, gpu.sm_count);
+        Ok(DecodePlan::split(shape, gpu.target, head_tile, splits))
     }
 
     /// The plan with `splits` chosen by the caller (tests, benchmarks); 1 ≤ splits ≤
     /// the number of 64-token steps.
-    pub fn with_splits(shape: DecodeShape, splits: u32) -> Result<DecodePlan> {
-        let head_tile = check_shape(&shape)?;
+    pub fn with_splits(shape: DecodeShape, target: Target, splits: u32) -> Result<DecodePlan> {
+        let head_tile = check_shape(&shape, target)?;
         let steps = shape.topk / DECODE_BLOCK_TOKENS;
         if splits == 0 || splits > steps {
             return Err(invalid("splits", splits.to_string(), format!("1..={steps} (top-k / 64)")));
         }
-        Ok(DecodePlan::split(shape, head_tile, splits))
+        Ok(DecodePlan::split(shape, target, head_tile, splits))
     }
 
     /// Even split of the steps; a count that would leave empty tails is reduced.
-    fn split(shape: DecodeShape, head_tile: u32, splits: u32) -> DecodePlan {
+    fn split(shape: DecodeShape, target: Target, head_tile: u32, splits: u32) -> DecodePlan {
         let steps = shape.topk / DECODE_BLOCK_TOKENS;
         let blocks_per_split = steps.div_ceil(splits);
-        DecodePlan { shape, head_tile, splits: steps.div_ceil(blocks_per_split), blocks_per_split }
+        DecodePlan { shape, target, head_tile, splits: steps.div_ceil(blocks_per_split), blocks_per_split }
     }
 
     /// Rejects a hand-edited plan that would drop tokens or mis-tile heads.
     fn check(&self) -> Result<()> {
         let steps = self.shape.topk / DECODE_BLOCK_TOKENS;
-        let consistent = Some(self.head_tile) == sparse_head_tile(self.shape.heads)
+        let consistent = Some(self.head_tile) == decode_head_tile(self.shape.heads, self.target)
             && self.splits >= 1
             && self.blocks_per_split >= 1
             && self.splits * self.blocks_per_split >= steps
@@ -155,10 +159,11 @@ impl DecodePlan {
     pub fn explain(&self) -> String {
         let s = &self.shape;
         format!(
-            "sparse_decode h{} k{} p{}: {} rows × {} head tile(s) of {} × {} split(s) of {} steps = {} CTAs{}",
+            "sparse_decode h{} k{} p{} ({}): {} rows × {} head tile(s) of {} × {} split(s) of {} steps = {} CTAs{}",
             s.heads,
             s.topk,
             s.page_size,
+            if self.head_tile == nsa_kernels::spec::DECODE_WG_HEAD_TILE { "wgmma" } else { "mma.sync" },
             s.rows(),
             self.head_tiles(),
             self.head_tile,
@@ -309,6 +314,13 @@ pub fn sparse_decode(
     workspace: &mut CudaViewMut<'_, f32>,
 ) -> Result<()> {
     check_inputs(plan, inputs, out.len(), lse.len(), workspace.len())?;
+    if plan.target != rt.target() {
+        return Err(invalid(
+            "plan.target",
+            plan.target.arch(),
+            format!("this GPU's {} (plan with the runtime's LaunchTarget)", rt.target().arch()),
+        ));
+    }
     let s = plan.shape;
     if s.rows() == 0 {
         return Ok(());
@@ -368,6 +380,8 @@ pub fn sparse_decode(
 mod tests {
     use super::*;
 
+    const H200: LaunchTarget = LaunchTarget { target: Target::Sm90a, sm_count: 132 };
+
     #[test]
     fn splits_fill_the_gpu_only_when_rows_are_few() {
         // (query rows × head tiles, 64-token steps, SMs) → splits
@@ -390,7 +404,7 @@ mod tests {
     #[test]
     fn plan_rejects_unsupported_shapes_naming_the_field() {
         let ok = DecodeShape { batch: 4, s_q: 2, heads: 128, topk: 2048, page_size: 64 };
-        assert!(DecodePlan::new(ok, 132).is_ok());
+        assert!(DecodePlan::new(ok, H200).is_ok());
         let cases = [
             (DecodeShape { heads: 24, ..ok }, "heads"),
             (DecodeShape { heads: 256, ..ok }, "heads"),
@@ -400,7 +414,7 @@ mod tests {
             (DecodeShape { s_q: 0, ..ok }, "s_q"),
         ];
         for (shape, field) in cases {
-            let err = DecodePlan::new(shape, 132).unwrap_err().to_string();
+            let err = DecodePlan::new(shape, H200).unwrap_err().to_string();
             assert!(err.contains(&format!("`{field}`")), "{err}");
         }
     }
@@ -408,13 +422,13 @@ mod tests {
     #[test]
     fn caller_splits_are_even_and_hand_edited_plans_are_rejected() {
         let shape = DecodeShape { batch: 2, s_q: 1, heads: 32, topk: 576, page_size: 64 };
-        let p = DecodePlan::with_splits(shape, 5).unwrap();
+        let p = DecodePlan::with_splits(shape, Target::Sm90a, 5).unwrap();
         assert_eq!((p.splits, p.blocks_per_split), (5, 2));
         // 8 splits of 9 steps would leave an empty tail: 5 splits of 2 steps instead.
-        let p = DecodePlan::with_splits(shape, 8).unwrap();
+        let p = DecodePlan::with_splits(shape, Target::Sm90a, 8).unwrap();
         assert_eq!((p.splits, p.blocks_per_split), (5, 2));
         assert!(p.check().is_ok());
-        assert!(DecodePlan::with_splits(shape, 10).unwrap_err().to_string().contains("`splits`"));
+        assert!(DecodePlan::with_splits(shape, Target::Sm90a, 10).unwrap_err().to_string().contains("`splits`"));
         for bad in [
             DecodePlan { blocks_per_split: 1, ..p }, // 5 × 1 steps drop 4 of 9
             DecodePlan { splits: 9, ..p },           // empty splits
@@ -427,10 +441,10 @@ mod tests {
     #[test]
     fn workspace_covers_partials_only_when_split() {
         let shape = DecodeShape { batch: 1, s_q: 1, heads: 128, topk: 2048, page_size: 64 };
-        let plan = DecodePlan::new(shape, 132).unwrap();
+        let plan = DecodePlan::new(shape, H200).unwrap();
         assert_eq!(plan.splits, 32);
         assert_eq!(plan.workspace_floats(), 32 * 128 * 513);
-        let big = DecodePlan::new(DecodeShape { batch: 128, ..shape }, 132).unwrap();
+        let big = DecodePlan::new(DecodeShape { batch: 128, ..shape }, H200).unwrap();
         assert_eq!((big.splits, big.workspace_floats()), (1, 0));
         assert!(plan.explain().contains("combine"), "{}", plan.explain());
     }

@@ -62,8 +62,8 @@ pub fn run(rt: &Runtime, case: &DecodeCase) -> Result<Check> {
     let stream = rt.gpu().stream();
     let s = case.shape;
     let plan = match case.splits {
-        Some(n) => DecodePlan::with_splits(s, n)?,
-        None => DecodePlan::new(s, rt.gpu().caps().sm_count)?,
+        Some(n) => DecodePlan::with_splits(s, rt.target(), n)?,
+        None => DecodePlan::new(s, rt.launch_target())?,
     };
     let mut rng = testdata::rng(case.seed);
     let page = s.page_size as usize;

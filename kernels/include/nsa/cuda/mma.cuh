@@ -59,6 +59,27 @@ NSA_DEVICE Vec16 ldg_nc_v4(const void* p) {
   return v;
 }
 
+// As ldg_nc_v4, but only when `pred`; zeros otherwise (no branch: the result is
+// always defined, so gathered rows stay in registers).
+NSA_DEVICE Vec16 ldg_nc_v4_if(const void* p, bool pred) {
+  Vec16 v;
+  asm volatile(
+      "{\n.reg .pred q;\nsetp.ne.b32 q, %5, 0;\n"
+      "mov.b32 %0, 0;\nmov.b32 %1, 0;\nmov.b32 %2, 0;\nmov.b32 %3, 0;\n"
+      "@q ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n}"
+      : "=r"(v.w[0]), "=r"(v.w[1]), "=r"(v.w[2]), "=r"(v.w[3])
+      : "l"(p), "r"((int)pred));
+  return v;
+}
+
+NSA_DEVICE float ldg_nc_f32_if(const float* p, bool pred) {
+  float v;
+  asm volatile("{\n.reg .pred q;\nsetp.ne.b32 q, %2, 0;\nmov.b32 %0, 0;\n@q ld.global.nc.f32 %0, [%1];\n}"
+               : "=f"(v)
+               : "l"(p), "r"((int)pred));
+  return v;
+}
+
 // 16 bytes global -> shared without a register round trip; `src_bytes` 0 reads
 // nothing and fills the 16 bytes with zeros (a masked row). L2::256B prefetches the
 // neighbouring chunks of the same gathered row.

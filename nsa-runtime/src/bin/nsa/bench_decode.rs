@@ -64,7 +64,6 @@ fn parse_shape(s: &str) -> Result<(usize, usize, u32)> {
 
 pub fn decode_bench(rt: &Runtime, reps: usize, shapes: &[String], shared_keys: bool) -> Result<Vec<DecodeRow>> {
     let stream = rt.gpu().stream().clone();
-    let sms = rt.gpu().caps().sm_count;
     let copy_gbps = copy_gbps(&stream)?;
     let mut rng = testdata::rng(11);
     let cases: Vec<(usize, usize, u32)> = if shapes.is_empty() {
@@ -78,7 +77,7 @@ pub fn decode_bench(rt: &Runtime, reps: usize, shapes: &[String], shared_keys: b
     let mut out_rows = Vec::new();
     for &(batch, s_q, heads) in &cases {
         let shape = DecodeShape { batch, s_q, heads, topk: TOPK, page_size: 64 };
-        let plan = DecodePlan::new(shape, sms)?;
+        let plan = DecodePlan::new(shape, rt.launch_target())?;
         let rows = shape.rows();
         let k = TOPK as usize;
         // Request b owns slots [b·16K, (b+1)·16K); each query row picks 2048 distinct ones.
