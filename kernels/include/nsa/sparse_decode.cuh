@@ -167,9 +167,12 @@ NSA_DEVICE i32 slot_at(const Params& p, i64 row, i32 pos, i32 valid_len, bool re
   return s;
 }
 
-// Producer warps: prefetch the next step's slots and rows into registers while the
-// consumers work, then dequantize into the buffer the consumers released.
-template <int kTopk, int kPage>
+// Producer warps (kProducerThreads, after the consumers): prefetch the next step's
+// slots and rows into registers while the consumers work, then dequantize into the
+// buffer the consumers released. `Tile`: the consumers' tile layout (offsets and
+// kTileBytes); kAsyncProxy: the consumers read with wgmma, so the stores are fenced
+// for the async proxy before the buffer is published.
+template <class Tile, bool kAsyncProxy, int kTopk, int kPage>
 NSA_DEVICE void produce(const Params& p, u32 k_base, u8* valid_flags, i64 row, i32 first, i32 last, i32 steps,
                         bool report, u32* status) {
   const u32 ptid = thread_x() - kConsumerThreads;
@@ -181,7 +184,8 @@ NSA_DEVICE void produce(const Params& p, u32 k_base, u8* valid_flags, i64 row, i
   for (i32 step = 0; step < steps; ++step) {
     const u32 buf = step & 1;
     if (step >= 2) mma::bar_sync(kBarEmpty + buf, kThreads);
-    store_gather<KRows>(g, k_base + buf * KRows::kTileBytes, valid_flags + buf * kBlockTokens, token, part);
+    store_gather<Tile>(g, k_base + buf * Tile::kTileBytes, valid_flags + buf * kBlockTokens, token, part);
+    if (kAsyncProxy) mma::fence_proxy_async();
     mma::bar_arrive(kBarFull + buf, kThreads);
     if (step + 1 < steps) {
       issue_gather<kPage>(p, next, part, g);
@@ -222,7 +226,7 @@ NSA_DEVICE void sparse_decode(const Params& p, u32* status) {
   load_q_tile<kHeads, kHT, kDqk, kThreads>(p.q + row * kHeads * kDqk, head0, base + L::kQ);
   sync_block();
   if (warp >= (u32)kConsumerWarps) {
-    if (steps > 0) produce<kTopk, kPage>(p, base + L::kK, smem + L::kValid, row, first, last, steps, ht == 0, status);
+    if (steps > 0) produce<KRows, false, kTopk, kPage>(p, base + L::kK, smem + L::kValid, row, first, last, steps, ht == 0, status);
     return;
   }
 

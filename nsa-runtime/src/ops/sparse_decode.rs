@@ -2,13 +2,15 @@
 //! (a pure function of the batch shape, so a CUDA graph can capture it), the
 //! workspace it needs, and the launcher (decode kernel, then combine when split).
 
-use super::{check_aligned, check_count_fits_i32, check_len, check_sparse_mla_heads_topk, invalid, LaunchTarget};
+use super::{
+    check_aligned, check_count_fits_i32, check_len, check_sparse_mla_heads_topk, check_target, invalid, LaunchTarget,
+};
 use crate::runtime::Runtime;
 use crate::Result;
 use cudarc::driver::{CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr, PushKernelArg};
 use half::bf16;
 use nsa_kernels::layout::{BF16_TOKEN_ELEMS, FP8_TOKEN_BYTES, KV_LORA_RANK};
-use nsa_kernels::spec::{decode_head_tile, DECODE_BLOCK_TOKENS};
+use nsa_kernels::spec::{DECODE_BLOCK_TOKENS, WG_HEAD_TILE};
 use nsa_kernels::{KernelFamily, Target};
 
 /// The shape of one decode call: `batch` requests of `s_q` query tokens each
@@ -74,8 +76,7 @@ pub fn choose_splits(base_ctas: usize, steps: u32, sm_count: u32) -> u32 {
 
 /// The head tile of a shape the kernels support on `target`, or an error naming the field.
 fn check_shape(shape: &DecodeShape, target: Target) -> Result<u32> {
-    check_sparse_mla_heads_topk(shape.heads, shape.topk)?;
-    let head_tile = decode_head_tile(shape.heads, target).expect("heads checked above");
+    let head_tile = check_sparse_mla_heads_topk(shape.heads, shape.topk, target)?;
     if shape.page_size == 0 || shape.page_size > 1024 {
         return Err(invalid("page_size", shape.page_size.to_string(), "1..=1024 tokens per page"));
     }
@@ -117,7 +118,7 @@ impl DecodePlan {
     /// Rejects a hand-edited plan that would drop tokens or mis-tile heads.
     fn check(&self) -> Result<()> {
         let steps = self.shape.topk / DECODE_BLOCK_TOKENS;
-        let consistent = Some(self.head_tile) == decode_head_tile(self.shape.heads, self.target)
+        let consistent = Some(self.head_tile) == nsa_kernels::spec::sparse_mla_head_tile(self.shape.heads, self.target)
             && self.splits >= 1
             && self.blocks_per_split >= 1
             && self.splits * self.blocks_per_split >= steps
@@ -163,7 +164,7 @@ impl DecodePlan {
             s.heads,
             s.topk,
             s.page_size,
-            if self.head_tile == nsa_kernels::spec::DECODE_WG_HEAD_TILE { "wgmma" } else { "mma.sync" },
+            if self.head_tile == WG_HEAD_TILE { "wgmma" } else { "mma.sync" },
             s.rows(),
             self.head_tiles(),
             self.head_tile,
@@ -314,13 +315,7 @@ pub fn sparse_decode(
     workspace: &mut CudaViewMut<'_, f32>,
 ) -> Result<()> {
     check_inputs(plan, inputs, out.len(), lse.len(), workspace.len())?;
-    if plan.target != rt.target() {
-        return Err(invalid(
-            "plan.target",
-            plan.target.arch(),
-            format!("this GPU's {} (plan with the runtime's LaunchTarget)", rt.target().arch()),
-        ));
-    }
+    check_target("plan.target", plan.target, rt)?;
     let s = plan.shape;
     if s.rows() == 0 {
         return Ok(());

@@ -112,6 +112,10 @@ NSA_DEVICE u32 pack_bf16x2(float lo, float hi) {
 NSA_DEVICE void bar_sync(u32 id, u32 n) { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory"); }
 NSA_DEVICE void bar_arrive(u32 id, u32 n) { asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(n) : "memory"); }
 
+// Ordinary shared-memory stores become visible to the async proxy (wgmma, TMA)
+// after this fence plus a barrier (sm_90+).
+NSA_DEVICE void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+
 NSA_DEVICE float exp2_approx(float x) {
   float r;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
