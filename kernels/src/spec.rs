@@ -121,6 +121,8 @@ pub fn wg_smem_bytes(d_qk: u32) -> u32 {
 pub const DECODE_BLOCK_TOKENS: u32 = 64;
 /// Threads of a sparse-decode CTA (8 producer + 8 consumer warps).
 const DECODE_BLOCK_THREADS: u32 = 512;
+/// Threads of a warp-group decode CTA (two consumer groups, one producer group).
+const DECODE_WG_BLOCK_THREADS: u32 = 384;
 /// Threads of a sparse-prefill CTA (4 cp.async producer + 8 consumer warps).
 const PREFILL_BLOCK_THREADS: u32 = 384;
 /// Threads of a combine block (4 output dims each).
@@ -396,7 +398,13 @@ impl KernelSpec {
             KernelFamily::MetadataReplay { .. } => METADATA_BLOCK_THREADS,
             KernelFamily::TopkSplit { stage: TopkSplitStage::Finish, .. } => TOPK_BLOCK_THREADS,
             KernelFamily::TopkSplit { .. } => TOPK_BLOCK_THREADS / 2,
-            KernelFamily::SparseDecode { .. } => DECODE_BLOCK_THREADS,
+            KernelFamily::SparseDecode { heads, .. } => {
+                if self.wg_kernel(heads) {
+                    DECODE_WG_BLOCK_THREADS
+                } else {
+                    DECODE_BLOCK_THREADS
+                }
+            }
             KernelFamily::SparsePrefill { .. } => PREFILL_BLOCK_THREADS,
             KernelFamily::IndexerLogits { .. } => INDEXER_LOGITS_THREADS,
             KernelFamily::SparseDecodeCombine { .. } => DECODE_COMBINE_THREADS,

@@ -126,8 +126,12 @@ NSA_DEVICE void run_wg0(u8* smem, u32 base, i32 steps, float c_scale, const Lane
     for (int ks = 0; ks < kDqk / 16; ++ks)
       wg::mma_m64n64k16_ss<0>(s, wg::desc_advance(q_desc, ks * kK16Bytes), wg::desc_advance(k_desc, ks * kK16Bytes), true);
     wg::commit();
+    // Also completes the previous step's P V, issued without a wait so that it
+    // overlaps this step's Q K^T; its buffer can then be released.
     wg::wait<0>();
     wg::pin(s);
+    wg::pin(o);
+    if (step >= 1 && step + 1 < steps) mma::bar_arrive(kBarEmpty + (buf ^ 1), kThreads);
 
     // Log2-domain scores, invalid tokens masked, row max over the quad.
     const u8* flags = smem + L::kValid + buf * kBlockTokens;
@@ -188,10 +192,9 @@ NSA_DEVICE void run_wg0(u8* smem, u32 base, i32 steps, float c_scale, const Lane
       pv_rs(o, a, v_desc, ks);
     }
     wg::commit();
-    wg::wait<0>();
-    wg::pin(o);
-    if (step + 2 < steps) mma::bar_arrive(kBarEmpty + buf, kThreads);
   }
+  wg::wait<0>();
+  wg::pin(o);
 }
 
 // WG1: the right half of the output, from WG0's P and rescale factors.

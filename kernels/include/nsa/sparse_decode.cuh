@@ -167,31 +167,60 @@ NSA_DEVICE i32 slot_at(const Params& p, i64 row, i32 pos, i32 valid_len, bool re
   return s;
 }
 
-// Producer warps (kProducerThreads, after the consumers): prefetch the next step's
-// slots and rows into registers while the consumers work, then dequantize into the
-// buffer the consumers released. `Tile`: the consumers' tile layout (offsets and
-// kTileBytes); kAsyncProxy: the consumers read with wgmma, so the stores are fenced
-// for the async proxy before the buffer is published.
-template <class Tile, bool kAsyncProxy, int kTopk, int kPage>
+// Pulls the lines of `slot`'s record that producer thread `part` will load into
+// L2, a step before its register loads: HBM stays busy while the producers
+// dequantize, and the loads then wait for L2 instead of HBM.
+template <int kPage>
+NSA_DEVICE void prefetch_record(const Params& p, i32 slot, u32 part) {
+  if (slot < 0) return;
+  const u8* rec = record<kPage>(p, slot);
+  mma::prefetch_l2(rec + part * kNopePerPart);
+  if (part < 2) mma::prefetch_l2(rec + kScalesOffset + part * 128);  // scales and rope: bytes 512..655
+}
+
+// Producer warps (the threads after kConsumerThreads): kPairs (1 or 2) tokens per
+// thread per step, `token` and `token + 64 / kPairs`. Each step they prefetch the
+// rows of the step after next into L2, load the next step's rows into registers
+// while the consumers work, then dequantize into the buffer the consumers
+// released. `Tile`: the consumers' tile layout (offsets and kTileBytes);
+// kAsyncProxy: the consumers read with wgmma, so the stores are fenced for the
+// async proxy before the buffer is published; kBarThreads: the CTA's threads.
+template <class Tile, bool kAsyncProxy, int kPairs, int kBarThreads, int kTopk, int kPage>
 NSA_DEVICE void produce(const Params& p, u32 k_base, u8* valid_flags, i64 row, i32 first, i32 last, i32 steps,
                         bool report, u32* status) {
+  static_assert(kPairs == 1 || kPairs == 2, "one or two token shares per thread");
+  constexpr u32 kStride = kBlockTokens / kPairs;  // tokens between a thread's shares
   const u32 ptid = thread_x() - kConsumerThreads;
   const u32 token = ptid / kPartsPerToken, part = ptid % kPartsPerToken;
+  static_assert(kPartsPerToken * kStride == kBarThreads - kConsumerThreads, "every token share has a thread");
   report = report && part == 0;
-  Gather g;
-  issue_gather<kPage>(p, slot_at<kTopk>(p, row, first + (i32)token, last, report, status), part, g);
-  i32 next = steps > 1 ? slot_at<kTopk>(p, row, first + kBlockTokens + (i32)token, last, report, status) : -1;
+  auto slot = [&](i32 step, u32 t) -> i32 {
+    return step < steps ? slot_at<kTopk>(p, row, first + step * kBlockTokens + (i32)t, last, report, status) : -1;
+  };
+  // Named gathers rather than an array: ptxas keeps them in registers.
+  Gather g0, g1;
+  i32 next0 = slot(1, token), next1 = kPairs == 2 ? slot(1, token + kStride) : -1;
+  issue_gather<kPage>(p, slot(0, token), part, g0);
+  if (kPairs == 2) issue_gather<kPage>(p, slot(0, token + kStride), part, g1);
+  prefetch_record<kPage>(p, next0, part);
+  if (kPairs == 2) prefetch_record<kPage>(p, next1, part);
   for (i32 step = 0; step < steps; ++step) {
     const u32 buf = step & 1;
-    if (step >= 2) mma::bar_sync(kBarEmpty + buf, kThreads);
-    store_gather<Tile>(g, k_base + buf * Tile::kTileBytes, valid_flags + buf * kBlockTokens, token, part);
+    const i32 after0 = slot(step + 2, token), after1 = kPairs == 2 ? slot(step + 2, token + kStride) : -1;
+    prefetch_record<kPage>(p, after0, part);
+    if (kPairs == 2) prefetch_record<kPage>(p, after1, part);
+    if (step >= 2) mma::bar_sync(kBarEmpty + buf, kBarThreads);
+    const u32 kbuf = k_base + buf * Tile::kTileBytes;
+    store_gather<Tile>(g0, kbuf, valid_flags + buf * kBlockTokens, token, part);
+    if (kPairs == 2) store_gather<Tile>(g1, kbuf, valid_flags + buf * kBlockTokens, token + kStride, part);
     if (kAsyncProxy) mma::fence_proxy_async();
-    mma::bar_arrive(kBarFull + buf, kThreads);
+    mma::bar_arrive(kBarFull + buf, kBarThreads);
     if (step + 1 < steps) {
-      issue_gather<kPage>(p, next, part, g);
-      const i32 pos = first + (step + 2) * kBlockTokens + (i32)token;
-      next = step + 2 < steps ? slot_at<kTopk>(p, row, pos, last, report, status) : -1;
+      issue_gather<kPage>(p, next0, part, g0);
+      if (kPairs == 2) issue_gather<kPage>(p, next1, part, g1);
     }
+    next0 = after0;
+    next1 = after1;
   }
 }
 
@@ -226,7 +255,7 @@ NSA_DEVICE void sparse_decode(const Params& p, u32* status) {
   load_q_tile<kHeads, kHT, kDqk, kThreads>(p.q + row * kHeads * kDqk, head0, base + L::kQ);
   sync_block();
   if (warp >= (u32)kConsumerWarps) {
-    if (steps > 0) produce<KRows, false, kTopk, kPage>(p, base + L::kK, smem + L::kValid, row, first, last, steps, ht == 0, status);
+    if (steps > 0) produce<KRows, false, 1, kThreads, kTopk, kPage>(p, base + L::kK, smem + L::kValid, row, first, last, steps, ht == 0, status);
     return;
   }
 

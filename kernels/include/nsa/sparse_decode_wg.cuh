@@ -1,10 +1,10 @@
 // Sparse MLA decode over the FP8-656 cache with warp-group MMA (sm_90a, playbook
 // stage D3), for head counts that are a multiple of 64: one CTA per (query row,
 // 64-head tile, KV split). The consumers are sparse_attend_wg.cuh's two warp
-// groups; the producers are sparse_decode.cuh's 8 warps (two warp groups, one
-// token share per thread): gathering and dequantizing is the per-step critical
-// path, so it gets as many threads as the consumers. Outputs and split partials
-// are those of the mma.sync kernel.
+// groups; the producer is one warp group running sparse_decode.cuh's producer
+// with two token shares per thread (a fourth group would cap the kernel at 128
+// registers per thread, and ptxas then serializes the wgmma chains). Outputs and
+// split partials are those of the mma.sync kernel.
 #pragma once
 #include "nsa/sparse_attend_wg.cuh"
 #include "nsa/sparse_decode.cuh"
@@ -17,18 +17,18 @@ using attend_wg::kGroupThreads;
 using attend_wg::kHT;
 typedef attend_wg::Smem<kDqk> Smem;
 typedef attend_wg::Tile<kDqk> Tile;
-static_assert(kConsumerThreads == 2 * kGroupThreads && kThreads == 4 * kGroupThreads,
-              "two consumer and two producer warp groups (decode's thread split)");
+constexpr int kThreads = 3 * kGroupThreads;  // WG0, WG1, producer
+static_assert(kConsumerThreads == 2 * kGroupThreads, "two consumer warp groups");
 
-// setmaxnreg budgets. The CTA is launched with 128 registers per thread (64K / 512)
-// and setmaxnreg only moves registers between its warp groups: an increase that
-// the decreases do not cover waits forever. WG0 holds S and half of O, WG1 half of
-// O, each producer one gathered token share.
-constexpr int kLaunchRegs = 128;
-constexpr int kRegsWg0 = 192;
+// setmaxnreg budgets. The CTA is launched with 168 registers per thread (64K / 384,
+// rounded down to 8) and setmaxnreg only moves registers between its warp groups:
+// an increase that the decreases do not cover waits forever. WG0 holds S and half
+// of O, WG1 half of O, the producer two gathered token shares.
+constexpr int kLaunchRegs = 168;
+constexpr int kRegsWg0 = 208;
 constexpr int kRegsWg1 = 160;
-constexpr int kRegsProducer = 80;
-static_assert(kRegsWg0 + kRegsWg1 + 2 * kRegsProducer <= 4 * kLaunchRegs, "setmaxnreg moves registers, never adds");
+constexpr int kRegsProducer = 136;
+static_assert(kRegsWg0 + kRegsWg1 + kRegsProducer <= 3 * kLaunchRegs, "setmaxnreg moves registers, never adds");
 
 template <int kHeads, int kTopk, int kPage>
 NSA_DEVICE void sparse_decode(const Params& p, u32* status) {
@@ -60,8 +60,8 @@ NSA_DEVICE void sparse_decode(const Params& p, u32* status) {
   if (tid >= (u32)kConsumerThreads) {
     wg::regs_dec<kRegsProducer>();
     if (steps > 0)
-      produce<Tile, true, kTopk, kPage>(p, base + Smem::kK, smem + Smem::kValid, row, first, last, steps, ht == 0,
-                                        status);
+      produce<Tile, true, 2, kThreads, kTopk, kPage>(p, base + Smem::kK, smem + Smem::kValid, row, first, last, steps,
+                                                     ht == 0, status);
     return;
   }
 
