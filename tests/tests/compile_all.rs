@@ -43,6 +43,9 @@ fn every_nvidia_variant_compiles_to_cubin() {
         assert!(r.registers.is_some(), "{}: ptxas -v gave no register count:\n{}", kernel.id, image.log);
         assert_eq!(r.spill_store_bytes, Some(0), "{}: spills\n{}", kernel.id, image.log);
         assert_eq!(r.spill_load_bytes, Some(0), "{}: spills\n{}", kernel.id, image.log);
+        // C7512: ptxas serialized the wgmma chains (too few registers for them in
+        // flight); the kernel still runs, several times slower.
+        assert!(!image.log.contains("C7512"), "{}: wgmma serialized\n{}", kernel.id, image.log);
     }
 }
 

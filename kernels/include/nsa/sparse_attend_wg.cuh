@@ -1,6 +1,6 @@
-// The consumer half of the warp-group (wgmma, sm_90a) sparse MLA kernels, shared by
-// decode (FP8 cache, dequantizing producers) and prefill (bf16 KV, cp.async
-// producers), playbook stage D3/P2. A CTA computes a 64-head tile:
+// The consumer half of the warp-group (wgmma, sm_90a) sparse MLA kernels, playbook
+// stage D3 (the decode kernel's; kept apart from its FP8 producer so a bf16
+// prefill producer can reuse it, stage P2). A CTA computes a 64-head tile:
 //   WG0: S = Q K^T (wgmma m64n64k16, both operands in shared memory), masking,
 //        online softmax, P to shared memory, O[:, 0:256] += P V (A = P from
 //        registers);
@@ -225,7 +225,7 @@ NSA_DEVICE void run_wg1(u8* smem, u32 base, i32 steps, const Lane& ln, float (&o
 // `run` sets the group's register budget, consumes `steps` buffers and leaves this
 // thread's output columns in `o` and its rows' final max (log2 domain) and sum in
 // `m` and `l`, the same in both groups.
-template <int kDqk, int kThreads, int kRegsWg0, int kRegsWg1>
+template <int kDqk, int kThreads, int kLaunchRegs, int kRegsWg0, int kRegsWg1>
 struct Consumers {
   u32 group;  // 0 or 1: output columns 256 group ..
   Lane ln;
@@ -244,7 +244,7 @@ struct Consumers {
     float* row_max = reinterpret_cast<float*>(smem + L::kRowMax);
     float* row_sum = reinterpret_cast<float*>(smem + L::kRowSum);
     if (group == 0) {
-      wg::regs_inc<kRegsWg0>();
+      wg::regs_set<kLaunchRegs, kRegsWg0>();
       run_wg0<kDqk, kThreads>(smem, base, steps, c_scale, ln, o, m, l);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -257,7 +257,7 @@ struct Consumers {
       }
       mma::bar_arrive(kBarFinal, kConsumerThreads);
     } else {
-      wg::regs_dec<kRegsWg1>();
+      wg::regs_set<kLaunchRegs, kRegsWg1>();
       run_wg1<kDqk, kThreads>(smem, base, steps, ln, o);
       mma::bar_sync(kBarFinal, kConsumerThreads);
 #pragma unroll

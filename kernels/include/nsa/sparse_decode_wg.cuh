@@ -58,14 +58,14 @@ NSA_DEVICE void sparse_decode(const Params& p, u32* status) {
   sync_block();
 
   if (tid >= (u32)kConsumerThreads) {
-    wg::regs_dec<kRegsProducer>();
+    wg::regs_set<kLaunchRegs, kRegsProducer>();
     if (steps > 0)
       produce<Tile, true, 2, kThreads, kTopk, kPage>(p, base + Smem::kK, smem + Smem::kValid, row, first, last, steps,
                                                      ht == 0, status);
     return;
   }
 
-  attend_wg::Consumers<kDqk, kThreads, kRegsWg0, kRegsWg1> c(tid);
+  attend_wg::Consumers<kDqk, kThreads, kLaunchRegs, kRegsWg0, kRegsWg1> c(tid);
   c.run(smem, base, steps, p.sm_scale * kLog2e);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
