@@ -66,8 +66,8 @@ struct Lane {
   NSA_DEVICE explicit Lane(u32 tid) : r0(16 * (tid / 32) + (tid % 32) / 4), t(tid % 4) {}
 };
 
-// Q rows head0 .. head0 + 63 (of kHeads) of one query row into the Q tile, by all
-// kThreads threads: global reads along each head's row.
+// 64 consecutive head rows of Q (`q_heads`: the tile's first head) into the Q tile,
+// by all kThreads threads: global reads along each head's row.
 template <int kDqk, int kThreads>
 NSA_DEVICE void load_q(const u16* q_heads, u32 q_tile) {
   for (u32 i = thread_x(); i < (u32)kHT * (kDqk / 8); i += kThreads) {
@@ -78,8 +78,9 @@ NSA_DEVICE void load_q(const u16* q_heads, u32 q_tile) {
 }
 
 // O[:, 0:256] of this group += P[:, 16 ks .. 16 ks + 15] V[16 ks .., 0:256], as two
-// n128 halves: one wgmma's operands must fit the 128 registers a 512-thread CTA is
-// compiled for, whatever setmaxnreg grants at run time.
+// n128 halves: ptxas fits one wgmma's operands into the launch register budget,
+// whatever setmaxnreg grants later (n256 fails to compile at 128 registers), and
+// the 384-thread decode kernel was measured with the halves.
 NSA_DEVICE float (&half_cols(float (&o)[128], int half))[64] { return *reinterpret_cast<float(*)[64]>(o + 64 * half); }
 
 NSA_DEVICE void pv_rs(float (&o)[128], const u32 (&a)[4], u64 v_desc, int ks) {

@@ -178,18 +178,18 @@ NSA_DEVICE void prefetch_record(const Params& p, i32 slot, u32 part) {
   if (part < 2) mma::prefetch_l2(rec + kScalesOffset + part * 128);  // scales and rope: bytes 512..655
 }
 
-// Producer warps (the threads after kConsumerThreads): kPairs (1 or 2) tokens per
-// thread per step, `token` and `token + 64 / kPairs`. Each step they prefetch the
-// rows of the step after next into L2, load the next step's rows into registers
-// while the consumers work, then dequantize into the buffer the consumers
-// released. `Tile`: the consumers' tile layout (offsets and kTileBytes);
+// Producer warps (the threads after kConsumerThreads): kShares (1 or 2) token
+// shares per thread per step, tokens `token` and `token + 64 / kShares`. Each
+// step they prefetch the rows of the step after next into L2, load the next
+// step's rows into registers while the consumers work, then dequantize into the
+// buffer the consumers released. `Tile`: the consumers' tile layout (offsets and kTileBytes);
 // kAsyncProxy: the consumers read with wgmma, so the stores are fenced for the
 // async proxy before the buffer is published; kBarThreads: the CTA's threads.
-template <class Tile, bool kAsyncProxy, int kPairs, int kBarThreads, int kTopk, int kPage>
+template <class Tile, bool kAsyncProxy, int kShares, int kBarThreads, int kTopk, int kPage>
 NSA_DEVICE void produce(const Params& p, u32 k_base, u8* valid_flags, i64 row, i32 first, i32 last, i32 steps,
                         bool report, u32* status) {
-  static_assert(kPairs == 1 || kPairs == 2, "one or two token shares per thread");
-  constexpr u32 kStride = kBlockTokens / kPairs;  // tokens between a thread's shares
+  static_assert(kShares == 1 || kShares == 2, "one or two token shares per thread");
+  constexpr u32 kStride = kBlockTokens / kShares;  // tokens between a thread's shares
   const u32 ptid = thread_x() - kConsumerThreads;
   const u32 token = ptid / kPartsPerToken, part = ptid % kPartsPerToken;
   static_assert(kPartsPerToken * kStride == kBarThreads - kConsumerThreads, "every token share has a thread");
@@ -199,29 +199,46 @@ NSA_DEVICE void produce(const Params& p, u32 k_base, u8* valid_flags, i64 row, i
   };
   // Named gathers rather than an array: ptxas keeps them in registers.
   Gather g0, g1;
-  i32 next0 = slot(1, token), next1 = kPairs == 2 ? slot(1, token + kStride) : -1;
+  i32 next0 = slot(1, token), next1 = kShares == 2 ? slot(1, token + kStride) : -1;
   issue_gather<kPage>(p, slot(0, token), part, g0);
-  if (kPairs == 2) issue_gather<kPage>(p, slot(0, token + kStride), part, g1);
+  if (kShares == 2) issue_gather<kPage>(p, slot(0, token + kStride), part, g1);
   prefetch_record<kPage>(p, next0, part);
-  if (kPairs == 2) prefetch_record<kPage>(p, next1, part);
+  if (kShares == 2) prefetch_record<kPage>(p, next1, part);
   for (i32 step = 0; step < steps; ++step) {
     const u32 buf = step & 1;
-    const i32 after0 = slot(step + 2, token), after1 = kPairs == 2 ? slot(step + 2, token + kStride) : -1;
+    const i32 after0 = slot(step + 2, token), after1 = kShares == 2 ? slot(step + 2, token + kStride) : -1;
     prefetch_record<kPage>(p, after0, part);
-    if (kPairs == 2) prefetch_record<kPage>(p, after1, part);
+    if (kShares == 2) prefetch_record<kPage>(p, after1, part);
     if (step >= 2) mma::bar_sync(kBarEmpty + buf, kBarThreads);
     const u32 kbuf = k_base + buf * Tile::kTileBytes;
     store_gather<Tile>(g0, kbuf, valid_flags + buf * kBlockTokens, token, part);
-    if (kPairs == 2) store_gather<Tile>(g1, kbuf, valid_flags + buf * kBlockTokens, token + kStride, part);
+    if (kShares == 2) store_gather<Tile>(g1, kbuf, valid_flags + buf * kBlockTokens, token + kStride, part);
     if (kAsyncProxy) mma::fence_proxy_async();
     mma::bar_arrive(kBarFull + buf, kBarThreads);
     if (step + 1 < steps) {
       issue_gather<kPage>(p, next0, part, g0);
-      if (kPairs == 2) issue_gather<kPage>(p, next1, part, g1);
+      if (kShares == 2) issue_gather<kPage>(p, next1, part, g1);
     }
     next0 = after0;
     next1 = after1;
   }
+}
+
+// Index positions first .. last - 1 of query row `row` that KV split `split`
+// covers (clipped to the row's valid length), in `steps` 64-token steps.
+struct SplitRange {
+  i32 first, last, steps;
+};
+
+template <int kTopk>
+NSA_DEVICE SplitRange split_range(const Params& p, i64 row, i32 split) {
+  const i32 valid_len = row_topk_len<kTopk>(p.topk_length, row);
+  SplitRange r;
+  r.first = split * p.blocks_per_split * kBlockTokens;
+  r.last = r.first + p.blocks_per_split * kBlockTokens;
+  r.last = r.last < valid_len ? r.last : valid_len;
+  r.steps = r.last > r.first ? (r.last - r.first + kBlockTokens - 1) / kBlockTokens : 0;
+  return r;
 }
 
 // kHeads query heads; kHT heads per CTA (16 or 32; kHeads < 16 runs one 16-row
@@ -245,17 +262,16 @@ NSA_DEVICE void sparse_decode(const Params& p, u32* status) {
   const i32 split = (i32)((bid / kHeadTiles) % (u32)p.splits);
   if (row >= p.rows) return;
 
-  const i32 valid_len = row_topk_len<kTopk>(p.topk_length, row);
-  const i32 first = split * p.blocks_per_split * kBlockTokens;
-  i32 last = first + p.blocks_per_split * kBlockTokens;
-  last = last < valid_len ? last : valid_len;
-  const i32 steps = last > first ? (last - first + kBlockTokens - 1) / kBlockTokens : 0;
+  const SplitRange r = split_range<kTopk>(p, row, split);
+  const i32 first = r.first, last = r.last, steps = r.steps;
 
   const u32 head0 = ht * kHT;
   load_q_tile<kHeads, kHT, kDqk, kThreads>(p.q + row * kHeads * kDqk, head0, base + L::kQ);
   sync_block();
   if (warp >= (u32)kConsumerWarps) {
-    if (steps > 0) produce<KRows, false, 1, kThreads, kTopk, kPage>(p, base + L::kK, smem + L::kValid, row, first, last, steps, ht == 0, status);
+    if (steps > 0)
+      produce<KRows, false, 1, kThreads, kTopk, kPage>(p, base + L::kK, smem + L::kValid, row, first, last, steps,
+                                                       ht == 0, status);
     return;
   }
 

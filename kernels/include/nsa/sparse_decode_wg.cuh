@@ -20,11 +20,12 @@ typedef attend_wg::Tile<kDqk> Tile;
 constexpr int kThreads = 3 * kGroupThreads;  // WG0, WG1, producer
 static_assert(kConsumerThreads == 2 * kGroupThreads, "two consumer warp groups");
 
-// setmaxnreg budgets. The CTA is launched with 168 registers per thread (64K / 384,
-// rounded down to 8) and setmaxnreg only moves registers between its warp groups:
-// an increase that the decreases do not cover waits forever. WG0 holds S and half
-// of O, WG1 half of O, the producer two gathered token shares.
-constexpr int kLaunchRegs = 168;
+// setmaxnreg budgets. The CTA is launched with 64K / 384 registers per thread,
+// rounded down to a multiple of 8 (168), and setmaxnreg only moves registers
+// between its warp groups: an increase that the decreases do not cover waits
+// forever. WG0 holds S and half of O, WG1 half of O, the producer two gathered
+// token shares.
+constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;
 constexpr int kRegsWg0 = 208;
 constexpr int kRegsWg1 = 160;
 constexpr int kRegsProducer = 136;
@@ -47,11 +48,8 @@ NSA_DEVICE void sparse_decode(const Params& p, u32* status) {
   const i32 split = (i32)((bid / kHeadTiles) % (u32)p.splits);
   if (row >= p.rows) return;
 
-  const i32 valid_len = row_topk_len<kTopk>(p.topk_length, row);
-  const i32 first = split * p.blocks_per_split * kBlockTokens;
-  i32 last = first + p.blocks_per_split * kBlockTokens;
-  last = last < valid_len ? last : valid_len;
-  const i32 steps = last > first ? (last - first + kBlockTokens - 1) / kBlockTokens : 0;
+  const SplitRange r = split_range<kTopk>(p, row, split);
+  const i32 first = r.first, last = r.last, steps = r.steps;
 
   const u32 head0 = ht * kHT;
   attend_wg::load_q<kDqk, kThreads>(p.q + (row * kHeads + head0) * kDqk, base + Smem::kQ);

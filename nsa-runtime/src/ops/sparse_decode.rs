@@ -416,6 +416,23 @@ mod tests {
     }
 
     #[test]
+    fn sm90a_takes_the_warp_group_kernel_for_whole_64_head_tiles_only() {
+        let shape = DecodeShape { batch: 8, s_q: 1, heads: 128, topk: 2048, page_size: 64 };
+        let hopper = DecodePlan::new(shape, H200).unwrap();
+        assert_eq!((hopper.head_tile, hopper.head_tiles()), (64, 2));
+        assert!(hopper.explain().contains("wgmma"), "{}", hopper.explain());
+        let blackwell = DecodePlan::new(shape, LaunchTarget { target: Target::Sm100a, ..H200 }).unwrap();
+        assert_eq!(blackwell.head_tile, 32);
+        assert!(blackwell.explain().contains("mma.sync"), "{}", blackwell.explain());
+        for (heads, tile) in [(64, 64), (96, 32), (48, 16), (16, 16), (8, 16)] {
+            let p = DecodePlan::new(DecodeShape { heads, ..shape }, H200).unwrap();
+            assert_eq!(p.head_tile, tile, "h{heads}");
+        }
+        // A plan moved to another target no longer matches its kernel's tiling.
+        assert!(DecodePlan { target: Target::Sm100a, ..hopper }.check().is_err());
+    }
+
+    #[test]
     fn caller_splits_are_even_and_hand_edited_plans_are_rejected() {
         let shape = DecodeShape { batch: 2, s_q: 1, heads: 32, topk: 576, page_size: 64 };
         let p = DecodePlan::with_splits(shape, Target::Sm90a, 5).unwrap();
