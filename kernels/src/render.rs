@@ -25,6 +25,7 @@ pub const TEMPLATES: &[(&str, &str)] = embed! {
     "sparse_decode_wg.cu.tera" => "../../templates/sparse_decode_wg.cu.tera",
     "sparse_decode_combine.cu.tera" => "../../templates/sparse_decode_combine.cu.tera",
     "sparse_prefill.cu.tera" => "../../templates/sparse_prefill.cu.tera",
+    "sparse_prefill_wg.cu.tera" => "../../templates/sparse_prefill_wg.cu.tera",
     "indexer_logits.cu.tera" => "../../templates/indexer_logits.cu.tera",
 };
 
@@ -49,6 +50,7 @@ pub const HEADERS: &[(&str, &str)] = embed! {
     "nsa/sparse_decode.cuh" => "../include/nsa/sparse_decode.cuh",
     "nsa/sparse_decode_wg.cuh" => "../include/nsa/sparse_decode_wg.cuh",
     "nsa/sparse_prefill.cuh" => "../include/nsa/sparse_prefill.cuh",
+    "nsa/sparse_prefill_wg.cuh" => "../include/nsa/sparse_prefill_wg.cuh",
     "nsa/indexer_logits.cuh" => "../include/nsa/indexer_logits.cuh",
 };
 

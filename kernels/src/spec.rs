@@ -96,20 +96,20 @@ pub fn sparse_head_tile(heads: u32) -> Option<u32> {
     }
 }
 
-/// Heads one sparse-decode CTA computes on `target`: on sm_90a a multiple of 64
-/// heads runs the warp-group (wgmma) kernel with 64-head tiles; everything else
-/// (and every prefill) the mma.sync kernels' [`sparse_head_tile`].
-pub fn decode_head_tile(heads: u32, target: Target) -> Option<u32> {
+/// Heads one sparse MLA (decode or prefill) CTA computes on `target`: on sm_90a a
+/// multiple of 64 heads runs the warp-group (wgmma) kernels with 64-head tiles;
+/// everything else the mma.sync kernels' [`sparse_head_tile`].
+pub fn sparse_mla_head_tile(heads: u32, target: Target) -> Option<u32> {
     if target == Target::Sm90a && heads % WG_HEAD_TILE == 0 && (1..=128).contains(&heads) {
         return Some(WG_HEAD_TILE);
     }
     sparse_head_tile(heads)
 }
 
-/// Head tile of the warp-group decode kernel (the wgmma M).
+/// Head tile of the warp-group sparse MLA kernels (the wgmma M).
 pub const WG_HEAD_TILE: u32 = 64;
 
-/// Dynamic shared memory of a warp-group sparse MLA kernel with `d_qk`-wide rows;
+/// Dynamic shared memory of the warp-group sparse MLA kernels with `d_qk`-wide rows;
 /// mirrors `nsa::attend_wg::Smem` (sparse_attend_wg.cuh): Q and two K/V tiles of 64
 /// rows, the 64 × 64 bf16 P tile, per-row rescale factors, max and sum, validity flags.
 pub fn wg_smem_bytes(d_qk: u32) -> u32 {
@@ -370,15 +370,21 @@ impl KernelSpec {
             KernelFamily::IndexTransform { .. } => "index_transform.cu.tera",
             KernelFamily::MetadataReplay { .. } => "metadata_replay.cu.tera",
             KernelFamily::TopkSplit { .. } => "topk_split.cu.tera",
-            KernelFamily::SparseDecode { .. } => {
-                if self.wg_kernel() {
+            KernelFamily::SparseDecode { heads, .. } => {
+                if self.wg_kernel(heads) {
                     "sparse_decode_wg.cu.tera"
                 } else {
                     "sparse_decode.cu.tera"
                 }
             }
             KernelFamily::SparseDecodeCombine { .. } => "sparse_decode_combine.cu.tera",
-            KernelFamily::SparsePrefill { .. } => "sparse_prefill.cu.tera",
+            KernelFamily::SparsePrefill { heads, .. } => {
+                if self.wg_kernel(heads) {
+                    "sparse_prefill_wg.cu.tera"
+                } else {
+                    "sparse_prefill.cu.tera"
+                }
+            }
             KernelFamily::IndexerLogits { .. } => "indexer_logits.cu.tera",
         }
     }
@@ -392,8 +398,8 @@ impl KernelSpec {
             KernelFamily::MetadataReplay { .. } => METADATA_BLOCK_THREADS,
             KernelFamily::TopkSplit { stage: TopkSplitStage::Finish, .. } => TOPK_BLOCK_THREADS,
             KernelFamily::TopkSplit { .. } => TOPK_BLOCK_THREADS / 2,
-            KernelFamily::SparseDecode { .. } => {
-                if self.wg_kernel() {
+            KernelFamily::SparseDecode { heads, .. } => {
+                if self.wg_kernel(heads) {
                     DECODE_WG_BLOCK_THREADS
                 } else {
                     DECODE_BLOCK_THREADS
@@ -410,13 +416,8 @@ impl KernelSpec {
     pub fn dynamic_smem_bytes(&self) -> u32 {
         match self.family {
             KernelFamily::TopK { .. } | KernelFamily::TopkSplit { .. } => 4 * self.topk_smem_words(),
-            KernelFamily::SparseDecode { heads, .. } => match self.decode_head_tile(heads) {
-                Some(WG_HEAD_TILE) => wg_smem_bytes(576),
-                tile => tile.map_or(0, |t| attend_smem_bytes(t, 576)),
-            },
-            KernelFamily::SparsePrefill { heads, d_qk, .. } => {
-                sparse_head_tile(heads).map_or(0, |t| attend_smem_bytes(t, d_qk))
-            }
+            KernelFamily::SparseDecode { heads, .. } => self.sparse_mla_smem_bytes(heads, 576),
+            KernelFamily::SparsePrefill { heads, d_qk, .. } => self.sparse_mla_smem_bytes(heads, d_qk),
             _ => 0,
         }
     }
@@ -477,27 +478,27 @@ impl KernelSpec {
         }
     }
 
-    /// [`decode_head_tile`] on this spec's target.
-    pub fn decode_head_tile(&self, heads: u32) -> Option<u32> {
-        decode_head_tile(heads, self.target)
+    /// [`sparse_mla_head_tile`] on this spec's target.
+    pub fn sparse_mla_head_tile(&self, heads: u32) -> Option<u32> {
+        sparse_mla_head_tile(heads, self.target)
     }
 
-    /// Whether this is the warp-group (wgmma) decode kernel.
-    pub fn wg_kernel(&self) -> bool {
-        match self.family {
-            KernelFamily::SparseDecode { heads, .. } => self.decode_head_tile(heads) == Some(WG_HEAD_TILE),
-            _ => false,
+    /// Whether a sparse MLA family of `heads` heads is the warp-group (wgmma) kernel.
+    pub fn wg_kernel(&self, heads: u32) -> bool {
+        self.sparse_mla_head_tile(heads) == Some(WG_HEAD_TILE)
+    }
+
+    fn sparse_mla_smem_bytes(&self, heads: u32, d_qk: u32) -> u32 {
+        match self.sparse_mla_head_tile(heads) {
+            Some(WG_HEAD_TILE) => wg_smem_bytes(d_qk),
+            tile => tile.map_or(0, |t| attend_smem_bytes(t, d_qk)),
         }
     }
 
     /// Context shared by the sparse MLA families (same consumer warps, same tiles).
     fn sparse_mla_context(&self, ctx: &mut Map<String, Value>, heads: u32, topk: u32, d_qk: u32) {
-        let head_tile = match self.family {
-            KernelFamily::SparseDecode { .. } => self.decode_head_tile(heads),
-            _ => sparse_head_tile(heads),
-        };
         ctx.insert("heads".into(), json!(heads));
-        ctx.insert("head_tile".into(), json!(head_tile));
+        ctx.insert("head_tile".into(), json!(self.sparse_mla_head_tile(heads)));
         ctx.insert("topk".into(), json!(topk));
         // Fully unrolled Q K^T on sm_90a (addresses become immediates); at 128
         // registers ptxas spills that on sm_100a, which gets a partial unroll and a

@@ -517,23 +517,23 @@ fn launch_geometry_matches_the_device_code() {
             // One (head tile, row, split) per CTA; combine: one (row, head) per block.
             // Prefill: one (head tile, query token) per CTA.
             KernelFamily::SparseDecode { heads, .. } | KernelFamily::SparsePrefill { heads, .. } => {
+                let tile = spec.sparse_mla_head_tile(heads).unwrap();
                 let decode = matches!(spec.family, KernelFamily::SparseDecode { .. });
-                let tile =
-                    if decode { spec.decode_head_tile(heads) } else { nsa_kernels::spec::sparse_head_tile(heads) }
-                        .unwrap();
-                let family_header = match (decode, spec.wg_kernel()) {
+                let family_header = match (decode, spec.wg_kernel(heads)) {
                     (true, false) => "nsa/sparse_decode.cuh",
                     (true, true) => "nsa/sparse_decode_wg.cuh",
-                    _ => "nsa/sparse_prefill.cuh",
+                    (false, false) => "nsa/sparse_prefill.cuh",
+                    (false, true) => "nsa/sparse_prefill_wg.cuh",
                 };
-                // The family header builds on the shared consumer header's constants (the
-                // warp-group kernel also on the mma.sync decode header's).
+                // The family header builds on the shared consumer header's constants (a
+                // warp-group kernel also on its mma.sync sibling's thread split).
                 let mut text = header("nsa/sparse_attend.cuh").unwrap().to_string();
-                if spec.wg_kernel() {
+                if spec.wg_kernel(heads) {
+                    let sibling = if decode { "nsa/sparse_decode.cuh" } else { "nsa/sparse_prefill.cuh" };
                     text = format!(
                         "{text}\n{}\n{}",
                         header("nsa/sparse_attend_wg.cuh").unwrap(),
-                        header("nsa/sparse_decode.cuh").unwrap()
+                        header(sibling).unwrap()
                     );
                 }
                 let d = int_constants(&format!("{text}\n{}", header(family_header).unwrap()));
@@ -541,7 +541,7 @@ fn launch_geometry_matches_the_device_code() {
                 assert_eq!(threads as i64, d["kThreads"], "{spec}");
                 assert_eq!(nsa_kernels::spec::DECODE_BLOCK_TOKENS as i64, d["kBlockTokens"], "{spec}");
                 assert!(spec.dynamic_smem_bytes() <= 227 * 1024, "{spec}: {} bytes", spec.dynamic_smem_bytes());
-                let args = if spec.wg_kernel() { format!("<{heads}, ") } else { format!("<{heads}, {tile}, ") };
+                let args = if spec.wg_kernel(heads) { format!("<{heads}, ") } else { format!("<{heads}, {tile}, ") };
                 assert!(render(&spec).unwrap().source.contains(&args), "{spec}");
                 assert!(r_has_bounds(&spec, threads), "{spec}");
                 continue;

@@ -306,7 +306,13 @@ fn attention_stage(
     gpu: LaunchTarget,
 ) -> Result<AttentionStage> {
     let model = &cfg.model;
-    let prefill = PrefillShape { s_q: rows, heads: model.num_q_heads, topk: model.topk, d_qk: BF16_TOKEN_ELEMS as u32 };
+    let prefill = PrefillShape {
+        s_q: rows,
+        heads: model.num_q_heads,
+        topk: model.topk,
+        d_qk: BF16_TOKEN_ELEMS as u32,
+        target: gpu.target,
+    };
     match (model.kv_cache, transform) {
         (KvCacheFormat::Bf16, TransformMethod::Paged) => Ok(AttentionStage::PrefillPaged(prefill)),
         (KvCacheFormat::Fp8, TransformMethod::Ragged) => Ok(AttentionStage::PrefillRagged(prefill)),

@@ -65,10 +65,10 @@ impl<'a, T> Rows<'a, T> {
     }
 }
 
-/// Heads per CTA of the mma.sync sparse MLA kernels (decode and prefill share the
+/// Heads per CTA of the sparse MLA kernels on `target` (decode and prefill share the
 /// consumer warps, so they share these limits), after checking `heads` and `topk`.
-pub(crate) fn check_sparse_mla_heads_topk(heads: u32, topk: u32) -> Result<u32> {
-    let tile = nsa_kernels::spec::sparse_head_tile(heads).ok_or_else(|| {
+pub(crate) fn check_sparse_mla_heads_topk(heads: u32, topk: u32, target: Target) -> Result<u32> {
+    let tile = nsa_kernels::spec::sparse_mla_head_tile(heads, target).ok_or_else(|| {
         invalid("heads", heads.to_string(), "1..=16, or a multiple of 16 up to 128 (query heads on this GPU)")
     })?;
     if topk == 0 || topk % nsa_kernels::spec::DECODE_BLOCK_TOKENS != 0 || topk > 4096 {
@@ -81,8 +81,8 @@ pub(crate) fn check_sparse_mla_heads_topk(heads: u32, topk: u32) -> Result<u32> 
     Ok(tile)
 }
 
-/// A plan made for another GPU generation picks kernel variants (head tiles,
-/// thread counts) this GPU does not run.
+/// A plan or shape made for another GPU generation picks kernel variants (head
+/// tiles, thread counts) this GPU does not run.
 pub(crate) fn check_target(field: &'static str, planned: Target, rt: &crate::runtime::Runtime) -> Result<()> {
     if planned != rt.target() {
         return Err(invalid(

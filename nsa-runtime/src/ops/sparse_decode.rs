@@ -10,7 +10,7 @@ use crate::Result;
 use cudarc::driver::{CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr, PushKernelArg};
 use half::bf16;
 use nsa_kernels::layout::{BF16_TOKEN_ELEMS, FP8_TOKEN_BYTES, KV_LORA_RANK};
-use nsa_kernels::spec::{decode_head_tile, DECODE_BLOCK_TOKENS, WG_HEAD_TILE};
+use nsa_kernels::spec::{DECODE_BLOCK_TOKENS, WG_HEAD_TILE};
 use nsa_kernels::{KernelFamily, Target};
 
 /// The shape of one decode call: `batch` requests of `s_q` query tokens each
@@ -76,8 +76,7 @@ pub fn choose_splits(base_ctas: usize, steps: u32, sm_count: u32) -> u32 {
 
 /// The head tile of a shape the kernels support on `target`, or an error naming the field.
 fn check_shape(shape: &DecodeShape, target: Target) -> Result<u32> {
-    check_sparse_mla_heads_topk(shape.heads, shape.topk)?;
-    let head_tile = decode_head_tile(shape.heads, target).expect("heads checked above");
+    let head_tile = check_sparse_mla_heads_topk(shape.heads, shape.topk, target)?;
     if shape.page_size == 0 || shape.page_size > 1024 {
         return Err(invalid("page_size", shape.page_size.to_string(), "1..=1024 tokens per page"));
     }
@@ -119,7 +118,7 @@ impl DecodePlan {
     /// Rejects a hand-edited plan that would drop tokens or mis-tile heads.
     fn check(&self) -> Result<()> {
         let steps = self.shape.topk / DECODE_BLOCK_TOKENS;
-        let consistent = Some(self.head_tile) == decode_head_tile(self.shape.heads, self.target)
+        let consistent = Some(self.head_tile) == nsa_kernels::spec::sparse_mla_head_tile(self.shape.heads, self.target)
             && self.splits >= 1
             && self.blocks_per_split >= 1
             && self.splits * self.blocks_per_split >= steps

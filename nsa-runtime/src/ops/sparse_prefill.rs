@@ -4,14 +4,14 @@
 //! row indices.
 
 use super::kv_cache::dequant_fp8;
-use super::{check_aligned, check_count_fits_i32, check_len, check_sparse_mla_heads_topk, invalid, Rows};
+use super::{check_aligned, check_count_fits_i32, check_len, check_sparse_mla_heads_topk, check_target, invalid, Rows};
 use crate::runtime::Runtime;
 use crate::Result;
 use cudarc::driver::{CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr, PushKernelArg};
 use half::bf16;
 use nsa_kernels::layout::{BF16_TOKEN_ELEMS, KV_LORA_RANK};
 use nsa_kernels::spec::PREFILL_DQK;
-use nsa_kernels::KernelFamily;
+use nsa_kernels::{KernelFamily, Target};
 
 /// The shape of one prefill call: `s_q` query tokens (every request of the batch
 /// folded together: indices carry the batch), each with its own `topk` indices.
@@ -22,12 +22,14 @@ pub struct PrefillShape {
     pub topk: u32,
     /// Q/K width: 576 (latent 512 ‖ rope 64) or 512 (no rope). V is always the first 512.
     pub d_qk: u32,
+    /// The GPU generation the kernel variant is for (sm_90a runs 64-head wgmma tiles).
+    pub target: Target,
 }
 
 impl PrefillShape {
     /// Heads per CTA, or an error naming the unsupported field.
     pub fn head_tile(&self) -> Result<u32> {
-        let tile = check_sparse_mla_heads_topk(self.heads, self.topk)?;
+        let tile = check_sparse_mla_heads_topk(self.heads, self.topk, self.target)?;
         if !PREFILL_DQK.contains(&self.d_qk) {
             return Err(invalid("d_qk", self.d_qk.to_string(), "576 (latent + rope) or 512 (latent only)"));
         }
@@ -43,10 +45,11 @@ impl PrefillShape {
     pub fn explain(&self) -> String {
         match self.head_tile() {
             Ok(t) => format!(
-                "sparse_prefill h{} k{} d{}: {} query tokens × {} head tile(s) of {} = {} CTAs",
+                "sparse_prefill h{} k{} d{} ({}): {} query tokens × {} head tile(s) of {} = {} CTAs",
                 self.heads,
                 self.topk,
                 self.d_qk,
+                if t == nsa_kernels::spec::WG_HEAD_TILE { "wgmma" } else { "mma.sync" },
                 self.s_q,
                 self.heads.div_ceil(t),
                 t,
@@ -157,6 +160,7 @@ pub fn sparse_prefill(
     inputs: &SparsePrefillInputs<'_>,
     outputs: SparsePrefillOutputs<'_, '_>,
 ) -> Result<()> {
+    check_target("shape.target", shape.target, rt)?;
     let ctas = check_inputs(shape, &inputs.query, inputs.kv.width, &outputs)?;
     launch(rt, shape, ctas, inputs, outputs)
 }
@@ -223,6 +227,7 @@ pub fn sparse_prefill_fp8_ragged(
         return Err(invalid("d_qk", shape.d_qk.to_string(), "576: the FP8 cache holds latent + rope"));
     }
     // Every prefill argument is checked before the dequant is launched.
+    check_target("shape.target", shape.target, rt)?;
     let ctas = check_inputs(shape, &query, BF16_TOKEN_ELEMS, &outputs)?;
     let rows = kv.kv_slots.len();
     check_len("kv.buffer", kv.buffer.len(), ragged_kv_elems(rows), "kv_slots.len() × 576 (ragged_kv_elems)")?;
@@ -237,11 +242,18 @@ mod tests {
 
     #[test]
     fn shapes_are_checked_naming_the_field() {
-        let ok = PrefillShape { s_q: 4096, heads: 128, topk: 2048, d_qk: 576 };
+        let ok = PrefillShape { s_q: 4096, heads: 128, topk: 2048, d_qk: 576, target: Target::Sm100a };
         assert_eq!(ok.head_tile().unwrap(), 32);
         assert_eq!(ok.ctas().unwrap(), 4096 * 4);
         assert_eq!(PrefillShape { heads: 16, ..ok }.ctas().unwrap(), 4096);
         assert_eq!(PrefillShape { d_qk: 512, ..ok }.head_tile().unwrap(), 32);
+        // sm_90a: whole 64-head tiles go to the warp-group kernel, the rest stay on mma.sync.
+        let hopper = PrefillShape { target: Target::Sm90a, ..ok };
+        assert_eq!(hopper.head_tile().unwrap(), 64);
+        assert_eq!(hopper.ctas().unwrap(), 4096 * 2);
+        assert!(hopper.explain().contains("wgmma"), "{}", hopper.explain());
+        assert_eq!(PrefillShape { heads: 96, ..hopper }.head_tile().unwrap(), 32);
+        assert_eq!(PrefillShape { heads: 16, ..hopper }.head_tile().unwrap(), 16);
         for (shape, field) in [
             (PrefillShape { heads: 24, ..ok }, "heads"),
             (PrefillShape { heads: 256, ..ok }, "heads"),

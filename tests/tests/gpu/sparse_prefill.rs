@@ -3,12 +3,14 @@
 
 use super::{assert_all, rt};
 use nsa_kernels::spec::PREFILL_HEADS;
+use nsa_kernels::Target;
 use nsa_runtime::ops::sparse_prefill::PrefillShape;
 use nsa_runtime::verify::attention::IndexPattern;
 use nsa_runtime::verify::sparse_prefill::{run, KvSource, PrefillCase};
 
+// The GPU tests run on the H200 (sm_90a): 64-head multiples take the wgmma kernel.
 fn shape(s_q: usize, heads: u32, topk: u32, d_qk: u32) -> PrefillShape {
-    PrefillShape { s_q, heads, topk, d_qk }
+    PrefillShape { s_q, heads, topk, d_qk, target: Target::Sm90a }
 }
 
 #[test]
@@ -132,7 +134,7 @@ fn kv_over_2_gib_and_s_q_over_65535() {
     let mut d_out = stream.alloc_zeros::<bf16>(s_q * h * KV_LORA_RANK).unwrap();
     let mut d_max = stream.alloc_zeros::<f32>(s_q * h).unwrap();
     let mut d_lse = stream.alloc_zeros::<f32>(s_q * h).unwrap();
-    let shape = PrefillShape { s_q, heads, topk, d_qk: 576 };
+    let shape = PrefillShape { s_q, heads, topk, d_qk: 576, target: Target::Sm90a };
     let inputs = SparsePrefillInputs {
         query: PrefillQuery {
             q: d_q.slice(0..q.len()),

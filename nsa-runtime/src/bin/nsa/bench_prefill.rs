@@ -57,7 +57,7 @@ pub fn prefill_bench(rt: &Runtime, reps: usize) -> Result<Vec<PrefillRow>> {
     let d_q = upload(&stream, &bf16_values(S_Q * max_heads * BF16_TOKEN_ELEMS, &mut rng))?;
     let mut rows = Vec::new();
     for (heads, d_qk) in CASES {
-        let shape = PrefillShape { s_q: S_Q, heads, topk: TOPK, d_qk };
+        let shape = PrefillShape { s_q: S_Q, heads, topk: TOPK, d_qk, target: rt.target() };
         let h = heads as usize;
         let mut d_out: CudaSlice<bf16> = stream.alloc_zeros(S_Q * h * KV_LORA_RANK).map_err(Error::driver("alloc"))?;
         let mut d_max: CudaSlice<f32> = stream.alloc_zeros(S_Q * h).map_err(Error::driver("alloc"))?;

@@ -284,7 +284,7 @@ pub fn verify(args: VerifyArgs) -> Result<()> {
                     vindexer::run(&rt, &case, heads)?
                 }
                 KernelFamily::SparsePrefill { heads, topk, d_qk } => {
-                    let shape = PrefillShape { s_q: 1 + n % 97, heads, topk, d_qk };
+                    let shape = PrefillShape { s_q: 1 + n % 97, heads, topk, d_qk, target: rt.target() };
                     let mut case = PrefillCase::new(shape, 2 * topk as usize + n, IndexPattern::Holes, seed);
                     case.lengths = i % 2 == 1;
                     case.check_rows = 16;
