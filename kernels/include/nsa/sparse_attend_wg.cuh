@@ -127,12 +127,16 @@ NSA_DEVICE void run_wg0(u8* smem, u32 base, i32 steps, float c_scale, const Lane
     for (int ks = 0; ks < kDqk / 16; ++ks)
       wg::mma_m64n64k16_ss<0>(s, wg::desc_advance(q_desc, ks * kK16Bytes), wg::desc_advance(k_desc, ks * kK16Bytes), true);
     wg::commit();
-    // Also completes the previous step's P V, issued without a wait so that it
-    // overlaps this step's Q K^T; its buffer can then be released.
+    // The previous step's P V was issued without a wait so that it overlaps this
+    // Q K^T; groups retire in order, so once at most this one is pending that
+    // buffer can go back to the producers while the scores finish.
+    if (step >= 1) {
+      wg::wait<1>();
+      wg::pin(o);
+      if (step + 1 < steps) mma::bar_arrive(kBarEmpty + (buf ^ 1), kThreads);
+    }
     wg::wait<0>();
     wg::pin(s);
-    wg::pin(o);
-    if (step >= 1 && step + 1 < steps) mma::bar_arrive(kBarEmpty + (buf ^ 1), kThreads);
 
     // Log2-domain scores, invalid tokens masked, row max over the quad.
     const u8* flags = smem + L::kValid + buf * kBlockTokens;
