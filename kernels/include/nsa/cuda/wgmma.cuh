@@ -21,14 +21,6 @@ NSA_DEVICE u64 desc(u32 addr, u32 k_stride, u32 mn_stride) {
          ((u64)((mn_stride >> 4) & 0x3fffu) << 32);
 }
 
-// Descriptor of a K-major tile in the 128-byte swizzle layout: rows of 128 bytes,
-// 8-row atoms 1024 bytes apart, 16-byte chunk c of row r stored at chunk c ^ (r % 8)
-// (`addr` 1024-byte aligned). The k offset inside the 128-byte row is added to the
-// start address (`desc_advance`); the leading offset is unused for this layout.
-NSA_DEVICE u64 desc_sw128(u32 addr) {
-  return (u64)((addr & 0x3ffffu) >> 4) | ((u64)1 << 16) | ((u64)(1024 >> 4) << 32) | ((u64)1 << 62);
-}
-
 // The same descriptor `bytes` further on (inside the 256 KiB window), opaque to the
 // compiler so an unrolled k loop recomputes its descriptors instead of holding
 // dozens of 64-bit constants in registers across the main loop.
@@ -127,20 +119,6 @@ NSA_DEVICE void mma_m64n128k16_rs(float (&d)[64], const u32 (&a)[4], u64 desc_b,
         "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
         "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"((int)accumulate), "n"(kTransB));
-}
-
-// d (64 x 64, f32) {+}= A (64 x 32 e4m3, smem descriptor) * B (64 x 32 e4m3, smem
-// descriptor), both K-major (FP8 wgmma has no transpose).
-NSA_DEVICE void mma_m64n64k32_e4m3_ss(float (&d)[32], u64 desc_a, u64 desc_b, bool accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "l"(desc_a), "l"(desc_b), "r"((int)accumulate));
 }
 
 }  // namespace wg
