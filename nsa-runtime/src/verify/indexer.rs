@@ -50,26 +50,39 @@ fn power_of_two_scale(rng: &mut StdRng) -> f32 {
 }
 
 /// Compares the visible entries of `got` with `want` (−inf in `want` = not visible).
+/// A mismatch report also names the worst entry as a multiple of its tolerance: a
+/// rounding-level miss (a few times the tolerance) reads differently from a wrong
+/// key or head (orders of magnitude).
 fn compare(got: &[f32], want: &[f32], rows: usize, width: usize, stride: usize) -> (usize, Option<String>) {
     let mut bad = 0;
     let mut first = None;
+    let mut worst = (0.0f32, 0, 0);
     for r in 0..rows {
         let w_row = &want[r * width..(r + 1) * width];
         let max = w_row.iter().filter(|v| v.is_finite()).fold(0.0f32, |m, v| m.max(v.abs()));
         let tol = 2e-5 * max + 1e-6;
-        let diff = (0..width).find(|&s| {
+        let mut row_bad = false;
+        for s in 0..width {
             let g = got[r * stride + s];
-            if w_row[s] == f32::NEG_INFINITY {
+            let miss = if w_row[s] == f32::NEG_INFINITY {
                 g != SENTINEL
             } else {
-                (g - w_row[s]).abs() > tol
+                // A NaN from the GPU is an infinite miss.
+                let ratio = (g - w_row[s]).abs() / tol;
+                let ratio = if ratio.is_nan() { f32::INFINITY } else { ratio };
+                if ratio > worst.0 {
+                    worst = (ratio, r, s);
+                }
+                ratio > 1.0
+            };
+            if miss && !row_bad {
+                row_bad = true;
+                first.get_or_insert(format!("row {r} key {s}: gpu {g} vs reference {}", w_row[s]));
             }
-        });
-        if let Some(s) = diff {
-            bad += 1;
-            first.get_or_insert(format!("row {r} key {s}: gpu {} vs reference {}", got[r * stride + s], w_row[s]));
         }
+        bad += row_bad as usize;
     }
+    let first = first.map(|f| format!("{f}; worst: {:.3e} × tolerance at row {} key {}", worst.0, worst.1, worst.2));
     (bad, first)
 }
 
