@@ -508,7 +508,7 @@ pub fn run(rt: &Runtime, case: &LayerCase) -> Result<LayerReport> {
             let base = r * d.logits_stride
                 + if matches!(d.indexer, IndexerStage::Gathered { .. }) { keys.ks[r] as usize } else { 0 };
             let max = want.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-            if let Some(p) = (0..want.len()).find(|&p| (logits[base + p] - want[p]).abs() > 2e-5 * max + 1e-6) {
+            if let Some(p) = (0..want.len()).find(|&p| !within(logits[base + p], want[p], 0.0, 2e-5 * max + 1e-6)) {
                 bad += 1;
                 first.get_or_insert(format!("row {r} key {p}: gpu {} vs reference {}", logits[base + p], want[p]));
             }
