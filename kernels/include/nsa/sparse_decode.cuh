@@ -241,6 +241,21 @@ NSA_DEVICE SplitRange split_range(const Params& p, i64 row, i32 split) {
   return r;
 }
 
+// This CTA's head tile, query row and KV split. Head tiles of one (row, split) are
+// adjacent block ids, so they gather the same tokens at about the same time and
+// share them through L2.
+struct CtaTile {
+  u32 ht;
+  i64 row;
+  i32 split;
+};
+
+template <int kHeadTiles>
+NSA_DEVICE CtaTile cta_tile(const Params& p) {
+  const u32 bid = block_x();
+  return CtaTile{bid % kHeadTiles, (i64)((bid / kHeadTiles) / (u32)p.splits), (i32)((bid / kHeadTiles) % (u32)p.splits)};
+}
+
 // kHeads query heads; kHT heads per CTA (16 or 32; kHeads < 16 runs one 16-row
 // tile with the missing heads zero and unwritten). kQkUnroll: see attend::Consumer.
 template <int kHeads, int kHT, int kTopk, int kPage, int kQkUnroll>
@@ -254,12 +269,7 @@ NSA_DEVICE void sparse_decode(const Params& p, u32* status) {
   const u32 base = mma::smem_addr(smem);
   const u32 warp = thread_x() / 32, lane = thread_x() % 32;
 
-  // Block order: head tiles of one (row, split) are adjacent, so they gather the
-  // same tokens at about the same time and share them through L2.
-  const u32 bid = block_x();
-  const u32 ht = bid % kHeadTiles;
-  const i64 row = (bid / kHeadTiles) / (u32)p.splits;
-  const i32 split = (i32)((bid / kHeadTiles) % (u32)p.splits);
+  const auto [ht, row, split] = cta_tile<kHeadTiles>(p);
   if (row >= p.rows) return;
 
   const SplitRange r = split_range<kTopk>(p, row, split);

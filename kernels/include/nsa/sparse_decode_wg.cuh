@@ -42,10 +42,7 @@ NSA_DEVICE void sparse_decode(const Params& p, u32* status) {
   const u32 base = mma::smem_addr(smem);
   const u32 tid = thread_x();
 
-  const u32 bid = block_x();
-  const u32 ht = bid % kHeadTiles;
-  const i64 row = (bid / kHeadTiles) / (u32)p.splits;
-  const i32 split = (i32)((bid / kHeadTiles) % (u32)p.splits);
+  const auto [ht, row, split] = cta_tile<kHeadTiles>(p);
   if (row >= p.rows) return;
 
   const SplitRange r = split_range<kTopk>(p, row, split);

@@ -81,6 +81,19 @@ NSA_DEVICE void produce(const Params& p, u32 k_base, u8* flags, i64 row, i32 val
   mma::bar_arrive(kBarFull + ((steps - 1) & 1), kThreads);
 }
 
+// This CTA's head tile and query token. Head tiles of one token are adjacent block
+// ids, so they gather the same rows at about the same time and share them through L2.
+struct CtaTile {
+  u32 ht;
+  i64 row;
+};
+
+template <int kHeadTiles>
+NSA_DEVICE CtaTile cta_tile() {
+  const u32 bid = block_x();
+  return CtaTile{bid % kHeadTiles, (i64)(bid / kHeadTiles)};
+}
+
 template <int kHeads, int kHT, int kTopk, int kDqk, int kQkUnroll>
 NSA_DEVICE void sparse_prefill(const Params& p) {
   static_assert(kTopk % kBlockTokens == 0, "top-k is a multiple of 64");
@@ -92,11 +105,7 @@ NSA_DEVICE void sparse_prefill(const Params& p) {
   const u32 base = mma::smem_addr(smem);
   const u32 warp = thread_x() / 32, lane = thread_x() % 32;
 
-  // Head tiles of one query token are adjacent: they gather the same rows at about
-  // the same time and share them through L2.
-  const u32 bid = block_x();
-  const u32 ht = bid % kHeadTiles;
-  const i64 row = bid / kHeadTiles;
+  const auto [ht, row] = cta_tile<kHeadTiles>();
   if (row >= p.s_q) return;
 
   const i32 valid_len = row_topk_len<kTopk>(p.topk_length, row);

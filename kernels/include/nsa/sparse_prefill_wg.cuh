@@ -91,11 +91,7 @@ NSA_DEVICE void sparse_prefill(const Params& p) {
   const u32 base = mma::smem_addr(smem);
   const u32 tid = thread_x();
 
-  // Head tiles of one query token are adjacent: they gather the same rows at about
-  // the same time and share them through L2.
-  const u32 bid = block_x();
-  const u32 ht = bid % kHeadTiles;
-  const i64 row = bid / kHeadTiles;
+  const auto [ht, row] = cta_tile<kHeadTiles>();
   if (row >= p.s_q) return;
 
   const i32 valid_len = row_topk_len<kTopk>(p.topk_length, row);

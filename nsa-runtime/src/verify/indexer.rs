@@ -168,3 +168,31 @@ pub fn run(rt: &Runtime, case: &IndexerCase, heads: u32) -> Result<Check> {
         first_mismatch: first,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn compare_counts_rows_with_a_miss_nan_and_unseen_writes_included() {
+        // 2 rows × 3 keys at stride 4; row 0 does not see key 2. Row 0's tolerance is
+        // 2e-5 · 100 + 1e-6.
+        let want = [100.0, -50.0, f32::NEG_INFINITY, 10.0, 20.0, 30.0];
+        let ok = [100.001, -50.0, SENTINEL, 0.0, 10.0, 20.0, 30.0, 0.0];
+        assert_eq!(compare(&ok, &want, 2, 3, 4), (0, None));
+        let with = |at: usize, v: f32| {
+            let mut g = ok;
+            g[at] = v;
+            compare(&g, &want, 2, 3, 4)
+        };
+        let (bad, first) = with(4, f32::NAN);
+        assert_eq!(bad, 1);
+        assert!(first.unwrap().contains("row 1 key 0"));
+        assert_eq!(with(2, 5.0).0, 1, "an entry the row does not see was written");
+        let (bad, first) = with(0, 100.01);
+        assert_eq!(bad, 1);
+        // 0.01 off is about 5 tolerances; the report names it.
+        let first = first.unwrap();
+        assert!(first.contains("worst: 4.99") && first.contains("at row 0 key 0"), "{first}");
+    }
+}

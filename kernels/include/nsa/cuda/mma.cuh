@@ -50,17 +50,9 @@ NSA_DEVICE void mma_e4m3(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
 }
 
 // 16 bytes from global memory through the non-coherent path, prefetching 256 B into
-// L2 (gathered KV rows are 656 B: the neighbouring chunks come along).
-NSA_DEVICE Vec16 ldg_nc_v4(const void* p) {
-  Vec16 v;
-  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.w[0]), "=r"(v.w[1]), "=r"(v.w[2]), "=r"(v.w[3])
-               : "l"(p));
-  return v;
-}
-
-// As ldg_nc_v4, but only when `pred`; zeros otherwise (no branch: the result is
-// always defined, so gathered rows stay in registers).
+// L2 (gathered KV rows are 656 B: the neighbouring chunks come along), only when
+// `pred`; zeros otherwise (no branch: the result is always defined, so gathered rows
+// stay in registers).
 NSA_DEVICE Vec16 ldg_nc_v4_if(const void* p, bool pred) {
   Vec16 v;
   asm volatile(
