@@ -27,6 +27,7 @@ pub const TEMPLATES: &[(&str, &str)] = embed! {
     "sparse_prefill.cu.tera" => "../../templates/sparse_prefill.cu.tera",
     "sparse_prefill_wg.cu.tera" => "../../templates/sparse_prefill_wg.cu.tera",
     "indexer_logits.cu.tera" => "../../templates/indexer_logits.cu.tera",
+    "indexer_logits_wg.cu.tera" => "../../templates/indexer_logits_wg.cu.tera",
 };
 
 /// Device headers, by the include name sources use. Passed to the compiler as
@@ -52,6 +53,7 @@ pub const HEADERS: &[(&str, &str)] = embed! {
     "nsa/sparse_prefill.cuh" => "../include/nsa/sparse_prefill.cuh",
     "nsa/sparse_prefill_wg.cuh" => "../include/nsa/sparse_prefill_wg.cuh",
     "nsa/indexer_logits.cuh" => "../include/nsa/indexer_logits.cuh",
+    "nsa/indexer_logits_wg.cuh" => "../include/nsa/indexer_logits_wg.cuh",
 };
 
 /// blake3 over every embedded header (name and bytes), part of every cache key.

@@ -78,8 +78,25 @@ impl IndexerLayout {
     }
 }
 
-/// Threads of an indexer logits CTA (4 warps, 16 keys each per 64-key block).
+/// Threads of an indexer logits CTA (4 warps, 16 keys each per 64-key block; the
+/// warp-group kernel: one warp group).
 const INDEXER_LOGITS_THREADS: u32 = 128;
+
+/// Whether PAGED indexer logits of `heads` heads on `target` run the warp-group
+/// (wgmma FP8) kernel: one CTA per (request, chunk of pages), all next_n rows of the
+/// request at once. Everything else runs the mma.sync kernel, one CTA per (query
+/// row, chunk).
+pub fn indexer_wg_kernel(heads: u32, layout: IndexerLayout, target: Target) -> bool {
+    target == Target::Sm90a && layout == IndexerLayout::Paged && heads == INDEXER_WG_HEADS
+}
+
+/// Index heads of the warp-group indexer kernel (the wgmma N; DeepSeek V3.2's count).
+pub const INDEXER_WG_HEADS: u32 = 64;
+
+/// Dynamic shared memory of the warp-group indexer kernel; mirrors
+/// `nsa::indexer_wg::Smem` (indexer_logits_wg.cuh): four Q tiles (next_n ≤ 4), a ring
+/// of four 64-key tiles and their scales, 1 KiB of alignment slack.
+pub const INDEXER_WG_SMEM_BYTES: u32 = 4 * 8192 + 4 * 8192 + 4 * 256 + 1024;
 
 /// Heads one sparse-attention (decode or prefill) CTA computes: 32 when `heads` is a multiple of 32, else
 /// 16; 1..=15 heads run one 16-row tile whose extra rows are zero and never
@@ -385,7 +402,13 @@ impl KernelSpec {
                     "sparse_prefill.cu.tera"
                 }
             }
-            KernelFamily::IndexerLogits { .. } => "indexer_logits.cu.tera",
+            KernelFamily::IndexerLogits { heads, layout } => {
+                if indexer_wg_kernel(heads, layout, self.target) {
+                    "indexer_logits_wg.cu.tera"
+                } else {
+                    "indexer_logits.cu.tera"
+                }
+            }
         }
     }
 
@@ -418,6 +441,9 @@ impl KernelSpec {
             KernelFamily::TopK { .. } | KernelFamily::TopkSplit { .. } => 4 * self.topk_smem_words(),
             KernelFamily::SparseDecode { heads, .. } => self.sparse_mla_smem_bytes(heads, 576),
             KernelFamily::SparsePrefill { heads, d_qk, .. } => self.sparse_mla_smem_bytes(heads, d_qk),
+            KernelFamily::IndexerLogits { heads, layout } if indexer_wg_kernel(heads, layout, self.target) => {
+                INDEXER_WG_SMEM_BYTES
+            }
             _ => 0,
         }
     }
@@ -560,6 +586,7 @@ impl KernelSpec {
             ctx.insert("heads".into(), json!(heads));
             ctx.insert("layout".into(), json!(layout.tag()));
             ctx.insert("layout_enum".into(), json!(layout.device_enum()));
+            ctx.insert("smem_bytes".into(), json!(self.dynamic_smem_bytes()));
         }
         if let KernelFamily::SparsePrefill { heads, topk, d_qk } = self.family {
             self.sparse_mla_context(&mut ctx, heads, topk, d_qk);

@@ -20,6 +20,7 @@ use crate::runtime::Runtime;
 use crate::{Error, Result};
 use cudarc::driver::{CudaSlice, CudaView};
 use nsa_kernels::layout::{BF16_TOKEN_ELEMS, INDEXER_PAGE_TOKENS};
+use nsa_kernels::spec::IndexerLayout;
 use nsa_kernels::{KvCacheFormat, Target};
 use std::ops::Range;
 
@@ -128,7 +129,7 @@ impl StepDecisions {
         let rows = md.num_tokens();
         let indexer = indexer_stage(cfg, md, num_keys, rows)?;
         let attention = attention_stage(cfg, md.mode, dispatch.transform, rows, gpu)?;
-        Ok(assemble(cfg, md.mode, rows, dispatch.transform, indexer, attention, num_keys, &dispatch.reason))
+        Ok(assemble(cfg, md.mode, rows, dispatch.transform, indexer, attention, num_keys, &dispatch.reason, gpu.target))
     }
 
     /// The decisions of a CUDA graph of `rows` query rows in `mode` that reads
@@ -152,7 +153,7 @@ impl StepDecisions {
         let indexer = IndexerStage::Paged { table_width: width.div_ceil(INDEXER_PAGE_TOKENS) };
         let attention = attention_stage(cfg, mode, TransformMethod::Paged, rows, gpu)?;
         let reason = format!("CUDA graph of {} rows ({}): PAGED, MLA", rows, mode.name());
-        Ok(assemble(cfg, mode, rows, TransformMethod::Paged, indexer, attention, 0, &reason))
+        Ok(assemble(cfg, mode, rows, TransformMethod::Paged, indexer, attention, 0, &reason, gpu.target))
     }
 
     /// Whether the step needs [`RaggedKeys`]: gathered indexer keys or a RAGGED
@@ -173,6 +174,7 @@ fn assemble(
     attention: AttentionStage,
     num_keys: usize,
     reason: &str,
+    target: Target,
 ) -> StepDecisions {
     let model = &cfg.model;
     let topk = model.topk as usize;
@@ -191,8 +193,13 @@ fn assemble(
             format!("indexer: skipped, every token sees ≤ {topk} keys (top-k selects them all without scores)")
         }
         IndexerStage::Paged { table_width } => format!(
-            "indexer: indexer_logits.paged.h{} over the real page table ({table_width} pages of 64)",
-            model.index_n_heads
+            "indexer: indexer_logits.paged.h{} over the real page table ({table_width} pages of 64; {})",
+            model.index_n_heads,
+            if nsa_kernels::spec::indexer_wg_kernel(model.index_n_heads, IndexerLayout::Paged, target) {
+                "wgmma FP8, each page read once for all query rows of a request"
+            } else {
+                "mma.sync FP8, one CTA per query row"
+            }
         ),
         IndexerStage::Gathered { num_keys, chunk_rows, why } => format!(
             "indexer: indexer_k_gather of {num_keys} keys, then indexer_logits.ragged.h{} in {} chunk(s) of ≤ {chunk_rows} rows ({why}; logits budget {} bytes)",

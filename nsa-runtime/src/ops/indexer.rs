@@ -8,7 +8,7 @@ use crate::runtime::Runtime;
 use crate::Result;
 use cudarc::driver::{CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr, PushKernelArg};
 use nsa_kernels::layout::{INDEXER_HEAD_DIM, INDEXER_PAGE_BYTES, INDEXER_PAGE_TOKENS};
-use nsa_kernels::spec::IndexerLayout;
+use nsa_kernels::spec::{indexer_wg_kernel, IndexerLayout};
 use nsa_kernels::KernelFamily;
 
 /// Keys one CTA step covers (one indexer page).
@@ -101,8 +101,9 @@ struct IndexerLogitsParams {
 // SAFETY: plain old data with the C layout the kernel declares.
 unsafe impl DeviceRepr for IndexerLogitsParams {}
 
-/// 64-key blocks per CTA and CTAs per row for rows of at most `max_keys` keys: a
-/// pure function of the shape (CUDA-graph capturable), aiming at ≥ 8 CTAs per SM.
+/// 64-key blocks per CTA and CTAs per row (or per request, for the warp-group
+/// kernel) for `rows` units of at most `max_keys` keys: a pure function of the shape
+/// (CUDA-graph capturable), aiming at ≥ 8 CTAs per SM.
 pub fn split_rows(rows: usize, max_keys: usize, sm_count: u32) -> (usize, usize) {
     let blocks = max_keys.div_ceil(BLOCK_KEYS).max(1);
     let want_ctas = 8 * sm_count.max(1) as usize;
@@ -155,8 +156,13 @@ fn launch(
     field: &'static str,
 ) -> Result<()> {
     let kernel = rt.kernel(KernelFamily::IndexerLogits { heads, layout })?;
-    let ctas = params.rows as usize * params.chunks as usize;
-    check_count_fits_i32("rows × chunks", ctas)?;
+    let units = if indexer_wg_kernel(heads, layout, rt.target()) {
+        params.rows as usize / params.next_n as usize
+    } else {
+        params.rows as usize
+    };
+    let ctas = units * params.chunks as usize;
+    check_count_fits_i32("CTAs (rows or requests × chunks)", ctas)?;
     let mut args = rt.args(&kernel);
     args.arg(&params);
     rt.launch(&kernel, args, ctas, field, "a page id below the cache's page count")
@@ -192,7 +198,9 @@ pub fn paged_logits(
     check_aligned("q", &query.q, 16, stream)?;
     check_aligned("cache", &keys.cache, 16, stream)?;
     check_count_fits_i32("table_width", keys.table_width)?;
-    let (per_cta, chunks) = split_rows(rows, max_keys, rt.gpu().caps().sm_count);
+    // The warp-group kernel reads each page once for all next_n rows of a request.
+    let units = if indexer_wg_kernel(query.heads, IndexerLayout::Paged, rt.target()) { batch } else { rows };
+    let (per_cta, chunks) = split_rows(units, max_keys, rt.gpu().caps().sm_count);
     let (q, _g1) = query.q.device_ptr(stream);
     let (weights, _g2) = query.weights.device_ptr(stream);
     let (cache, _g3) = keys.cache.device_ptr(stream);

@@ -34,6 +34,14 @@ NSA_DEVICE u64 desc(u32 addr, u32 k_stride, u32 mn_stride) {
          ((u64)((mn_stride >> 4) & 0x3fffu) << 32);
 }
 
+// Descriptor of a K-major tile in the 128-byte swizzle layout: rows of 128 bytes,
+// 8-row atoms 1024 bytes apart, 16-byte chunk c of row r stored at chunk c ^ (r % 8)
+// (`addr` 1024-byte aligned). The k offset inside the 128-byte row is added to the
+// start address (`desc_advance`); the leading offset is unused for this layout.
+NSA_DEVICE u64 desc_sw128(u32 addr) {
+  return (u64)((addr & 0x3ffffu) >> 4) | ((u64)1 << 16) | ((u64)(1024 >> 4) << 32) | ((u64)1 << 62);
+}
+
 // The same descriptor `bytes` further on (inside the 256 KiB window), opaque to the
 // compiler so an unrolled k loop recomputes its descriptors instead of holding
 // dozens of 64-bit constants in registers across the main loop.
@@ -108,6 +116,16 @@ NSA_DEVICE void mma_m64n128k16_rs(float (&d)[64], const u32 (&a)[4], u64 desc_b,
       "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " NSA_WG_D64 ", {%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"
       : NSA_WG_ACC8(d, 0), NSA_WG_ACC8(d, 8), NSA_WG_ACC8(d, 16), NSA_WG_ACC8(d, 24), NSA_WG_ACC8(d, 32), NSA_WG_ACC8(d, 40), NSA_WG_ACC8(d, 48), NSA_WG_ACC8(d, 56)
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"((int)accumulate), "n"(kTransB));
+}
+
+// d (64 x 64, f32) {+}= A (64 x 32 e4m3, smem descriptor) * B (64 x 32 e4m3, smem
+// descriptor), both K-major (FP8 wgmma has no transpose).
+NSA_DEVICE void mma_m64n64k32_e4m3_ss(float (&d)[32], u64 desc_a, u64 desc_b, bool accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 " NSA_WG_D32 ", %32, %33, p, 1, 1;\n}\n"
+      : NSA_WG_ACC8(d, 0), NSA_WG_ACC8(d, 8), NSA_WG_ACC8(d, 16), NSA_WG_ACC8(d, 24)
+      : "l"(desc_a), "l"(desc_b), "r"((int)accumulate));
 }
 
 #undef NSA_WG_ACC8
