@@ -82,13 +82,17 @@ impl IndexerLayout {
 /// warp-group kernel: one warp group).
 const INDEXER_LOGITS_THREADS: u32 = 128;
 
-/// Whether PAGED indexer logits of `heads` heads on `target` run the warp-group
-/// (wgmma FP8) kernel: one CTA per (request, chunk of pages), all next_n rows of the
-/// request at once. Everything else runs the mma.sync kernel, one CTA per (query
-/// row, chunk).
-pub fn indexer_wg_kernel(heads: u32, layout: IndexerLayout, target: Target) -> bool {
-    target == Target::Sm90a && layout == IndexerLayout::Paged && heads == INDEXER_WG_HEADS
+/// Whether indexer logits of `heads` heads on `target` run the warp-group (wgmma
+/// FP8) kernel: one CTA per (unit of query rows, chunk of key blocks), every row of
+/// the unit served by each block it loads — PAGED: a request's next_n rows; RAGGED:
+/// [`INDEXER_WG_RAGGED_ROWS`] consecutive rows. Everything else runs the mma.sync
+/// kernel, one CTA per (query row, chunk).
+pub fn indexer_wg_kernel(heads: u32, target: Target) -> bool {
+    target == Target::Sm90a && heads == INDEXER_WG_HEADS
 }
+
+/// Consecutive RAGGED query rows one warp-group indexer CTA serves (`kMaxNextN`).
+pub const INDEXER_WG_RAGGED_ROWS: u32 = 4;
 
 /// Index heads of the warp-group indexer kernel (the wgmma N; DeepSeek V3.2's count).
 pub const INDEXER_WG_HEADS: u32 = 64;
@@ -402,8 +406,8 @@ impl KernelSpec {
                     "sparse_prefill.cu.tera"
                 }
             }
-            KernelFamily::IndexerLogits { heads, layout } => {
-                if indexer_wg_kernel(heads, layout, self.target) {
+            KernelFamily::IndexerLogits { heads, .. } => {
+                if indexer_wg_kernel(heads, self.target) {
                     "indexer_logits_wg.cu.tera"
                 } else {
                     "indexer_logits.cu.tera"
@@ -441,7 +445,7 @@ impl KernelSpec {
             KernelFamily::TopK { .. } | KernelFamily::TopkSplit { .. } => 4 * self.topk_smem_words(),
             KernelFamily::SparseDecode { heads, .. } => self.sparse_mla_smem_bytes(heads, 576),
             KernelFamily::SparsePrefill { heads, d_qk, .. } => self.sparse_mla_smem_bytes(heads, d_qk),
-            KernelFamily::IndexerLogits { heads, layout } if indexer_wg_kernel(heads, layout, self.target) => {
+            KernelFamily::IndexerLogits { heads, .. } if indexer_wg_kernel(heads, self.target) => {
                 INDEXER_WG_SMEM_BYTES
             }
             _ => 0,

@@ -547,14 +547,14 @@ fn launch_geometry_matches_the_device_code() {
                 continue;
             }
             // One (query row, chunk of 64-key blocks) per CTA; 16 keys per warp. The
-            // warp-group kernel: one (request, chunk) per CTA, all next_n rows.
-            KernelFamily::IndexerLogits { heads, layout: l } => {
+            // warp-group kernel: one (unit of rows, chunk) per CTA.
+            KernelFamily::IndexerLogits { heads, .. } => {
                 let d = int_constants(header("nsa/indexer_logits.cuh").unwrap());
                 assert_eq!(spec.tokens_per_block(), 1, "{spec}");
                 assert_eq!(threads as i64, d["kThreads"], "{spec}");
                 assert_eq!(d["kBlockTokens"], d["kPageTokens"], "{spec}: one indexer page per step");
                 assert_eq!(d["kPageBytes"], layout::INDEXER_PAGE_BYTES as i64, "{spec}");
-                if nsa_kernels::spec::indexer_wg_kernel(heads, l, spec.target) {
+                if nsa_kernels::spec::indexer_wg_kernel(heads, spec.target) {
                     let wg = int_constants(header("nsa/indexer_logits_wg.cuh").unwrap());
                     assert_eq!(wg["kHeads"], heads as i64, "{spec}");
                     // The runtime accepts next_n 1..=4 (ops/indexer.rs).

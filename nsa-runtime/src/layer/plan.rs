@@ -20,7 +20,6 @@ use crate::runtime::Runtime;
 use crate::{Error, Result};
 use cudarc::driver::{CudaSlice, CudaView};
 use nsa_kernels::layout::{BF16_TOKEN_ELEMS, INDEXER_PAGE_TOKENS};
-use nsa_kernels::spec::IndexerLayout;
 use nsa_kernels::{KvCacheFormat, Target};
 use std::ops::Range;
 
@@ -188,21 +187,21 @@ fn assemble(
             (chunks, num_keys.next_multiple_of(4))
         }
     };
+    let indexer_kernel = if nsa_kernels::spec::indexer_wg_kernel(model.index_n_heads, target) {
+        "wgmma FP8: each key block read once per request (PAGED) or per 4 rows (RAGGED)"
+    } else {
+        "mma.sync FP8: one CTA per query row"
+    };
     explain.push(match &indexer {
         IndexerStage::Skip => {
             format!("indexer: skipped, every token sees ≤ {topk} keys (top-k selects them all without scores)")
         }
         IndexerStage::Paged { table_width } => format!(
-            "indexer: indexer_logits.paged.h{} over the real page table ({table_width} pages of 64; {})",
+            "indexer: indexer_logits.paged.h{} over the real page table ({table_width} pages of 64; {indexer_kernel})",
             model.index_n_heads,
-            if nsa_kernels::spec::indexer_wg_kernel(model.index_n_heads, IndexerLayout::Paged, target) {
-                "wgmma FP8, each page read once for all query rows of a request"
-            } else {
-                "mma.sync FP8, one CTA per query row"
-            }
         ),
         IndexerStage::Gathered { num_keys, chunk_rows, why } => format!(
-            "indexer: indexer_k_gather of {num_keys} keys, then indexer_logits.ragged.h{} in {} chunk(s) of ≤ {chunk_rows} rows ({why}; logits budget {} bytes)",
+            "indexer: indexer_k_gather of {num_keys} keys, then indexer_logits.ragged.h{} in {} chunk(s) of ≤ {chunk_rows} rows ({why}; logits budget {} bytes; {indexer_kernel})",
             model.index_n_heads,
             chunks.len(),
             cfg.logits_budget_bytes

@@ -8,7 +8,7 @@ use crate::runtime::Runtime;
 use crate::Result;
 use cudarc::driver::{CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr, PushKernelArg};
 use nsa_kernels::layout::{INDEXER_HEAD_DIM, INDEXER_PAGE_BYTES, INDEXER_PAGE_TOKENS};
-use nsa_kernels::spec::{indexer_wg_kernel, IndexerLayout};
+use nsa_kernels::spec::{indexer_wg_kernel, IndexerLayout, INDEXER_WG_RAGGED_ROWS};
 use nsa_kernels::KernelFamily;
 
 /// Keys one CTA step covers (one indexer page).
@@ -148,6 +148,19 @@ fn check_out(out: &LogitsOut<'_, '_>, rows: usize, width: usize) -> Result<()> {
     Ok(())
 }
 
+/// The query-row units the kernel gives a CTA each (times the chunks of keys): the
+/// warp-group kernel reads each key block once for a request's next_n rows (PAGED)
+/// or for 4 consecutive rows (RAGGED); the mma.sync kernel serves one row.
+fn units(heads: u32, layout: IndexerLayout, rows: usize, next_n: usize, rt: &Runtime) -> usize {
+    if !indexer_wg_kernel(heads, rt.target()) {
+        return rows;
+    }
+    match layout {
+        IndexerLayout::Paged => rows / next_n.max(1),
+        IndexerLayout::Ragged => rows.div_ceil(INDEXER_WG_RAGGED_ROWS as usize),
+    }
+}
+
 fn launch(
     rt: &Runtime,
     heads: u32,
@@ -156,11 +169,7 @@ fn launch(
     field: &'static str,
 ) -> Result<()> {
     let kernel = rt.kernel(KernelFamily::IndexerLogits { heads, layout })?;
-    let units = if indexer_wg_kernel(heads, layout, rt.target()) {
-        params.rows as usize / params.next_n as usize
-    } else {
-        params.rows as usize
-    };
+    let units = units(heads, layout, params.rows as usize, params.next_n as usize, rt);
     let ctas = units * params.chunks as usize;
     check_count_fits_i32("CTAs (rows or requests × chunks)", ctas)?;
     let mut args = rt.args(&kernel);
@@ -198,8 +207,7 @@ pub fn paged_logits(
     check_aligned("q", &query.q, 16, stream)?;
     check_aligned("cache", &keys.cache, 16, stream)?;
     check_count_fits_i32("table_width", keys.table_width)?;
-    // The warp-group kernel reads each page once for all next_n rows of a request.
-    let units = if indexer_wg_kernel(query.heads, IndexerLayout::Paged, rt.target()) { batch } else { rows };
+    let units = units(query.heads, IndexerLayout::Paged, rows, keys.next_n, rt);
     let (per_cta, chunks) = split_rows(units, max_keys, rt.gpu().caps().sm_count);
     let (q, _g1) = query.q.device_ptr(stream);
     let (weights, _g2) = query.weights.device_ptr(stream);
@@ -245,7 +253,8 @@ pub fn ragged_logits(
     }
     check_aligned("q", &query.q, 16, stream)?;
     check_aligned("keys", &keys.keys, 16, stream)?;
-    let (per_cta, chunks) = split_rows(rows, num_keys, rt.gpu().caps().sm_count);
+    let units = units(query.heads, IndexerLayout::Ragged, rows, 1, rt);
+    let (per_cta, chunks) = split_rows(units, num_keys, rt.gpu().caps().sm_count);
     let (q, _g1) = query.q.device_ptr(stream);
     let (weights, _g2) = query.weights.device_ptr(stream);
     let (k, _g3) = keys.keys.device_ptr(stream);
