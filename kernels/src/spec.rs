@@ -445,9 +445,7 @@ impl KernelSpec {
             KernelFamily::TopK { .. } | KernelFamily::TopkSplit { .. } => 4 * self.topk_smem_words(),
             KernelFamily::SparseDecode { heads, .. } => self.sparse_mla_smem_bytes(heads, 576),
             KernelFamily::SparsePrefill { heads, d_qk, .. } => self.sparse_mla_smem_bytes(heads, d_qk),
-            KernelFamily::IndexerLogits { heads, .. } if indexer_wg_kernel(heads, self.target) => {
-                INDEXER_WG_SMEM_BYTES
-            }
+            KernelFamily::IndexerLogits { heads, .. } if indexer_wg_kernel(heads, self.target) => INDEXER_WG_SMEM_BYTES,
             _ => 0,
         }
     }

@@ -8,6 +8,13 @@
 //! reference is the exact value up to one rounding; GPU kernels accumulating in f32
 //! are compared with a relative tolerance. Entries a row may not see are
 //! `f32::NEG_INFINITY` (the kernels leave them unspecified; top-k never reads them).
+//!
+//! The sm_90a kernel multiplies with Hopper's FP8 warp-group MMA, as DeepGEMM's
+//! kernel (the one the reference backend calls) does. Those tensor cores do not
+//! accumulate in full f32: each 32-deep step aligns its products to the largest
+//! exponent and keeps about 14 significant bits (DeepSeek-V3 report, §3.3.2). Its
+//! logits are therefore checked against [`logit_spread`] ×
+//! [`FP8_WGMMA_REL_ERR`] on top of the f32 tolerance.
 
 use super::fp8::e4m3_to_f32;
 use nsa_kernels::layout::{INDEXER_HEAD_DIM, INDEXER_PAGE_BYTES, INDEXER_PAGE_TOKENS};
@@ -32,21 +39,38 @@ pub fn index_k_at(cache: &[u8], slot: usize) -> (&[u8], f32) {
     (&page[off * INDEXER_HEAD_DIM..][..INDEXER_HEAD_DIM], scale)
 }
 
+/// Error of a Hopper FP8 warp-group MMA head dot relative to `Σ_d |q_d · k_d|`: four
+/// chained 32-deep steps, each truncating at about 2⁻¹³ of its largest addend
+/// (every addend, the running sum included, is at most that sum): 4 · 2⁻¹³.
+pub const FP8_WGMMA_REL_ERR: f32 = 1.0 / 2048.0;
+
 /// One logit: `q` is `[64, 128]` e4m3 bytes of one query row, `weights` its 64 gates.
 pub fn logit(q: &[u8], weights: &[f32], k: &[u8], k_scale: f32) -> f32 {
+    head_sum(q, weights, k, k_scale, |w, dot, _| w * dot.max(0.0)) as f32
+}
+
+/// `Σ_h |w_h| · k_scale · Σ_d |q_hd · k_d|`: what bounds the error of a logit whose
+/// head dots were accumulated with limited precision (ReLU never widens it).
+pub fn logit_spread(q: &[u8], weights: &[f32], k: &[u8], k_scale: f32) -> f32 {
+    head_sum(q, weights, k, k_scale, |w, _, abs| w.abs() * abs) as f32
+}
+
+/// `Σ_h f(w_h, k_scale · q_h·k, k_scale · Σ_d |q_hd · k_d|)` in f64.
+fn head_sum(q: &[u8], weights: &[f32], k: &[u8], k_scale: f32, f: impl Fn(f64, f64, f64) -> f64) -> f64 {
     let heads = weights.len();
     assert_eq!(q.len(), heads * INDEXER_HEAD_DIM);
     let kf: Vec<f64> = k.iter().map(|&b| e4m3_to_f32(b) as f64).collect();
+    let scale = k_scale as f64;
     let mut sum = 0.0f64;
     for (h, &w) in weights.iter().enumerate() {
-        let dot: f64 = q[h * INDEXER_HEAD_DIM..][..INDEXER_HEAD_DIM]
-            .iter()
-            .zip(&kf)
-            .map(|(&qb, &kv)| e4m3_to_f32(qb) as f64 * kv)
-            .sum();
-        sum += w as f64 * (k_scale as f64 * dot).max(0.0);
+        let (dot, abs) =
+            q[h * INDEXER_HEAD_DIM..][..INDEXER_HEAD_DIM].iter().zip(&kf).fold((0.0, 0.0), |(d, a), (&qb, &kv)| {
+                let p = e4m3_to_f32(qb) as f64 * kv;
+                (d + p, a + p.abs())
+            });
+        sum += f(w as f64, scale * dot, scale * abs);
     }
-    sum as f32
+    sum
 }
 
 /// The keys a paged logits call reads: the indexer cache, each request's page row
@@ -63,6 +87,24 @@ pub struct PagedKeys<'a> {
 /// `q` is `[rows, 64, 128]` bytes, `weights` `[rows, 64]`. Query j of request b sees
 /// keys `s < context_len − next_n + j + 1`. Output `[rows, max_context]`.
 pub fn paged_logits(q: &[u8], weights: &[f32], keys: PagedKeys<'_>, next_n: usize, max_context: usize) -> Vec<f32> {
+    paged_map(q, weights, keys, next_n, max_context, logit)
+}
+
+/// [`logit_spread`] of every entry [`paged_logits`] computes.
+pub fn paged_spreads(q: &[u8], weights: &[f32], keys: PagedKeys<'_>, next_n: usize, max_context: usize) -> Vec<f32> {
+    paged_map(q, weights, keys, next_n, max_context, logit_spread)
+}
+
+type EntryFn = fn(&[u8], &[f32], &[u8], f32) -> f32;
+
+fn paged_map(
+    q: &[u8],
+    weights: &[f32],
+    keys: PagedKeys<'_>,
+    next_n: usize,
+    max_context: usize,
+    f: EntryFn,
+) -> Vec<f32> {
     let rows = keys.context_lens.len() * next_n;
     let row_q = INDEX_HEADS * INDEXER_HEAD_DIM;
     assert_eq!(q.len(), rows * row_q);
@@ -76,7 +118,7 @@ pub fn paged_logits(q: &[u8], weights: &[f32], keys: PagedKeys<'_>, next_n: usiz
                 let page = keys.block_table[b * keys.width + s / INDEXER_PAGE_TOKENS] as usize;
                 let (k, scale) = index_k_at(keys.cache, page * INDEXER_PAGE_TOKENS + s % INDEXER_PAGE_TOKENS);
                 out[row * max_context + s] =
-                    logit(&q[row * row_q..][..row_q], &weights[row * INDEX_HEADS..][..INDEX_HEADS], k, scale);
+                    f(&q[row * row_q..][..row_q], &weights[row * INDEX_HEADS..][..INDEX_HEADS], k, scale);
             }
         }
     }
@@ -86,6 +128,15 @@ pub fn paged_logits(q: &[u8], weights: &[f32], keys: PagedKeys<'_>, next_n: usiz
 /// Ragged logits (extend, §6.3): keys `k` `[S, 128]` bytes with scales `[S]`; row t
 /// sees keys `[ks[t], ke[t])`. Output `[T, S]`.
 pub fn ragged_logits(q: &[u8], weights: &[f32], k: &[u8], k_scale: &[f32], ks: &[i32], ke: &[i32]) -> Vec<f32> {
+    ragged_map(q, weights, k, k_scale, ks, ke, logit)
+}
+
+/// [`logit_spread`] of every entry [`ragged_logits`] computes.
+pub fn ragged_spreads(q: &[u8], weights: &[f32], k: &[u8], k_scale: &[f32], ks: &[i32], ke: &[i32]) -> Vec<f32> {
+    ragged_map(q, weights, k, k_scale, ks, ke, logit_spread)
+}
+
+fn ragged_map(q: &[u8], weights: &[f32], k: &[u8], k_scale: &[f32], ks: &[i32], ke: &[i32], f: EntryFn) -> Vec<f32> {
     let (t_rows, s_keys) = (ks.len(), k_scale.len());
     let row_q = INDEX_HEADS * INDEXER_HEAD_DIM;
     assert_eq!((ke.len(), q.len(), k.len()), (t_rows, t_rows * row_q, s_keys * INDEXER_HEAD_DIM));
@@ -93,7 +144,7 @@ pub fn ragged_logits(q: &[u8], weights: &[f32], k: &[u8], k_scale: &[f32], ks: &
     for t in 0..t_rows {
         let (lo, hi) = (ks[t].max(0) as usize, (ke[t].max(0) as usize).min(s_keys));
         for s in lo..hi.max(lo) {
-            out[t * s_keys + s] = logit(
+            out[t * s_keys + s] = f(
                 &q[t * row_q..][..row_q],
                 &weights[t * INDEX_HEADS..][..INDEX_HEADS],
                 &k[s * INDEXER_HEAD_DIM..][..INDEXER_HEAD_DIM],
@@ -139,6 +190,8 @@ mod tests {
         q[5 * INDEXER_HEAD_DIM] = q8(1.0);
         w[5] = -1.0;
         assert_eq!(logit(&q, &w, &k, 0.25), 0.375 - 0.5);
+        // The spread sums |w| |q k| over heads and dims: cancellation and ReLU do not shrink it.
+        assert_eq!(logit_spread(&q, &w, &k, 0.25), 0.375 + 0.5);
     }
 
     #[test]

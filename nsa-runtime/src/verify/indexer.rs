@@ -1,18 +1,22 @@
 //! Indexer logits on the GPU against the CPU reference (spec §6.2, §6.3).
 //!
-//! Tolerance: every visible entry within `2·10⁻⁵ · max|row| + 10⁻⁶` of the f64
-//! reference (the kernel's products are exact, its f32 sums round; a wrong key,
-//! head, scale or window is off by O(|row|)). Entries a row does not see must keep
-//! the sentinel the buffer was filled with.
+//! Tolerance ([`logit_tolerance`]): every visible entry within `2·10⁻⁵ · max|row| +
+//! 10⁻⁶` of the f64 reference (the mma.sync kernel's products are exact, its f32
+//! sums round; a wrong key, head, scale or window is off by O(|row|)), plus, for the
+//! sm_90a warp-group kernel, `2⁻¹¹ · Σ_h |w_h| · k_scale · Σ_d |q_hd k_d|` for
+//! Hopper's FP8 MMA accumulation (see `reference::indexer`). Entries a row does not
+//! see must keep the sentinel the buffer was filled with.
 
 use super::{download, upload, Check};
 use crate::ops::indexer::{self, IndexerQuery, LogitsOut, PagedIndexerKeys, RaggedIndexerKeys};
-use crate::reference::indexer::{paged_logits, ragged_logits, PagedKeys};
+use crate::reference::indexer::{
+    paged_logits, paged_spreads, ragged_logits, ragged_spreads, PagedKeys, FP8_WGMMA_REL_ERR,
+};
 use crate::runtime::Runtime;
 use crate::testdata;
 use crate::Result;
 use nsa_kernels::layout::{INDEXER_HEAD_DIM, INDEXER_PAGE_BYTES, INDEXER_PAGE_TOKENS};
-use nsa_kernels::spec::IndexerLayout;
+use nsa_kernels::spec::{indexer_wg_kernel, IndexerLayout};
 use nsa_kernels::{KernelFamily, KernelSpec};
 use rand::rngs::StdRng;
 use rand::Rng;
@@ -49,18 +53,30 @@ fn power_of_two_scale(rng: &mut StdRng) -> f32 {
     2f32.powi(rng.random_range(-12..-4))
 }
 
+/// How far a kernel's logit may lie from the reference: f32 accumulation relative
+/// to the row's largest logit, plus, for the warp-group kernel, the bound of Hopper's
+/// FP8 MMA accumulation (`spread`: the entry's [`logit_spread`]).
+pub fn logit_tolerance(row_max: f32, spread: f32, wgmma: bool) -> f32 {
+    2e-5 * row_max + 1e-6 + if wgmma { FP8_WGMMA_REL_ERR * spread } else { 0.0 }
+}
+
 /// Compares the visible entries of `got` with `want` (−inf in `want` = not visible).
 /// A mismatch report also names the worst entry as a multiple of its tolerance: a
 /// rounding-level miss (a few times the tolerance) reads differently from a wrong
 /// key or head (orders of magnitude).
-fn compare(got: &[f32], want: &[f32], rows: usize, width: usize, stride: usize) -> (usize, Option<String>) {
+fn compare(
+    got: &[f32],
+    want: &[f32],
+    spreads: &[f32],
+    wgmma: bool,
+    (rows, width, stride): (usize, usize, usize),
+) -> (usize, Option<String>) {
     let mut bad = 0;
     let mut first = None;
     let mut worst = (0.0f32, 0, 0);
     for r in 0..rows {
         let w_row = &want[r * width..(r + 1) * width];
         let max = w_row.iter().filter(|v| v.is_finite()).fold(0.0f32, |m, v| m.max(v.abs()));
-        let tol = 2e-5 * max + 1e-6;
         let mut row_bad = false;
         for s in 0..width {
             let g = got[r * stride + s];
@@ -68,7 +84,7 @@ fn compare(got: &[f32], want: &[f32], rows: usize, width: usize, stride: usize) 
                 g != SENTINEL
             } else {
                 // A NaN from the GPU is an infinite miss.
-                let ratio = (g - w_row[s]).abs() / tol;
+                let ratio = (g - w_row[s]).abs() / logit_tolerance(max, spreads[r * width + s], wgmma);
                 let ratio = if ratio.is_nan() { f32::INFINITY } else { ratio };
                 if ratio > worst.0 {
                     worst = (ratio, r, s);
@@ -89,6 +105,7 @@ fn compare(got: &[f32], want: &[f32], rows: usize, width: usize, stride: usize) 
 pub fn run(rt: &Runtime, case: &IndexerCase, heads: u32) -> Result<Check> {
     let stream = rt.gpu().stream();
     let h = heads as usize;
+    let wgmma = indexer_wg_kernel(heads, rt.target());
     let (layout, rows, mismatches, first, what) = match case {
         IndexerCase::Paged { context_lens, next_n, table_width, pages, seed } => {
             let mut rng = testdata::rng(*seed);
@@ -128,7 +145,8 @@ pub fn run(rt: &Runtime, case: &IndexerCase, heads: u32) -> Result<Check> {
             let got = download(stream, &d_out, rows * stride)?;
             let pk = PagedKeys { cache: &cache, block_table: &table, width: *table_width, context_lens };
             let want = paged_logits(&q, &w, pk, *next_n, width);
-            let (bad, first) = compare(&got, &want, rows, width, stride);
+            let spreads = paged_spreads(&q, &w, pk, *next_n, width);
+            let (bad, first) = compare(&got, &want, &spreads, wgmma, (rows, width, stride));
             (IndexerLayout::Paged, rows, bad, first, format!("paged b{batch} next_n{next_n} width{table_width}"))
         }
         IndexerCase::Ragged { ks, ke, num_keys, seed } => {
@@ -156,7 +174,8 @@ pub fn run(rt: &Runtime, case: &IndexerCase, heads: u32) -> Result<Check> {
             indexer::ragged_logits(rt, &query, &rk, LogitsOut { data: &mut view, stride })?;
             let got = download(stream, &d_out, rows * stride)?;
             let want = ragged_logits(&q, &w, &keys, &scales, ks, ke);
-            let (bad, first) = compare(&got, &want, rows, *num_keys, stride);
+            let spreads = ragged_spreads(&q, &w, &keys, &scales, ks, ke);
+            let (bad, first) = compare(&got, &want, &spreads, wgmma, (rows, *num_keys, stride));
             (IndexerLayout::Ragged, rows, bad, first, format!("ragged t{rows} keys{num_keys}"))
         }
     };
@@ -179,11 +198,12 @@ mod tests {
         // 2e-5 · 100 + 1e-6.
         let want = [100.0, -50.0, f32::NEG_INFINITY, 10.0, 20.0, 30.0];
         let ok = [100.001, -50.0, SENTINEL, 0.0, 10.0, 20.0, 30.0, 0.0];
-        assert_eq!(compare(&ok, &want, 2, 3, 4), (0, None));
+        let spreads = [0.0; 6];
+        assert_eq!(compare(&ok, &want, &spreads, false, (2, 3, 4)), (0, None));
         let with = |at: usize, v: f32| {
             let mut g = ok;
             g[at] = v;
-            compare(&g, &want, 2, 3, 4)
+            compare(&g, &want, &spreads, false, (2, 3, 4))
         };
         let (bad, first) = with(4, f32::NAN);
         assert_eq!(bad, 1);
@@ -194,5 +214,11 @@ mod tests {
         // 0.01 off is about 5 tolerances; the report names it.
         let first = first.unwrap();
         assert!(first.contains("worst: 4.99") && first.contains("at row 0 key 0"), "{first}");
+        // The warp-group kernel's allowance: 2^-11 of a spread of 40 is ~0.0195.
+        let mut g = ok;
+        g[0] = 100.01;
+        let wide = [40.0, 0.0, 0.0, 0.0, 0.0, 0.0];
+        assert_eq!(compare(&g, &want, &wide, true, (2, 3, 4)).0, 0);
+        assert_eq!(compare(&g, &want, &wide, false, (2, 3, 4)).0, 1);
     }
 }

@@ -4,12 +4,13 @@
 //!
 //! Stage by stage, each fed what the GPU produced upstream once that was checked:
 //! * both caches, every byte, against the reference stores;
-//! * indexer logits of sampled rows against the f64 reference (tolerance of
-//!   [`super::indexer`]: `2·10⁻⁵·max|row| + 10⁻⁶`);
+//! * indexer logits of sampled rows against the f64 reference (tolerance
+//!   [`super::indexer::logit_tolerance`]: `2·10⁻⁵·max|row| + 10⁻⁶`, plus the FP8
+//!   MMA accumulation bound for the sm_90a warp-group kernel);
 //! * top-k of sampled rows: exactly `min(n, k)` distinct visible positions (slots
 //!   mapped back through the request's table, or ragged rows minus the row offset),
 //!   −1 after them, positions `0..n` for short rows, and for long rows no unselected
-//!   key whose reference logit beats a selected one by more than twice that tolerance;
+//!   key whose reference logit beats a selected one by more than their two tolerances;
 //! * attention of sampled rows over the selected keys (tolerances of
 //!   [`super::attention`]), keys read as the chosen kernel reads them;
 //! * with a planted needle: every token that sees its request's needle selects it,
@@ -17,6 +18,7 @@
 
 use super::attention::{compare, parallel_rows, reference_rows, sample_rows, within, GpuAttention};
 use super::indexer::e4m3;
+use super::indexer::logit_tolerance;
 use super::{download, upload, Check};
 use crate::layer::{
     AttentionStage, IndexerStage, LayerCaches, LayerConfig, LayerInputs, LayerOutputs, LayerWorkspace, NsaLayer, Stage,
@@ -28,7 +30,7 @@ use crate::metadata::{
 use crate::ops::kv_cache::MlaCacheMut;
 use crate::ops::Rows;
 use crate::reference::fp8::f32_to_e4m3_satfinite;
-use crate::reference::indexer::{index_k_at, logit};
+use crate::reference::indexer::{index_k_at, logit, logit_spread};
 use crate::reference::kv_cache::{dequantize_fp8_token, quantize_fp8_token, store_bf16, store_fp8, store_indexer_k};
 use crate::reference::sparse_mla::{attend, PagedFp8};
 use crate::reference::topk::check_row;
@@ -38,6 +40,7 @@ use crate::Result;
 use cudarc::driver::CudaSlice;
 use half::bf16;
 use nsa_kernels::layout::*;
+use nsa_kernels::spec::indexer_wg_kernel;
 use nsa_kernels::{KvCacheFormat, NsaConfig};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
@@ -489,28 +492,34 @@ pub fn run(rt: &Runtime, case: &LayerCase) -> Result<LayerReport> {
     let picked = sample_rows(t, case.check_rows);
     let keys = crate::layer::ragged_keys(&md)?;
     let visible = |r: usize| md.nsa_seqlens_expanded[r].max(0) as usize;
-    let ref_logits = |r: usize| -> Vec<f32> {
+    // (logit, spread) of every visible key: the spread bounds the warp-group kernel's
+    // FP8 accumulation error (`verify::indexer::logit_tolerance`).
+    let wgmma = indexer_wg_kernel(ih as u32, rt.target());
+    let ref_logits = |r: usize| -> Vec<(f32, f32)> {
         let (i, _) = data.tokens[r];
         let q = &data.index_q[r * ih * INDEXER_HEAD_DIM..][..ih * INDEXER_HEAD_DIM];
         let w = &data.index_weights[r * ih..][..ih];
         (0..visible(r))
             .map(|p| {
                 let (kb, scale) = index_k_at(&ref_index, b.slot(i, p) as usize);
-                logit(q, w, kb, scale)
+                (logit(q, w, kb, scale), if wgmma { logit_spread(q, w, kb, scale) } else { 0.0 })
             })
             .collect()
     };
     let computed = d.indexer != IndexerStage::Skip;
-    let want_logits: Vec<Vec<f32>> = parallel_rows(&picked, |r| if computed { ref_logits(r) } else { Vec::new() });
+    let want_logits: Vec<Vec<(f32, f32)>> =
+        parallel_rows(&picked, |r| if computed { ref_logits(r) } else { Vec::new() });
     if computed && single_chunk {
         let (mut bad, mut first) = (0, None);
         for (&r, want) in picked.iter().zip(&want_logits) {
             let base = r * d.logits_stride
                 + if matches!(d.indexer, IndexerStage::Gathered { .. }) { keys.ks[r] as usize } else { 0 };
-            let max = want.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-            if let Some(p) = (0..want.len()).find(|&p| !within(logits[base + p], want[p], 0.0, 2e-5 * max + 1e-6)) {
+            let max = want.iter().fold(0.0f32, |m, v| m.max(v.0.abs()));
+            if let Some(p) =
+                (0..want.len()).find(|&p| !within(logits[base + p], want[p].0, 0.0, logit_tolerance(max, want[p].1, wgmma)))
+            {
                 bad += 1;
-                first.get_or_insert(format!("row {r} key {p}: gpu {} vs reference {}", logits[base + p], want[p]));
+                first.get_or_insert(format!("row {r} key {p}: gpu {} vs reference {}", logits[base + p], want[p].0));
             }
         }
         checks.push(Check {
@@ -553,7 +562,7 @@ pub fn run(rt: &Runtime, case: &LayerCase) -> Result<LayerReport> {
     for (&r, want) in picked.iter().zip(&want_logits) {
         let got = positions(r);
         let n = visible(r);
-        let err = if n <= k { check_row(&vec![0.0; n], k, &got).err() } else { topk_within(want, &got) };
+        let err = if n <= k { check_row(&vec![0.0; n], k, &got).err() } else { topk_within(want, &got, wgmma) };
         if let Some(e) = err {
             bad += 1;
             first.get_or_insert(format!("row {r}: {e}"));
@@ -660,8 +669,9 @@ fn time_layer(rt: &Runtime, iters: usize, forward: &mut Forward<'_>) -> Result<L
 }
 
 /// Long rows: the chosen set holds `k` distinct visible positions, −1-free, and no
-/// unchosen key beats a chosen one by more than twice the logits tolerance.
-fn topk_within(want: &[f32], got: &[Option<i32>]) -> Option<String> {
+/// unchosen key beats a chosen one by more than the two keys' logits tolerances
+/// (`want`: reference logit and spread per position).
+fn topk_within(want: &[(f32, f32)], got: &[Option<i32>], wgmma: bool) -> Option<String> {
     let n = want.len();
     let mut chosen = vec![false; n];
     for (j, p) in got.iter().enumerate() {
@@ -670,12 +680,32 @@ fn topk_within(want: &[f32], got: &[Option<i32>]) -> Option<String> {
             other => return Some(format!("entry {j} is {other:?}: not a new position in 0..{n}")),
         }
     }
-    let max = want.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-    let tol = 2.0 * (2e-5 * max + 1e-6);
-    let lowest_in = (0..n).filter(|&p| chosen[p]).map(|p| want[p]).fold(f32::INFINITY, f32::min);
-    let highest_out = (0..n).filter(|&p| !chosen[p]).map(|p| want[p]).fold(f32::NEG_INFINITY, f32::max);
-    (highest_out > lowest_in + tol)
-        .then(|| format!("unselected logit {highest_out} beats selected {lowest_in} (tolerance {tol})"))
+    let max = want.iter().fold(0.0f32, |m, v| m.max(v.0.abs()));
+    let tol = |p: usize| logit_tolerance(max, want[p].1, wgmma);
+    // The GPU ranked its own logits: each may sit up to its tolerance off the reference.
+    let lowest_in = (0..n).filter(|&p| chosen[p]).map(|p| (want[p].0 - tol(p), p)).fold((f32::INFINITY, 0), min_by_0);
+    let highest_out =
+        (0..n).filter(|&p| !chosen[p]).map(|p| (want[p].0 + tol(p), p)).fold((f32::NEG_INFINITY, 0), max_by_0);
+    (highest_out.0 > lowest_in.0).then(|| {
+        let (o, i) = (highest_out.1, lowest_in.1);
+        format!("unselected logit {} beats selected {} (tolerances {} and {})", want[o].0, want[i].0, tol(o), tol(i))
+    })
+}
+
+fn min_by_0(a: (f32, usize), b: (f32, usize)) -> (f32, usize) {
+    if b.0 < a.0 {
+        b
+    } else {
+        a
+    }
+}
+
+fn max_by_0(a: (f32, usize), b: (f32, usize)) -> (f32, usize) {
+    if b.0 > a.0 {
+        b
+    } else {
+        a
+    }
 }
 
 #[allow(clippy::too_many_arguments)]
