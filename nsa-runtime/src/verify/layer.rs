@@ -515,8 +515,8 @@ pub fn run(rt: &Runtime, case: &LayerCase) -> Result<LayerReport> {
             let base = r * d.logits_stride
                 + if matches!(d.indexer, IndexerStage::Gathered { .. }) { keys.ks[r] as usize } else { 0 };
             let max = want.iter().fold(0.0f32, |m, v| m.max(v.0.abs()));
-            if let Some(p) =
-                (0..want.len()).find(|&p| !within(logits[base + p], want[p].0, 0.0, logit_tolerance(max, want[p].1, wgmma)))
+            if let Some(p) = (0..want.len())
+                .find(|&p| !within(logits[base + p], want[p].0, 0.0, logit_tolerance(max, want[p].1, wgmma)))
             {
                 bad += 1;
                 first.get_or_insert(format!("row {r} key {p}: gpu {} vs reference {}", logits[base + p], want[p].0));
