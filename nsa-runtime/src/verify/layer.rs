@@ -682,10 +682,12 @@ fn topk_within(want: &[(f32, f32)], got: &[Option<i32>], wgmma: bool) -> Option<
     }
     let max = want.iter().fold(0.0f32, |m, v| m.max(v.0.abs()));
     let tol = |p: usize| logit_tolerance(max, want[p].1, wgmma);
-    // The GPU ranked its own logits: each may sit up to its tolerance off the reference.
-    let lowest_in = (0..n).filter(|&p| chosen[p]).map(|p| (want[p].0 - tol(p), p)).fold((f32::INFINITY, 0), min_by_0);
+    // The GPU ranked its own logits, each up to its tolerance off the reference: a
+    // wrong choice is an unselected key whose lowest possible logit exceeds the
+    // highest possible logit of a selected one.
+    let lowest_in = (0..n).filter(|&p| chosen[p]).map(|p| (want[p].0 + tol(p), p)).fold((f32::INFINITY, 0), min_by_0);
     let highest_out =
-        (0..n).filter(|&p| !chosen[p]).map(|p| (want[p].0 + tol(p), p)).fold((f32::NEG_INFINITY, 0), max_by_0);
+        (0..n).filter(|&p| !chosen[p]).map(|p| (want[p].0 - tol(p), p)).fold((f32::NEG_INFINITY, 0), max_by_0);
     (highest_out.0 > lowest_in.0).then(|| {
         let (o, i) = (highest_out.1, lowest_in.1);
         format!("unselected logit {} beats selected {} (tolerances {} and {})", want[o].0, want[i].0, tol(o), tol(i))
@@ -1109,5 +1111,26 @@ impl StepInputs {
             index_weights: &self.weights,
             index_k: &self.index_k,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::topk_within;
+
+    #[test]
+    fn topk_within_accepts_near_ties_and_rejects_a_clear_swap() {
+        // Row max 100: f32 tolerance 2e-5 · 100 + 1e-6 ≈ 0.002 per key.
+        let want = [(100.0, 0.0), (50.0, 0.0), (50.001, 0.0), (10.0, 0.0)];
+        let pick = |p: [i32; 2]| p.map(Some);
+        assert_eq!(topk_within(&want, &pick([0, 2]), false), None);
+        assert_eq!(topk_within(&want, &pick([0, 1]), false), None, "0.001 apart: within both tolerances");
+        let err = topk_within(&want, &pick([0, 3]), false).expect("10 chosen over 50");
+        assert!(err.contains("unselected logit 50.001 beats selected 10"), "{err}");
+        // A spread of 40_000 widens the warp-group allowance to ~19.5 per key.
+        let wide = [(100.0, 0.0), (50.0, 40_000.0), (45.0, 40_000.0)];
+        assert_eq!(topk_within(&wide, &pick([0, 2]), true), None);
+        assert!(topk_within(&wide, &pick([0, 2]), false).is_some());
+        assert!(topk_within(&want, &[Some(0), Some(0)], false).unwrap().contains("not a new position"));
     }
 }
