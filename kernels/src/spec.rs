@@ -132,10 +132,11 @@ pub const WG_HEAD_TILE: u32 = 64;
 
 /// Dynamic shared memory of the warp-group sparse MLA kernels with `d_qk`-wide rows;
 /// mirrors `nsa::attend_wg::Smem` (sparse_attend_wg.cuh): Q and two K/V tiles of 64
-/// rows, the 64 × 64 bf16 P tile, per-row rescale factors, max and sum, validity flags.
+/// rows, the 64 × 64 bf16 P tile, per-row rescale factors, max and sum, validity
+/// flags, and 1 KiB of slack to start the swizzled tiles 1024-byte aligned.
 pub fn wg_smem_bytes(d_qk: u32) -> u32 {
     let tile = WG_HEAD_TILE * d_qk * 2;
-    3 * tile + WG_HEAD_TILE * DECODE_BLOCK_TOKENS * 2 + 3 * WG_HEAD_TILE * 4 + 2 * DECODE_BLOCK_TOKENS
+    3 * tile + WG_HEAD_TILE * DECODE_BLOCK_TOKENS * 2 + 3 * WG_HEAD_TILE * 4 + 2 * DECODE_BLOCK_TOKENS + 1024
 }
 
 /// Tokens one sparse-decode pipeline step covers (top-k must be a multiple).

@@ -6,9 +6,11 @@
 //        registers);
 //   WG1: O[:, 256:512] += P V (A = P from shared memory), rescaled by WG0's factors.
 // The family's producer warp groups fill the double-buffered K/V tile and hand it
-// over with attend's full/empty named barriers. Q, K/V and P tiles use the
-// no-swizzle core-matrix layout (`Tile`): the same K/V bytes are the K-major B
-// operand of Q K^T and the MN-major B operand of P V.
+// over with attend's full/empty named barriers. Q and K/V tiles use the 128-byte
+// swizzle layout (`Tile`): the same K/V bytes are the K-major B operand of Q K^T
+// and the MN-major B operand of P V, a producer's 8 lanes copy one row's 128
+// contiguous bytes without bank conflicts, and wgmma reads them conflict-free. P
+// uses the no-swizzle core-matrix layout.
 #pragma once
 #include "nsa/cuda/wgmma.cuh"
 #include "nsa/sparse_attend.cuh"
@@ -20,19 +22,24 @@ using namespace attend;
 
 constexpr int kHT = 64;             // heads per CTA: the wgmma M
 constexpr int kGroupThreads = 128;  // one warp group
-constexpr u32 kChunkBytes = kHT * 16;
+constexpr u32 kChunkBytes = kHT * 16;  // P: one 8-token chunk of 64 rows (no swizzle)
+constexpr u32 kBlockBytes = kHT * 128;  // Q, K/V: 64 dims (128 bytes) of 64 rows
 
-// 64-row tile of kDqk-wide bf16 rows as core matrices: 16-byte chunk c of row r at
-// c * 1024 + r * 16.
+// 64-row tile of kDqk-wide bf16 rows in the 128-byte swizzle layout: dims
+// 64 b .. 64 b + 63 of all rows form block b (kBlockBytes, 1024-byte aligned), row r
+// at r * 128 in it, its 16-byte chunk c at (c ^ r % 8) * 16.
 template <int kDqk>
 struct Tile {
-  static constexpr u32 kTileBytes = kDqk / 8 * kChunkBytes;
-  static NSA_DEVICE u32 offset(u32 r, u32 c) { return c * kChunkBytes + r * 16; }
+  static_assert(kDqk % 64 == 0, "whole 64-dim blocks");
+  static constexpr u32 kTileBytes = kDqk / 64 * kBlockBytes;
+  static NSA_DEVICE u32 offset(u32 r, u32 c) { return (c / 8) * kBlockBytes + r * 128 + (((c % 8) ^ (r % 8)) * 16); }
 };
-constexpr u32 kK16Bytes = 2 * kChunkBytes;         // one k16 slice of a K-major tile
-constexpr u32 kTok16Bytes = 16 * 16;               // 16 tokens of an MN-major V slice
-constexpr u32 kVHalfBytes = 32 * kChunkBytes;      // 256 output dims
-constexpr u32 kVQuarterBytes = kVHalfBytes / 2;    // 128 output dims
+// Q K^T step ks (16 dims): the block, then 32 bytes further per step inside it.
+NSA_DEVICE constexpr u32 qk_step_bytes(int ks) { return (ks / 4) * kBlockBytes + (ks % 4) * 32; }
+constexpr u32 kP16Bytes = 2 * kChunkBytes;     // one k16 slice of the P tile
+constexpr u32 kTok16Bytes = 2 * 1024;          // 16 tokens of the MN-major V view: two 8-row atoms
+constexpr u32 kVHalfBytes = 4 * kBlockBytes;   // 256 output dims
+constexpr u32 kVQuarterBytes = 2 * kBlockBytes;  // 128 output dims
 
 // Named barriers beyond attend's full/empty pair (ids 1..4).
 constexpr u32 kBarPReady = 5;  // WG0 -> WG1: P and the rescale factors are in shared memory
@@ -50,14 +57,23 @@ struct Smem {
   static constexpr u32 kRowMax = kAlpha + kHT * 4;
   static constexpr u32 kRowSum = kRowMax + kHT * 4;
   static constexpr u32 kValid = kRowSum + kHT * 4;
-  static constexpr u32 kBytes = kValid + 2 * kBlockTokens;
+  // The swizzle pattern follows address bits: the layout starts 1024-byte aligned.
+  static constexpr u32 kBytes = kValid + 2 * kBlockTokens + 1024;
 };
 
-// Descriptors: K-major (Q, K, P: the 8 rows of a core matrix are 8 heads or tokens;
-// the next 8 dims are a chunk further) and MN-major V (8 rows are 8 tokens; the
-// next 8 dims are a chunk further).
-NSA_DEVICE u64 k_major(u32 addr) { return wg::desc(addr, kChunkBytes, 128); }
-NSA_DEVICE u64 mn_major_v(u32 addr) { return wg::desc(addr, 128, kChunkBytes); }
+// The kernel's dynamic shared memory from its first 1024-byte aligned byte.
+NSA_DEVICE u8* aligned_smem(Vec16* dynamic_smem) {
+  u8* raw = reinterpret_cast<u8*>(dynamic_smem);
+  return raw + ((1024u - mma::smem_addr(raw) % 1024u) % 1024u);
+}
+
+// Descriptors: Q and K are K-major swizzled tiles (8-row atoms 1024 bytes apart);
+// V, the same bytes read MN-major, steps 1024 bytes per 8 tokens and a block per 64
+// dims (golden-checked on the H200); P is K-major without swizzle (the 8 rows of
+// a core matrix are 8 heads, the next 8 tokens a chunk further).
+NSA_DEVICE u64 k_major(u32 addr) { return wg::desc_sw128(addr); }
+NSA_DEVICE u64 mn_major_v(u32 addr) { return wg::desc_sw128(addr, kBlockBytes); }
+NSA_DEVICE u64 p_major(u32 addr) { return wg::desc(addr, kChunkBytes, 128); }
 
 // Per-thread accumulator coordinates: rows r0 and r0 + 8 of the 64-head tile,
 // columns 8 i + 2 t (+1).
@@ -125,7 +141,8 @@ NSA_DEVICE void run_wg0(u8* smem, u32 base, i32 steps, float c_scale, const Lane
     wg::fence();
 #pragma unroll
     for (int ks = 0; ks < kDqk / 16; ++ks)
-      wg::mma_m64n64k16_ss<0>(s, wg::desc_advance(q_desc, ks * kK16Bytes), wg::desc_advance(k_desc, ks * kK16Bytes), true);
+      wg::mma_m64n64k16_ss<0>(s, wg::desc_advance(q_desc, qk_step_bytes(ks)), wg::desc_advance(k_desc, qk_step_bytes(ks)),
+                              true);
     wg::commit();
     // The previous step's P V was issued without a wait so that it overlaps this
     // Q K^T; groups retire in order, so once at most this one is pending that
@@ -207,7 +224,7 @@ template <int kDqk, int kThreads>
 NSA_DEVICE void run_wg1(u8* smem, u32 base, i32 steps, const Lane& ln, float (&o)[128]) {
   typedef Smem<kDqk> L;
   const float* alpha_s = reinterpret_cast<const float*>(smem + L::kAlpha);
-  const u64 p_desc = k_major(base + L::kP);
+  const u64 p_desc = p_major(base + L::kP);
   for (i32 step = 0; step < steps; ++step) {
     const u32 buf = step & 1;
     const u32 vbuf = base + L::kK + buf * Tile<kDqk>::kTileBytes + kVHalfBytes;
@@ -217,7 +234,7 @@ NSA_DEVICE void run_wg1(u8* smem, u32 base, i32 steps, const Lane& ln, float (&o
     const u64 v_desc = mn_major_v(vbuf);
     wg::fence();
 #pragma unroll
-    for (int ks = 0; ks < 4; ++ks) pv_ss(o, wg::desc_advance(p_desc, ks * kK16Bytes), v_desc, ks);
+    for (int ks = 0; ks < 4; ++ks) pv_ss(o, wg::desc_advance(p_desc, ks * kP16Bytes), v_desc, ks);
     wg::commit();
     wg::wait<0>();
     wg::pin(o);

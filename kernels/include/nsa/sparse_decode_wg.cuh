@@ -38,7 +38,7 @@ NSA_DEVICE void sparse_decode(const Params& p, u32* status) {
   constexpr int kHeadTiles = kHeads / kHT;
 
   extern NSA_SHARED Vec16 smem_vec[];
-  u8* smem = reinterpret_cast<u8*>(smem_vec);
+  u8* smem = attend_wg::aligned_smem(smem_vec);
   const u32 base = mma::smem_addr(smem);
   const u32 tid = thread_x();
 

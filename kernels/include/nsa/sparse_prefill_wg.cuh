@@ -26,10 +26,10 @@ constexpr int kRegsProducer = 120;
 static_assert(kRegsWg0 + kRegsWg1 + kRegsProducer <= 3 * kLaunchRegs, "setmaxnreg moves registers, never adds");
 
 // Producer warp group: each 64-token step, warp w copies rows 16 w .. 16 w + 15,
-// eight rows at a time with four lanes per row (lane: row r8 = lane / 4, chunks
-// lane % 4 + 4 i), so one cp.async instruction writes 8 rows x 64 contiguous bytes
-// of the tile and reads 64 contiguous bytes of each row. Lanes 0..15 hold the
-// step's indices, read one step ahead.
+// four rows at a time with eight lanes per row (lane: row r4 = lane / 8, chunk
+// lane % 8 of each 64-dim block), so one cp.async instruction reads 4 whole
+// 128-byte lines and writes them into distinct banks of the swizzled tile. Lanes
+// 0..15 hold the step's indices, read one step ahead.
 // Order within a step: publish the previous step's buffer (landed, fenced for the
 // async proxy), then wait for this step's buffer to be released, then copy. WG0
 // releases a buffer only after the next step's Q K^T (its P V overlaps that), so
@@ -38,11 +38,11 @@ template <int kTopk, int kDqk>
 NSA_DEVICE void produce_tile(const Params& p, u32 k_base, u8* flags, i64 row, i32 valid_len, i32 steps) {
   typedef attend_wg::Tile<kDqk> T;
   constexpr int kRowsPerWarp = kBlockTokens / kProducerWarps;
-  constexpr int kChunks = kDqk / 8;
-  static_assert(kRowsPerWarp == 16 && kChunks % 4 == 0, "two passes of 8 rows, 4 chunks per lane per round");
+  constexpr int kBlocks = kDqk / 64;
+  static_assert(kRowsPerWarp == 16, "four passes of 4 rows");
   const u32 lane = thread_x() % 32;
   const u32 row0 = (thread_x() / 32 - kConsumerWarps) * kRowsPerWarp;
-  const u32 r8 = lane / 4, c4 = lane % 4;
+  const u32 r4 = lane / 8, c8 = lane % 8;
   const i32* idx_row = p.indices + row * kTopk;
   auto index_at = [&](i32 step) -> i32 {
     const i32 pos = step * kBlockTokens + (i32)(row0 + lane);
@@ -63,14 +63,14 @@ NSA_DEVICE void produce_tile(const Params& p, u32 k_base, u8* flags, i64 row, i3
     if (lane < (u32)kRowsPerWarp) flags[buf * kBlockTokens + row0 + lane] = (mine >= 0 && (i64)mine < p.s_kv) ? 1 : 0;
     const u32 tile = k_base + buf * T::kTileBytes;
 #pragma unroll
-    for (int pass = 0; pass < 2; ++pass) {
-      const i32 idx = __shfl_sync(0xffffffffu, mine, pass * 8 + r8);
+    for (int pass = 0; pass < 4; ++pass) {
+      const i32 idx = __shfl_sync(0xffffffffu, mine, pass * 4 + r4);
       const bool valid = idx >= 0 && (i64)idx < p.s_kv;
       const u16* src = p.kv + (valid ? (i64)idx * p.kv_stride : 0);
-      const u32 r = row0 + pass * 8 + r8;
+      const u32 r = row0 + pass * 4 + r4;
 #pragma unroll
-      for (int i = 0; i < kChunks / 4; ++i) {
-        const u32 chunk = i * 4 + c4;
+      for (int b = 0; b < kBlocks; ++b) {
+        const u32 chunk = b * 8 + c8;
         mma::cp_async_16(tile + T::offset(r, chunk), src + chunk * 8, valid ? 16u : 0u);
       }
     }
@@ -87,7 +87,7 @@ NSA_DEVICE void sparse_prefill(const Params& p) {
   constexpr int kHeadTiles = kHeads / kHT;
 
   extern NSA_SHARED Vec16 smem_vec[];
-  u8* smem = reinterpret_cast<u8*>(smem_vec);
+  u8* smem = attend_wg::aligned_smem(smem_vec);
   const u32 base = mma::smem_addr(smem);
   const u32 tid = thread_x();
 

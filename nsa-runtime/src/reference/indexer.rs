@@ -13,7 +13,7 @@
 //! kernel (the one the reference backend calls) does. Those tensor cores do not
 //! accumulate in full f32: each 32-deep step aligns its products to the largest
 //! exponent and keeps about 14 significant bits (DeepSeek-V3 report, §3.3.2). Its
-//! logits are therefore checked against [`logit_spread`] ×
+//! logits are therefore checked against the spread of [`logit_and_spread`] ×
 //! [`FP8_WGMMA_REL_ERR`] on top of the f32 tolerance.
 
 use super::fp8::e4m3_to_f32;
@@ -46,31 +46,28 @@ pub const FP8_WGMMA_REL_ERR: f32 = 1.0 / 2048.0;
 
 /// One logit: `q` is `[64, 128]` e4m3 bytes of one query row, `weights` its 64 gates.
 pub fn logit(q: &[u8], weights: &[f32], k: &[u8], k_scale: f32) -> f32 {
-    head_sum(q, weights, k, k_scale, |w, dot, _| w * dot.max(0.0)) as f32
+    logit_and_spread(q, weights, k, k_scale).0
 }
 
-/// `Σ_h |w_h| · k_scale · Σ_d |q_hd · k_d|`: what bounds the error of a logit whose
-/// head dots were accumulated with limited precision (ReLU never widens it).
-pub fn logit_spread(q: &[u8], weights: &[f32], k: &[u8], k_scale: f32) -> f32 {
-    head_sum(q, weights, k, k_scale, |w, _, abs| w.abs() * abs) as f32
-}
-
-/// `Σ_h f(w_h, k_scale · q_h·k, k_scale · Σ_d |q_hd · k_d|)` in f64.
-fn head_sum(q: &[u8], weights: &[f32], k: &[u8], k_scale: f32, f: impl Fn(f64, f64, f64) -> f64) -> f64 {
+/// The logit and its spread `Σ_h |w_h| · k_scale · Σ_d |q_hd · k_d|`, in one pass:
+/// the spread bounds the error of a logit whose head dots were accumulated with
+/// limited precision (ReLU never widens it).
+pub fn logit_and_spread(q: &[u8], weights: &[f32], k: &[u8], k_scale: f32) -> (f32, f32) {
     let heads = weights.len();
     assert_eq!(q.len(), heads * INDEXER_HEAD_DIM);
     let kf: Vec<f64> = k.iter().map(|&b| e4m3_to_f32(b) as f64).collect();
     let scale = k_scale as f64;
-    let mut sum = 0.0f64;
+    let (mut sum, mut spread) = (0.0f64, 0.0f64);
     for (h, &w) in weights.iter().enumerate() {
         let (dot, abs) =
             q[h * INDEXER_HEAD_DIM..][..INDEXER_HEAD_DIM].iter().zip(&kf).fold((0.0, 0.0), |(d, a), (&qb, &kv)| {
                 let p = e4m3_to_f32(qb) as f64 * kv;
                 (d + p, a + p.abs())
             });
-        sum += f(w as f64, scale * dot, scale * abs);
+        sum += w as f64 * (scale * dot).max(0.0);
+        spread += (w as f64).abs() * scale * abs;
     }
-    sum
+    (sum as f32, spread as f32)
 }
 
 /// The keys a paged logits call reads: the indexer cache, each request's page row
@@ -87,29 +84,23 @@ pub struct PagedKeys<'a> {
 /// `q` is `[rows, 64, 128]` bytes, `weights` `[rows, 64]`. Query j of request b sees
 /// keys `s < context_len − next_n + j + 1`. Output `[rows, max_context]`.
 pub fn paged_logits(q: &[u8], weights: &[f32], keys: PagedKeys<'_>, next_n: usize, max_context: usize) -> Vec<f32> {
-    paged_map(q, weights, keys, next_n, max_context, logit)
+    paged_logits_and_spreads(q, weights, keys, next_n, max_context).0
 }
 
-/// [`logit_spread`] of every entry [`paged_logits`] computes.
-pub fn paged_spreads(q: &[u8], weights: &[f32], keys: PagedKeys<'_>, next_n: usize, max_context: usize) -> Vec<f32> {
-    paged_map(q, weights, keys, next_n, max_context, logit_spread)
-}
-
-type EntryFn = fn(&[u8], &[f32], &[u8], f32) -> f32;
-
-fn paged_map(
+/// [`paged_logits`] and the spread of every entry ([`logit_and_spread`]; 0 where not visible).
+pub fn paged_logits_and_spreads(
     q: &[u8],
     weights: &[f32],
     keys: PagedKeys<'_>,
     next_n: usize,
     max_context: usize,
-    f: EntryFn,
-) -> Vec<f32> {
+) -> (Vec<f32>, Vec<f32>) {
     let rows = keys.context_lens.len() * next_n;
     let row_q = INDEX_HEADS * INDEXER_HEAD_DIM;
     assert_eq!(q.len(), rows * row_q);
     assert_eq!(weights.len(), rows * INDEX_HEADS);
     let mut out = vec![f32::NEG_INFINITY; rows * max_context];
+    let mut spread = vec![0.0f32; rows * max_context];
     for (b, &len) in keys.context_lens.iter().enumerate() {
         for j in 0..next_n {
             let row = b * next_n + j;
@@ -117,34 +108,42 @@ fn paged_map(
             for s in 0..visible {
                 let page = keys.block_table[b * keys.width + s / INDEXER_PAGE_TOKENS] as usize;
                 let (k, scale) = index_k_at(keys.cache, page * INDEXER_PAGE_TOKENS + s % INDEXER_PAGE_TOKENS);
-                out[row * max_context + s] =
-                    f(&q[row * row_q..][..row_q], &weights[row * INDEX_HEADS..][..INDEX_HEADS], k, scale);
+                (out[row * max_context + s], spread[row * max_context + s]) = logit_and_spread(
+                    &q[row * row_q..][..row_q],
+                    &weights[row * INDEX_HEADS..][..INDEX_HEADS],
+                    k,
+                    scale,
+                );
             }
         }
     }
-    out
+    (out, spread)
 }
 
 /// Ragged logits (extend, §6.3): keys `k` `[S, 128]` bytes with scales `[S]`; row t
 /// sees keys `[ks[t], ke[t])`. Output `[T, S]`.
 pub fn ragged_logits(q: &[u8], weights: &[f32], k: &[u8], k_scale: &[f32], ks: &[i32], ke: &[i32]) -> Vec<f32> {
-    ragged_map(q, weights, k, k_scale, ks, ke, logit)
+    ragged_logits_and_spreads(q, weights, k, k_scale, ks, ke).0
 }
 
-/// [`logit_spread`] of every entry [`ragged_logits`] computes.
-pub fn ragged_spreads(q: &[u8], weights: &[f32], k: &[u8], k_scale: &[f32], ks: &[i32], ke: &[i32]) -> Vec<f32> {
-    ragged_map(q, weights, k, k_scale, ks, ke, logit_spread)
-}
-
-fn ragged_map(q: &[u8], weights: &[f32], k: &[u8], k_scale: &[f32], ks: &[i32], ke: &[i32], f: EntryFn) -> Vec<f32> {
+/// [`ragged_logits`] and the spread of every entry ([`logit_and_spread`]; 0 where not visible).
+pub fn ragged_logits_and_spreads(
+    q: &[u8],
+    weights: &[f32],
+    k: &[u8],
+    k_scale: &[f32],
+    ks: &[i32],
+    ke: &[i32],
+) -> (Vec<f32>, Vec<f32>) {
     let (t_rows, s_keys) = (ks.len(), k_scale.len());
     let row_q = INDEX_HEADS * INDEXER_HEAD_DIM;
     assert_eq!((ke.len(), q.len(), k.len()), (t_rows, t_rows * row_q, s_keys * INDEXER_HEAD_DIM));
     let mut out = vec![f32::NEG_INFINITY; t_rows * s_keys];
+    let mut spread = vec![0.0f32; t_rows * s_keys];
     for t in 0..t_rows {
         let (lo, hi) = (ks[t].max(0) as usize, (ke[t].max(0) as usize).min(s_keys));
         for s in lo..hi.max(lo) {
-            out[t * s_keys + s] = f(
+            (out[t * s_keys + s], spread[t * s_keys + s]) = logit_and_spread(
                 &q[t * row_q..][..row_q],
                 &weights[t * INDEX_HEADS..][..INDEX_HEADS],
                 &k[s * INDEXER_HEAD_DIM..][..INDEXER_HEAD_DIM],
@@ -152,7 +151,7 @@ fn ragged_map(q: &[u8], weights: &[f32], k: &[u8], k_scale: &[f32], ks: &[i32], 
             );
         }
     }
-    out
+    (out, spread)
 }
 
 /// Query rows per chunk of the ragged logits so that one chunk's `[rows, S]` f32
@@ -191,7 +190,7 @@ mod tests {
         w[5] = -1.0;
         assert_eq!(logit(&q, &w, &k, 0.25), 0.375 - 0.5);
         // The spread sums |w| |q k| over heads and dims: cancellation and ReLU do not shrink it.
-        assert_eq!(logit_spread(&q, &w, &k, 0.25), 0.375 + 0.5);
+        assert_eq!(logit_and_spread(&q, &w, &k, 0.25), (0.375 - 0.5, 0.375 + 0.5));
     }
 
     #[test]

@@ -9,9 +9,7 @@
 
 use super::{download, upload, Check};
 use crate::ops::indexer::{self, IndexerQuery, LogitsOut, PagedIndexerKeys, RaggedIndexerKeys};
-use crate::reference::indexer::{
-    paged_logits, paged_spreads, ragged_logits, ragged_spreads, PagedKeys, FP8_WGMMA_REL_ERR,
-};
+use crate::reference::indexer::{paged_logits_and_spreads, ragged_logits_and_spreads, PagedKeys, FP8_WGMMA_REL_ERR};
 use crate::runtime::Runtime;
 use crate::testdata;
 use crate::Result;
@@ -55,7 +53,7 @@ fn power_of_two_scale(rng: &mut StdRng) -> f32 {
 
 /// How far a kernel's logit may lie from the reference: f32 accumulation relative
 /// to the row's largest logit, plus, for the warp-group kernel, the bound of Hopper's
-/// FP8 MMA accumulation (`spread`: the entry's [`logit_spread`]).
+/// FP8 MMA accumulation (`spread`: the entry's spread, `reference::indexer::logit_and_spread`).
 pub fn logit_tolerance(row_max: f32, spread: f32, wgmma: bool) -> f32 {
     2e-5 * row_max + 1e-6 + if wgmma { FP8_WGMMA_REL_ERR * spread } else { 0.0 }
 }
@@ -144,8 +142,7 @@ pub fn run(rt: &Runtime, case: &IndexerCase, heads: u32) -> Result<Check> {
             indexer::paged_logits(rt, &query, &keys, LogitsOut { data: &mut view, stride })?;
             let got = download(stream, &d_out, rows * stride)?;
             let pk = PagedKeys { cache: &cache, block_table: &table, width: *table_width, context_lens };
-            let want = paged_logits(&q, &w, pk, *next_n, width);
-            let spreads = paged_spreads(&q, &w, pk, *next_n, width);
+            let (want, spreads) = paged_logits_and_spreads(&q, &w, pk, *next_n, width);
             let (bad, first) = compare(&got, &want, &spreads, wgmma, (rows, width, stride));
             (IndexerLayout::Paged, rows, bad, first, format!("paged b{batch} next_n{next_n} width{table_width}"))
         }
@@ -173,8 +170,7 @@ pub fn run(rt: &Runtime, case: &IndexerCase, heads: u32) -> Result<Check> {
             let mut view = d_out.slice_mut(0..rows * stride);
             indexer::ragged_logits(rt, &query, &rk, LogitsOut { data: &mut view, stride })?;
             let got = download(stream, &d_out, rows * stride)?;
-            let want = ragged_logits(&q, &w, &keys, &scales, ks, ke);
-            let spreads = ragged_spreads(&q, &w, &keys, &scales, ks, ke);
+            let (want, spreads) = ragged_logits_and_spreads(&q, &w, &keys, &scales, ks, ke);
             let (bad, first) = compare(&got, &want, &spreads, wgmma, (rows, *num_keys, stride));
             (IndexerLayout::Ragged, rows, bad, first, format!("ragged t{rows} keys{num_keys}"))
         }

@@ -30,7 +30,7 @@ use crate::metadata::{
 use crate::ops::kv_cache::MlaCacheMut;
 use crate::ops::Rows;
 use crate::reference::fp8::f32_to_e4m3_satfinite;
-use crate::reference::indexer::{index_k_at, logit, logit_spread};
+use crate::reference::indexer::{index_k_at, logit_and_spread};
 use crate::reference::kv_cache::{dequantize_fp8_token, quantize_fp8_token, store_bf16, store_fp8, store_indexer_k};
 use crate::reference::sparse_mla::{attend, PagedFp8};
 use crate::reference::topk::check_row;
@@ -502,7 +502,7 @@ pub fn run(rt: &Runtime, case: &LayerCase) -> Result<LayerReport> {
         (0..visible(r))
             .map(|p| {
                 let (kb, scale) = index_k_at(&ref_index, b.slot(i, p) as usize);
-                (logit(q, w, kb, scale), if wgmma { logit_spread(q, w, kb, scale) } else { 0.0 })
+                logit_and_spread(q, w, kb, scale)
             })
             .collect()
     };

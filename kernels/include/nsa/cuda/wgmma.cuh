@@ -34,12 +34,14 @@ NSA_DEVICE u64 desc(u32 addr, u32 k_stride, u32 mn_stride) {
          ((u64)((mn_stride >> 4) & 0x3fffu) << 32);
 }
 
-// Descriptor of a K-major tile in the 128-byte swizzle layout: rows of 128 bytes,
-// 8-row atoms 1024 bytes apart, 16-byte chunk c of row r stored at chunk c ^ (r % 8)
-// (`addr` 1024-byte aligned). The k offset inside the 128-byte row is added to the
-// start address (`desc_advance`); the leading offset is unused for this layout.
-NSA_DEVICE u64 desc_sw128(u32 addr) {
-  return (u64)((addr & 0x3ffffu) >> 4) | ((u64)1 << 16) | ((u64)(1024 >> 4) << 32) | ((u64)1 << 62);
+// Descriptor of a tile in the 128-byte swizzle layout: rows of 128 bytes, 8-row
+// atoms 1024 bytes apart (the stride offset), 16-byte chunk c of row r stored at
+// chunk c ^ (r % 8) (`addr` 1024-byte aligned). K-major: the k offset inside the
+// 128-byte row is added to the start address (`desc_advance`) and the leading
+// offset is unused. MN-major: `leading` = bytes between 64-element column blocks.
+NSA_DEVICE u64 desc_sw128(u32 addr, u32 leading = 16) {
+  return (u64)((addr & 0x3ffffu) >> 4) | ((u64)((leading >> 4) & 0x3fffu) << 16) | ((u64)(1024 >> 4) << 32) |
+         ((u64)1 << 62);
 }
 
 // The same descriptor `bytes` further on (inside the 256 KiB window), opaque to the
