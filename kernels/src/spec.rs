@@ -34,6 +34,10 @@ pub enum KernelFamily {
     MetadataReplay { page_size: u32, mode: MetadataMode },
     /// One stage of the split top-k path: few long rows, each spread over many blocks.
     TopkSplit { stage: TopkSplitStage, k: u32, transform: TopkTransform },
+    /// Exact top-k with each row spread over a thread-block cluster of `cluster`
+    /// CTAs (sm_90+ only): one launch, the row read once, histograms summed
+    /// through distributed shared memory.
+    TopkCluster { k: u32, transform: TopkTransform, cluster: u32 },
     /// Sparse MLA decode over the FP8-656 cache (spec §8.3): heads, top-k and page
     /// size are constants (the page size turns the slot split into shifts or a
     /// multiply). The query tokens per request (s_q) are not: every query row
@@ -296,6 +300,15 @@ const TOPK_BLOCK_THREADS: u32 = 1024;
 /// round-0 histogram and 69 scalars, rounded up (`kFixedWords` in topk.cuh;
 /// static_assert there).
 const TOPK_FIXED_WORDS: u32 = 8192 + 72;
+/// Shared words of the cluster top-k kernel besides its slice cache: local and
+/// cluster-summed 4096-bin histograms and 73 scalars (`kClusterFixedWords` in
+/// topk_cluster.cuh; static_assert there).
+const TOPK_CLUSTER_FIXED_WORDS: u32 = 2 * 4096 + 73;
+/// Keys of its slice each cluster CTA keeps in shared memory: 64 KiB, so two
+/// 512-thread CTAs share an SM and a 128K-key row fits a cluster of 8.
+pub const TOPK_CLUSTER_SLICE_CACHE: u32 = 16_384;
+/// Cluster sizes the cluster top-k kernel is built for (8: the portable maximum).
+pub const TOPK_CLUSTER_SIZES: [u32; 3] = [2, 4, 8];
 /// Threshold-bin candidates (index + key) kept in shared memory before falling back
 /// to re-reading the row.
 const TOPK_CANDIDATES: u32 = 4096;
@@ -328,6 +341,7 @@ impl KernelSpec {
             KernelFamily::IndexTransform { .. } => "index_transform",
             KernelFamily::MetadataReplay { .. } => "metadata_replay",
             KernelFamily::TopkSplit { .. } => "topk_split",
+            KernelFamily::TopkCluster { .. } => "topk_cluster",
             KernelFamily::SparseDecode { .. } => "sparse_decode",
             KernelFamily::SparseDecodeCombine { .. } => "sparse_decode_combine",
             KernelFamily::SparsePrefill { .. } => "sparse_prefill",
@@ -355,6 +369,9 @@ impl KernelSpec {
             KernelFamily::MetadataReplay { page_size, mode } => vec![mode.tag().into(), format!("p{page_size}")],
             KernelFamily::TopkSplit { stage, k, transform } => {
                 vec![stage.tag().into(), format!("k{k}"), transform.tag().into()]
+            }
+            KernelFamily::TopkCluster { k, transform, cluster } => {
+                vec![format!("k{k}"), transform.tag().into(), format!("c{cluster}")]
             }
             KernelFamily::SparseDecode { heads, topk, page_size } => {
                 vec![format!("h{heads}"), format!("k{topk}"), format!("p{page_size}")]
@@ -392,6 +409,7 @@ impl KernelSpec {
             KernelFamily::IndexTransform { .. } => "index_transform.cu.tera",
             KernelFamily::MetadataReplay { .. } => "metadata_replay.cu.tera",
             KernelFamily::TopkSplit { .. } => "topk_split.cu.tera",
+            KernelFamily::TopkCluster { .. } => "topk_cluster.cu.tera",
             KernelFamily::SparseDecode { heads, .. } => {
                 if self.wg_kernel(heads) {
                     "sparse_decode_wg.cu.tera"
@@ -425,7 +443,7 @@ impl KernelSpec {
             KernelFamily::IndexTransform { .. } => TRANSFORM_BLOCK_THREADS,
             KernelFamily::MetadataReplay { .. } => METADATA_BLOCK_THREADS,
             KernelFamily::TopkSplit { stage: TopkSplitStage::Finish, .. } => TOPK_BLOCK_THREADS,
-            KernelFamily::TopkSplit { .. } => TOPK_BLOCK_THREADS / 2,
+            KernelFamily::TopkSplit { .. } | KernelFamily::TopkCluster { .. } => TOPK_BLOCK_THREADS / 2,
             KernelFamily::SparseDecode { heads, .. } => {
                 if self.wg_kernel(heads) {
                     DECODE_WG_BLOCK_THREADS
@@ -443,7 +461,9 @@ impl KernelSpec {
     /// Dynamic shared memory per block, in bytes (0 for most families).
     pub fn dynamic_smem_bytes(&self) -> u32 {
         match self.family {
-            KernelFamily::TopK { .. } | KernelFamily::TopkSplit { .. } => 4 * self.topk_smem_words(),
+            KernelFamily::TopK { .. } | KernelFamily::TopkSplit { .. } | KernelFamily::TopkCluster { .. } => {
+                4 * self.topk_smem_words()
+            }
             KernelFamily::SparseDecode { heads, .. } => self.sparse_mla_smem_bytes(heads, 576),
             KernelFamily::SparsePrefill { heads, d_qk, .. } => self.sparse_mla_smem_bytes(heads, d_qk),
             KernelFamily::IndexerLogits { heads, .. } if indexer_wg_kernel(heads, self.target) => INDEXER_WG_SMEM_BYTES,
@@ -464,6 +484,7 @@ impl KernelSpec {
         match self.family {
             // Histogram (and the threshold search) only.
             KernelFamily::TopkSplit { stage: TopkSplitStage::Hist | TopkSplitStage::Collect, .. } => TOPK_FIXED_WORDS,
+            KernelFamily::TopkCluster { .. } => TOPK_CLUSTER_FIXED_WORDS + TOPK_CLUSTER_SLICE_CACHE,
             _ => TOPK_FIXED_WORDS + 2 * self.topk_candidates() + self.topk_row_cache(),
         }
     }
@@ -490,7 +511,8 @@ impl KernelSpec {
     /// launcher's grid is `ceil(items / tokens_per_block)`.
     pub fn tokens_per_block(&self) -> u32 {
         match self.family {
-            KernelFamily::TopK { .. } | KernelFamily::TopkSplit { .. } => 1,
+            // The cluster kernel: `cluster` CTAs per row; the launcher passes rows × cluster.
+            KernelFamily::TopK { .. } | KernelFamily::TopkSplit { .. } | KernelFamily::TopkCluster { .. } => 1,
             // One (head tile, row, split) per CTA; combine: one (row, head) per block.
             KernelFamily::SparseDecode { .. }
             | KernelFamily::SparseDecodeCombine { .. }
@@ -572,6 +594,15 @@ impl KernelSpec {
             ctx.insert("smem_words".into(), json!(self.topk_smem_words()));
             ctx.insert("min_blocks_per_sm".into(), json!(self.topk_min_blocks_per_sm()));
         }
+        if let KernelFamily::TopkCluster { k, transform, cluster } = self.family {
+            ctx.insert("k".into(), json!(k));
+            ctx.insert("transform".into(), json!(transform.tag()));
+            ctx.insert("transform_enum".into(), json!(transform.device_enum()));
+            ctx.insert("cluster".into(), json!(cluster));
+            ctx.insert("slice_cache_capacity".into(), json!(TOPK_CLUSTER_SLICE_CACHE));
+            ctx.insert("smem_words".into(), json!(self.topk_smem_words()));
+            ctx.insert("min_blocks_per_sm".into(), json!(self.topk_min_blocks_per_sm()));
+        }
         if let KernelFamily::MetadataReplay { page_size, mode } = self.family {
             ctx.insert("page_size".into(), json!(page_size));
             ctx.insert("mode".into(), json!(mode.tag()));
@@ -647,6 +678,13 @@ impl KernelSpec {
             }
         }
         if target.vendor() == Vendor::Nvidia {
+            for k in [512, 1024, 2048] {
+                for transform in TopkTransform::ALL {
+                    for cluster in TOPK_CLUSTER_SIZES {
+                        families.push(KernelFamily::TopkCluster { k, transform, cluster });
+                    }
+                }
+            }
             for heads in DECODE_HEADS {
                 families.push(KernelFamily::SparseDecode { heads, topk: 2048, page_size: 64 });
                 families.push(KernelFamily::SparseDecodeCombine { heads });
@@ -691,6 +729,11 @@ impl KernelSpec {
                 layout: if flags.contains(&"tput") { TopkLayout::Throughput } else { TopkLayout::Latency },
             },
             ("index_transform", [k]) => KernelFamily::IndexTransform { k: k_of(k)? },
+            ("topk_cluster", [k, t, c]) => KernelFamily::TopkCluster {
+                k: k_of(k)?,
+                transform: TopkTransform::ALL.into_iter().find(|x| x.tag() == *t)?,
+                cluster: c.strip_prefix('c').and_then(|n| n.parse::<u32>().ok())?,
+            },
             ("topk_split", [stage, k, t]) => KernelFamily::TopkSplit {
                 stage: TopkSplitStage::ALL.into_iter().find(|x| x.tag() == *stage)?,
                 k: k_of(k)?,

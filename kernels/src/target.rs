@@ -67,6 +67,11 @@ impl Target {
         }
     }
 
+    /// Whether the target has thread-block clusters and distributed shared memory.
+    pub fn has_clusters(self) -> bool {
+        self.vendor() == Vendor::Nvidia
+    }
+
     pub fn toolchain(self) -> Toolchain {
         match self.vendor() {
             Vendor::Nvidia => Toolchain::Nvrtc,

@@ -83,7 +83,7 @@ fn kernel_set_is_sorted_unique_and_covers_each_target() {
             let nvidia = t.vendor() == nsa_kernels::Vendor::Nvidia;
             // Sparse MLA is NVIDIA only (mma.sync) so far: prefill for every format.
             if nvidia {
-                expected.extend(["sparse_prefill", "indexer_logits"]);
+                expected.extend(["sparse_prefill", "indexer_logits", "topk_cluster"]);
             }
             if cfg.kv_cache == KvCacheFormat::Fp8 {
                 expected.insert("kv_dequant");
@@ -338,9 +338,9 @@ fn ids_and_symbols_are_unique_and_round_trip() {
     // 4 store kernels + 1 indexer gather + 9 top-k + 3 deterministic + 3 throughput top-k + 1 index transform
     // + 3 metadata replay modes × 2 page sizes + 3 split stages × 3 transforms per target;
     // on NVIDIA also 9 sparse decode variants, 5 combines, 7 sparse prefill variants and
-    // 2 indexer logits layouts.
+    // 2 indexer logits layouts, 27 cluster top-k (3 k × 3 transforms × 3 cluster sizes).
     let nvidia = Target::ALL.iter().filter(|t| t.vendor() == nsa_kernels::Vendor::Nvidia).count();
-    assert_eq!(specs.len(), 36 * Target::ALL.len() + 23 * nvidia);
+    assert_eq!(specs.len(), 36 * Target::ALL.len() + 50 * nvidia);
     let mut ids = BTreeMap::new();
     let mut symbols = BTreeMap::new();
     let mut sources = BTreeSet::new();
@@ -506,6 +506,18 @@ fn launch_geometry_matches_the_device_code() {
             KernelFamily::TopK { .. } | KernelFamily::TopkSplit { .. } => {
                 assert_eq!(spec.tokens_per_block(), 1, "{spec}");
                 assert!(r_has_bounds(&spec, threads), "{spec}");
+                continue;
+            }
+            // One CTA per (row, slice): the launcher passes rows × cluster items, and the
+            // kernel's compile-time cluster shape groups them; two CTAs share an SM.
+            KernelFamily::TopkCluster { cluster, .. } => {
+                assert_eq!(spec.tokens_per_block(), 1, "{spec}");
+                assert!(r_has_bounds(&spec, threads), "{spec}");
+                assert!(
+                    render(&spec).unwrap().source.contains(&format!("__cluster_dims__({cluster}, 1, 1)")),
+                    "{spec}"
+                );
+                assert!(2 * (spec.dynamic_smem_bytes() + 1024) <= 228 * 1024, "{spec}");
                 continue;
             }
             // One page-table row per block; every block scans the whole batch.

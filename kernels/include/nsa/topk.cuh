@@ -131,11 +131,12 @@ NSA_DEVICE i32 emit(const Params& p, i32 row, i32 trow, i32 pos) {
 }
 
 // Finds the bin holding the r-th largest key (counting down from the top bin) in
-// hist[0, bins); stores it and the count of keys in higher bins in sm[kThrBin/kAbove].
-template <int kBlockThreads>
+// hist[0, bins), bins <= kMaxBins; stores it and the count of keys in higher bins in
+// sm[kThrBin/kAbove].
+template <int kBlockThreads, int kMaxBins = kBins>
 NSA_DEVICE void find_threshold(const u32* hist, int bins, u32 r, u32* sm) {
-  constexpr int kPer = kBins / kBlockThreads;
-  static_assert(kPer * kBlockThreads == kBins, "bins split evenly over threads");
+  constexpr int kPer = kMaxBins / kBlockThreads;
+  static_assert(kPer * kBlockThreads == kMaxBins, "bins split evenly over threads");
   const u32 tid = thread_x();
   u32 c[kPer];
   u32 sum = 0;

@@ -29,6 +29,8 @@ pub struct TopkCase {
     /// Force the split path (few long rows over many blocks; not deterministic).
     /// The call runs twice on one workspace, which must come back zeroed.
     pub split: bool,
+    /// Force the cluster path with this many CTAs per row (not deterministic).
+    pub cluster: Option<u32>,
     pub seed: u64,
 }
 
@@ -113,6 +115,8 @@ pub fn run(rt: &Runtime, case: &TopkCase) -> Result<Check> {
         for _ in 0..2 {
             topk::topk_split(rt, case.k, chunk, capacity.div_ceil(chunk), &input, &output, &mut out_view, &mut ws)?;
         }
+    } else if let Some(cluster) = case.cluster {
+        topk::topk_cluster(rt, case.k, cluster, &input, &output, &mut out_view)?;
     } else {
         topk::topk_with_layout(rt, case.k, case.deterministic, layout, &input, &output, &mut out_view)?;
     }
@@ -159,6 +163,8 @@ pub fn run(rt: &Runtime, case: &TopkCase) -> Result<Check> {
     }
     let family = if case.split {
         KernelFamily::TopkSplit { stage: TopkSplitStage::Finish, k: case.k, transform: case.transform }
+    } else if let Some(cluster) = case.cluster {
+        KernelFamily::TopkCluster { k: case.k, transform: case.transform, cluster }
     } else {
         KernelFamily::TopK { k: case.k, transform: case.transform, deterministic: case.deterministic, layout }
     };

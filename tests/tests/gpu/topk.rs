@@ -31,6 +31,7 @@ fn case(
         grouped: false,
         layout: None,
         split: false,
+        cluster: None,
         seed,
     }
 }
@@ -87,6 +88,41 @@ fn split_path_every_transform_every_pattern() {
     let mut c = case(512, TopkTransform::Plain, false, ScorePattern::Gaussian, vec![1 << 20, 3, 131_072], 9);
     c.split = true;
     checks.push(run(&rt, &c).unwrap());
+    assert_all(&checks);
+}
+
+#[test]
+fn cluster_path_every_size_transform_and_pattern() {
+    let rt = rt();
+    let mut checks = Vec::new();
+    // Slice boundaries of every cluster size: 16384 cached keys per CTA.
+    let mut lengths = edge_lengths(2048);
+    lengths.extend([32_768, 32_769, 65_536, 65_537, 131_072, 131_073, 2049 + 7 * 4]);
+    let mut seed = 700;
+    for cluster in [2, 4, 8] {
+        for transform in TopkTransform::ALL {
+            for (i, pattern) in SCORE_PATTERNS.into_iter().enumerate() {
+                seed += 1;
+                let mut c = case(2048, transform, false, pattern, lengths.clone(), seed);
+                c.cluster = Some(cluster);
+                c.grouped = transform == TopkTransform::Paged && i % 2 == 0;
+                checks.push(run(&rt, &c).unwrap());
+            }
+        }
+    }
+    for k in [512, 1024] {
+        let mut c = case(k, TopkTransform::Ragged, false, ScorePattern::OneBucket, edge_lengths(k as i32), k as u64);
+        c.cluster = Some(8);
+        checks.push(run(&rt, &c).unwrap());
+    }
+    // Slices past the cache are re-read from global memory each round.
+    for (i, pattern) in
+        [ScorePattern::Gaussian, ScorePattern::FewDistinct, ScorePattern::NonFinite].into_iter().enumerate()
+    {
+        let mut c = case(2048, TopkTransform::Plain, false, pattern, vec![1 << 20, (1 << 20) + 13, 3], 40 + i as u64);
+        c.cluster = Some(8);
+        checks.push(run(&rt, &c).unwrap());
+    }
     assert_all(&checks);
 }
 

@@ -65,7 +65,9 @@ struct TopkRow {
     n: usize,
     k: u32,
     transform: &'static str,
-    layout: &'static str,
+    layout: String,
+    /// Whether `choose_plan` picks this row's plan for the shape.
+    chosen: bool,
     us: f64,
     /// Score bytes read once, per µs.
     gbps: f64,
@@ -261,9 +263,10 @@ fn jit(rt: &Runtime) -> Result<(Vec<JitRow>, f64, usize, f64)> {
 
 /// Top-k of f32 rows (Gaussian scores, every row full length) for each transform.
 fn topk_bench(rt: &Runtime, reps: usize) -> Result<Vec<TopkRow>> {
-    use nsa_kernels::{TopkLayout, TopkTransform};
+    use nsa_kernels::{Target, TopkLayout, TopkTransform};
     use nsa_runtime::ops::topk::{
-        choose_plan, topk_split, topk_with_layout, PageTable, TopkOutput, TopkPlan, TopkScores, TopkWorkspace,
+        choose_plan, cluster_size, topk_cluster, topk_split, topk_with_layout, PageTable, TopkOutput, TopkPlan,
+        TopkScores, TopkWorkspace,
     };
     let stream = rt.gpu().stream().clone();
     let k = 2048u32;
@@ -283,18 +286,19 @@ fn topk_bench(rt: &Runtime, reps: usize) -> Result<Vec<TopkRow>> {
         let mut d_out: CudaSlice<i32> = stream.alloc_zeros(rows * k as usize).map_err(Error::driver("alloc"))?;
         let (sv, lv, tv, ov) = (d_scores.slice(0..), d_lengths.slice(0..), d_table.slice(0..), d_offsets.slice(0..));
         let input = TopkScores { scores: &sv, row_stride: n, row_capacity: n, lengths: &lv, row_starts: None };
-        let split = match choose_plan(rows, n, rt.gpu().caps().sm_count, false, true).0 {
-            TopkPlan::Split { chunk, chunks } => Some((chunk, chunks)),
-            TopkPlan::Single(_) => None,
-        };
+        let sms = rt.gpu().caps().sm_count;
+        let chosen = choose_plan(rows, n, rt.target(), sms, false, true).0;
+        // Every plan that applies: both single-block layouts, the split path where
+        // it would be taken without clusters, the cluster path where there are.
+        let mut plans = vec![TopkPlan::Single(TopkLayout::Latency), TopkPlan::Single(TopkLayout::Throughput)];
+        if let (TopkPlan::Split { chunk, chunks }, _) = choose_plan(rows, n, Target::Gfx942, sms, false, true) {
+            plans.push(TopkPlan::Split { chunk, chunks });
+        }
+        if rt.target().has_clusters() {
+            plans.push(TopkPlan::Cluster(cluster_size(rows, n, sms)));
+        }
         let mut ws = TopkWorkspace::new(rt, rows)?;
-        for (transform, layout) in TopkTransform::ALL
-            .into_iter()
-            .flat_map(|t| [(t, Some(TopkLayout::Latency)), (t, Some(TopkLayout::Throughput)), (t, None)])
-        {
-            if layout.is_none() && split.is_none() {
-                continue;
-            }
+        for (transform, plan) in TopkTransform::ALL.into_iter().flat_map(|t| plans.iter().map(move |&p| (t, p))) {
             let output = match transform {
                 TopkTransform::Plain => TopkOutput::Plain,
                 TopkTransform::Ragged => TopkOutput::Ragged { offsets: &ov },
@@ -302,12 +306,14 @@ fn topk_bench(rt: &Runtime, reps: usize) -> Result<Vec<TopkRow>> {
                     TopkOutput::Paged(PageTable { table: &tv, rows, stride: n, width: n, cu_seqlens_q: None })
                 }
             };
-            let us = time_us(&stream, reps, || match (layout, split) {
-                (Some(layout), _) => topk_with_layout(rt, k, false, layout, &input, &output, &mut d_out.slice_mut(0..)),
-                (None, Some((chunk, chunks))) => {
+            let us = time_us(&stream, reps, || match plan {
+                TopkPlan::Single(layout) => {
+                    topk_with_layout(rt, k, false, layout, &input, &output, &mut d_out.slice_mut(0..))
+                }
+                TopkPlan::Split { chunk, chunks } => {
                     topk_split(rt, k, chunk, chunks, &input, &output, &mut d_out.slice_mut(0..), &mut ws)
                 }
-                (None, None) => unreachable!("skipped above"),
+                TopkPlan::Cluster(c) => topk_cluster(rt, k, c, &input, &output, &mut d_out.slice_mut(0..)),
             })?;
             let bytes = (rows * n * 4) as f64;
             let row = TopkRow {
@@ -315,18 +321,20 @@ fn topk_bench(rt: &Runtime, reps: usize) -> Result<Vec<TopkRow>> {
                 n,
                 k,
                 transform: transform.tag(),
-                layout: match layout {
-                    Some(TopkLayout::Latency) => "latency",
-                    Some(TopkLayout::Throughput) => "throughput",
-                    None => "split",
+                layout: match plan {
+                    TopkPlan::Single(TopkLayout::Latency) => "latency".into(),
+                    TopkPlan::Single(TopkLayout::Throughput) => "throughput".into(),
+                    TopkPlan::Split { .. } => "split".into(),
+                    TopkPlan::Cluster(c) => format!("cluster{c}"),
                 },
+                chosen: plan == chosen,
                 us,
                 gbps: bytes / us / 1e3,
                 roofline_us: bytes / copy_gbps / 1e3,
             };
             println!(
-                "topk k{k} {:<7} {:<10} {rows:>5} rows × {n:>7}: {us:>9.2} µs  {:>6.0} GB/s  (read-once roofline {:.2} µs at {copy_gbps:.0} GB/s)",
-                row.transform, row.layout, row.gbps, row.roofline_us
+                "topk k{k} {:<7} {:<10} {rows:>5} rows × {n:>7}: {us:>9.2} µs  {:>6.0} GB/s  (read-once roofline {:.2} µs at {copy_gbps:.0} GB/s){}",
+                row.transform, row.layout, row.gbps, row.roofline_us, if row.chosen { "  <- plan" } else { "" }
             );
             out_rows.push(row);
         }

@@ -218,6 +218,7 @@ pub fn verify(args: VerifyArgs) -> Result<()> {
                         grouped: transform == TopkTransform::Paged && i % 2 == 1,
                         layout: Some(layout),
                         split: false,
+                        cluster: None,
                         seed,
                     };
                     vtopk::run(&rt, &case)?
@@ -234,11 +235,28 @@ pub fn verify(args: VerifyArgs) -> Result<()> {
                         grouped: transform == TopkTransform::Paged && i % 2 == 1,
                         layout: None,
                         split: true,
+                        cluster: None,
                         seed,
                     };
                     vtopk::run(&rt, &case)?
                 }
                 KernelFamily::TopkSplit { .. } => continue,
+                KernelFamily::TopkCluster { k, transform, cluster } => {
+                    let case = TopkCase {
+                        k,
+                        transform,
+                        deterministic: false,
+                        pattern: [ScorePattern::Gaussian, ScorePattern::OneBucket][i % 2],
+                        lengths: vec![0, 1, k as i32, k as i32 + 1, n as i32 + k as i32 + 1, 50_000],
+                        row_starts: true,
+                        grouped: transform == TopkTransform::Paged && i % 2 == 1,
+                        layout: None,
+                        split: false,
+                        cluster: Some(cluster),
+                        seed,
+                    };
+                    vtopk::run(&rt, &case)?
+                }
                 // Random captures and replays against the host graph state, once per kernel.
                 KernelFamily::MetadataReplay { page_size, mode } if i == 0 => {
                     let mode = match mode {
