@@ -149,9 +149,18 @@ NSA_DEVICE void indexer_logits(const Params& p, u32* status) {
         const i64 key0 = (first_block + b) * kBlockTokens;
         copy_tile(keys, p.keys + key0 * kDim, p.num_keys - key0);
         if (tid < kScaleBytes / 16) {
-          const i64 left = p.num_keys - (key0 + 4 * tid);
-          const u32 bytes = left <= 0 ? 0u : (left >= 4 ? 16u : (u32)left * 4);
-          mma::cp_async_16(scales + tid * 16, p.key_scales + (bytes ? key0 + 4 * tid : 0), bytes);
+          const i64 first = key0 + 4 * tid;
+          const i64 left = p.num_keys - first;
+          if (left >= 4) {
+            mma::cp_async_16(scales + tid * 16, p.key_scales + first, 16u);
+          } else {
+            // The tensor's last, partial group: plain loads (a partial cp.async is
+            // still a 16-byte access for the sanitizer), zeros past the end.
+            Vec16 v;
+#pragma unroll
+            for (int e = 0; e < 4; ++e) v.w[e] = e < left ? f32_as_u32(p.key_scales[first + e]) : 0u;
+            mma::sts_v4(scales + tid * 16, v);
+          }
         }
       }
     }

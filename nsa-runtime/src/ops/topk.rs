@@ -163,24 +163,19 @@ pub fn cluster_size(rows: usize, row_capacity: usize, sm_count: u32) -> u32 {
     TOPK_CLUSTER_SIZES.into_iter().find(|&c| fits(c) && busy(c)).unwrap_or(largest)
 }
 
-/// The plan for `rows` rows of up to `row_capacity` scores on `target` with
-/// `sm_count` SMs, and why. Pure, so a server can log it and tests can pin it. The
-/// split path needs a [`TopkWorkspace`]; it and the cluster path are unordered, so
-/// deterministic calls take neither.
+/// The plan for `rows` rows of up to `row_capacity` scores on `sm_count` SMs, and
+/// why. Pure, so a server can log it and tests can pin it. The split path needs a
+/// [`TopkWorkspace`] and is unordered, so deterministic calls never take it. The
+/// cluster path ([`topk_cluster`]) is never chosen: on the H200 it measured slower
+/// than these plans at every benchmarked shape (BENCHMARKS.md).
 pub fn choose_plan(
     rows: usize,
     row_capacity: usize,
-    target: Target,
     sm_count: u32,
     deterministic: bool,
     workspace: bool,
 ) -> (TopkPlan, &'static str) {
     let sms = sm_count as usize;
-    let cached_by_a_cluster = row_capacity <= (TOPK_CLUSTER_SIZES[2] * TOPK_CLUSTER_SLICE_CACHE) as usize;
-    if !deterministic && target.has_clusters() && rows > 0 && cached_by_a_cluster {
-        let c = cluster_size(rows, row_capacity, sm_count);
-        return (TopkPlan::Cluster(c), "rows fit a cluster's shared memory: each row over a CTA cluster, read once");
-    }
     // Measured on H200 (BENCHMARKS.md): split wins at 1 row × 128K (47 vs 50 µs) and
     // loses at 64 rows (60 vs 52 µs), so only rows ≤ SMs / 8 take it.
     if !deterministic && workspace && rows > 0 && 8 * rows <= sms && row_capacity >= 16_384 {
@@ -271,7 +266,7 @@ pub fn topk(
 ) -> Result<()> {
     let rows = scores.lengths.len();
     let fits = workspace.as_ref().is_some_and(|w| rows <= w.rows);
-    let (plan, _) = choose_plan(rows, scores.row_capacity, rt.target(), rt.gpu().caps().sm_count, deterministic, fits);
+    let (plan, _) = choose_plan(rows, scores.row_capacity, rt.gpu().caps().sm_count, deterministic, fits);
     match (plan, workspace) {
         (TopkPlan::Split { chunk, chunks }, Some(ws)) => topk_split(rt, k, chunk, chunks, scores, output, out, ws),
         (TopkPlan::Single(layout), _) => topk_with_layout(rt, k, deterministic, layout, scores, output, out),
@@ -537,27 +532,18 @@ mod tests {
 
     #[test]
     fn plan_table() {
-        // Without clusters (gfx942): split for few long rows, else one block per row.
-        let amd = Target::Gfx942;
-        let split = |rows, cap| matches!(choose_plan(rows, cap, amd, 132, false, true).0, TopkPlan::Split { .. });
+        let split = |rows, cap| matches!(choose_plan(rows, cap, 132, false, true).0, TopkPlan::Split { .. });
         assert!(split(1, 131_072));
         assert!(split(16, 131_072));
         assert!(!split(17, 131_072), "64-row batches measured faster unsplit");
         assert!(!split(1, 8192), "short rows stay in one block");
-        assert!(!matches!(choose_plan(1, 131_072, amd, 132, true, true).0, TopkPlan::Split { .. }), "deterministic");
-        assert!(!matches!(choose_plan(1, 131_072, amd, 132, false, false).0, TopkPlan::Split { .. }), "no workspace");
-        match choose_plan(1, 131_072, amd, 132, false, true).0 {
+        assert!(!matches!(choose_plan(1, 131_072, 132, true, true).0, TopkPlan::Split { .. }), "deterministic");
+        assert!(!matches!(choose_plan(1, 131_072, 132, false, false).0, TopkPlan::Split { .. }), "no workspace");
+        match choose_plan(1, 131_072, 132, false, true).0 {
             TopkPlan::Split { chunk, chunks } => assert!(chunk * chunks >= 131_072 && chunk % 1024 == 0),
             other => panic!("{other:?}"),
         }
-        assert_eq!(choose_plan(2048, 32_768, amd, 132, false, true).0, TopkPlan::Single(TopkLayout::Throughput));
-        // With clusters (sm_90a): rows a cluster can cache take the cluster path.
-        let nv = Target::Sm90a;
-        for (rows, cap, c) in [(1, 131_072, 8), (64, 131_072, 8), (2048, 32_768, 2), (2048, 32_769, 4), (1, 4096, 8)] {
-            assert_eq!(choose_plan(rows, cap, nv, 132, false, false).0, TopkPlan::Cluster(c), "{rows} × {cap}");
-        }
-        assert_eq!(choose_plan(1, 131_072, nv, 132, true, true).0, TopkPlan::Single(TopkLayout::Latency));
-        assert!(matches!(choose_plan(1, 131_073, nv, 132, false, true).0, TopkPlan::Split { .. }), "past 8 slices");
+        assert_eq!(choose_plan(2048, 32_768, 132, false, true).0, TopkPlan::Single(TopkLayout::Throughput));
     }
 
     #[test]

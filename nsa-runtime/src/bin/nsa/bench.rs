@@ -263,7 +263,7 @@ fn jit(rt: &Runtime) -> Result<(Vec<JitRow>, f64, usize, f64)> {
 
 /// Top-k of f32 rows (Gaussian scores, every row full length) for each transform.
 fn topk_bench(rt: &Runtime, reps: usize) -> Result<Vec<TopkRow>> {
-    use nsa_kernels::{Target, TopkLayout, TopkTransform};
+    use nsa_kernels::{TopkLayout, TopkTransform};
     use nsa_runtime::ops::topk::{
         choose_plan, cluster_size, topk_cluster, topk_split, topk_with_layout, PageTable, TopkOutput, TopkPlan,
         TopkScores, TopkWorkspace,
@@ -287,12 +287,12 @@ fn topk_bench(rt: &Runtime, reps: usize) -> Result<Vec<TopkRow>> {
         let (sv, lv, tv, ov) = (d_scores.slice(0..), d_lengths.slice(0..), d_table.slice(0..), d_offsets.slice(0..));
         let input = TopkScores { scores: &sv, row_stride: n, row_capacity: n, lengths: &lv, row_starts: None };
         let sms = rt.gpu().caps().sm_count;
-        let chosen = choose_plan(rows, n, rt.target(), sms, false, true).0;
+        let chosen = choose_plan(rows, n, sms, false, true).0;
         // Every plan that applies: both single-block layouts, the split path where
-        // it would be taken without clusters, the cluster path where there are.
+        // the plan takes it, the cluster path where the target has clusters.
         let mut plans = vec![TopkPlan::Single(TopkLayout::Latency), TopkPlan::Single(TopkLayout::Throughput)];
-        if let (TopkPlan::Split { chunk, chunks }, _) = choose_plan(rows, n, Target::Gfx942, sms, false, true) {
-            plans.push(TopkPlan::Split { chunk, chunks });
+        if let TopkPlan::Split { .. } = chosen {
+            plans.push(chosen);
         }
         if rt.target().has_clusters() {
             plans.push(TopkPlan::Cluster(cluster_size(rows, n, sms)));
