@@ -285,15 +285,30 @@ pub fn topk_with_layout(
     output: &TopkOutput<'_>,
     out: &mut CudaViewMut<'_, i32>,
 ) -> Result<()> {
+    let family = KernelFamily::TopK { k, transform: output.transform(), deterministic, layout };
+    launch_one(rt, k, family, 1, scores, output, out)
+}
+
+/// Checks the arguments and launches `family`, one kernel with `blocks_per_row`
+/// blocks for each row.
+fn launch_one(
+    rt: &Runtime,
+    k: u32,
+    family: KernelFamily,
+    blocks_per_row: usize,
+    scores: &TopkScores<'_>,
+    output: &TopkOutput<'_>,
+    out: &mut CudaViewMut<'_, i32>,
+) -> Result<()> {
     let rows = check_topk_args(k, scores, output, out)?;
     if rows == 0 {
         return Ok(());
     }
-    let kernel = rt.kernel(KernelFamily::TopK { k, transform: output.transform(), deterministic, layout })?;
+    let kernel = rt.kernel(family)?;
     with_params(rt, scores, output, out, |params| {
         let mut args = rt.args(&kernel);
         args.arg(&params);
-        rt.launch(&kernel, args, rows, "lengths", ROW_EXPECTED)
+        rt.launch(&kernel, args, rows * blocks_per_row, "lengths", ROW_EXPECTED)
     })
 }
 
@@ -317,16 +332,8 @@ pub fn topk_cluster(
             "an NVIDIA target (thread-block clusters need sm_90+); use topk_with_layout",
         ));
     }
-    let rows = check_topk_args(k, scores, output, out)?;
-    if rows == 0 {
-        return Ok(());
-    }
-    let kernel = rt.kernel(KernelFamily::TopkCluster { k, transform: output.transform(), cluster })?;
-    with_params(rt, scores, output, out, |params| {
-        let mut args = rt.args(&kernel);
-        args.arg(&params);
-        rt.launch(&kernel, args, rows * cluster as usize, "lengths", ROW_EXPECTED)
-    })
+    let family = KernelFamily::TopkCluster { k, transform: output.transform(), cluster };
+    launch_one(rt, k, family, cluster as usize, scores, output, out)
 }
 
 /// The split path: histogram, collect and finish stages, three launches, no sync.

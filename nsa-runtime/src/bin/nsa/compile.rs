@@ -207,55 +207,16 @@ pub fn verify(args: VerifyArgs) -> Result<()> {
                 KernelFamily::IndexerKStore => verify::store_indexer(&rt, n, seed)?,
                 KernelFamily::IndexerKGather => verify::gather_indexer(&rt, n, seed, n > 1)?,
                 KernelFamily::TopK { k, transform, deterministic, layout } => {
-                    let pattern = [ScorePattern::Gaussian, ScorePattern::OneBucket][i % 2];
-                    let case = TopkCase {
-                        k,
-                        transform,
-                        deterministic,
-                        pattern,
-                        lengths: vec![0, 1, k as i32, k as i32 + 1, n as i32 + k as i32 + 1, 50_000],
-                        row_starts: true,
-                        grouped: transform == TopkTransform::Paged && i % 2 == 1,
-                        layout: Some(layout),
-                        split: false,
-                        cluster: None,
-                        seed,
-                    };
+                    let case = TopkCase { deterministic, layout: Some(layout), ..topk_case(k, transform, i, n, seed) };
                     vtopk::run(&rt, &case)?
                 }
                 // The three stages run together: check once, at the finish stage.
                 KernelFamily::TopkSplit { stage: TopkSplitStage::Finish, k, transform } => {
-                    let case = TopkCase {
-                        k,
-                        transform,
-                        deterministic: false,
-                        pattern: [ScorePattern::Gaussian, ScorePattern::OneBucket][i % 2],
-                        lengths: vec![0, 1, k as i32, k as i32 + 1, n as i32 + k as i32 + 1, 50_000],
-                        row_starts: true,
-                        grouped: transform == TopkTransform::Paged && i % 2 == 1,
-                        layout: None,
-                        split: true,
-                        cluster: None,
-                        seed,
-                    };
-                    vtopk::run(&rt, &case)?
+                    vtopk::run(&rt, &TopkCase { split: true, ..topk_case(k, transform, i, n, seed) })?
                 }
                 KernelFamily::TopkSplit { .. } => continue,
                 KernelFamily::TopkCluster { k, transform, cluster } => {
-                    let case = TopkCase {
-                        k,
-                        transform,
-                        deterministic: false,
-                        pattern: [ScorePattern::Gaussian, ScorePattern::OneBucket][i % 2],
-                        lengths: vec![0, 1, k as i32, k as i32 + 1, n as i32 + k as i32 + 1, 50_000],
-                        row_starts: true,
-                        grouped: transform == TopkTransform::Paged && i % 2 == 1,
-                        layout: None,
-                        split: false,
-                        cluster: Some(cluster),
-                        seed,
-                    };
-                    vtopk::run(&rt, &case)?
+                    vtopk::run(&rt, &TopkCase { cluster: Some(cluster), ..topk_case(k, transform, i, n, seed) })?
                 }
                 // Random captures and replays against the host graph state, once per kernel.
                 KernelFamily::MetadataReplay { page_size, mode } if i == 0 => {
@@ -331,4 +292,24 @@ pub fn verify(args: VerifyArgs) -> Result<()> {
         return Err(Error::Other(format!("{failed} GPU check(s) differ from the CPU reference")));
     }
     Ok(())
+}
+
+/// The verify run's top-k case for size `n` (the `i`-th size): lengths around k,
+/// past the size and one long row; Gaussian and one-bucket scores alternate, and
+/// PAGED alternates between decode and prefill (grouped) tables. Unordered, the
+/// launcher's own layout.
+fn topk_case(k: u32, transform: TopkTransform, i: usize, n: usize, seed: u64) -> TopkCase {
+    TopkCase {
+        k,
+        transform,
+        deterministic: false,
+        pattern: [ScorePattern::Gaussian, ScorePattern::OneBucket][i % 2],
+        lengths: vec![0, 1, k as i32, k as i32 + 1, n as i32 + k as i32 + 1, 50_000],
+        row_starts: true,
+        grouped: transform == TopkTransform::Paged && i % 2 == 1,
+        layout: None,
+        split: false,
+        cluster: None,
+        seed,
+    }
 }
