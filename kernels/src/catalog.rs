@@ -2,10 +2,7 @@
 //! sparse MLA, metadata) add their specs here.
 
 use crate::config::{KvCacheFormat, NsaConfig};
-use crate::spec::{
-    IndexerLayout, KernelFamily, KernelSpec, MetadataMode, TopkLayout, TopkSplitStage, TopkTransform,
-    TOPK_CLUSTER_SIZES,
-};
+use crate::spec::{IndexerLayout, KernelFamily, KernelSpec, MetadataMode, TopkLayout, TopkSplitStage, TopkTransform};
 use crate::target::Vendor;
 
 /// The kernel set of `cfg`, for every target it lists, sorted and without repeats.
@@ -39,13 +36,7 @@ pub fn kernel_set(cfg: &NsaConfig) -> Vec<KernelSpec> {
     // (spec §8.3) reads the FP8 cache.
     let d_qk = cfg.kv_lora_rank + cfg.qk_rope_head_dim;
     let mut sparse_mla = vec![KernelFamily::SparsePrefill { heads: cfg.num_q_heads, topk: cfg.topk, d_qk }];
-    // Top-k over thread-block clusters (sm_90+): every cluster size the plan may pick.
-    for transform in TopkTransform::ALL {
-        for cluster in TOPK_CLUSTER_SIZES {
-            sparse_mla.push(KernelFamily::TopkCluster { k: cfg.topk, transform, cluster });
-        }
-    }
-    // Indexer logits (spec §6): FP8 mma.sync, NVIDIA only for now.
+    // Indexer logits (spec §6): FP8 warp-group MMA on sm_90a, mma.sync elsewhere; NVIDIA only for now.
     for layout in IndexerLayout::ALL {
         sparse_mla.push(KernelFamily::IndexerLogits { heads: cfg.index_n_heads, layout });
     }
