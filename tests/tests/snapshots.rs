@@ -569,8 +569,10 @@ fn launch_geometry_matches_the_device_code() {
                 if nsa_kernels::spec::indexer_wg_kernel(heads, spec.target) {
                     let wg = int_constants(header("nsa/indexer_logits_wg.cuh").unwrap());
                     assert_eq!(wg["kHeads"], heads as i64, "{spec}");
-                    // The runtime accepts next_n 1..=4 (ops/indexer.rs).
+                    // The runtime accepts next_n 1..=4 (ops/indexer.rs) and groups RAGGED
+                    // rows by this count when it sizes the grid.
                     assert_eq!(wg["kMaxNextN"], 4, "{spec}");
+                    assert_eq!(wg["kMaxNextN"], nsa_kernels::spec::INDEXER_WG_RAGGED_ROWS as i64, "{spec}");
                     assert!(spec.dynamic_smem_bytes() <= 227 * 1024 / 3, "{spec}: three CTAs per SM");
                 } else {
                     assert_eq!(spec.dynamic_smem_bytes(), 0, "{spec}");

@@ -33,9 +33,6 @@ struct Smem {
 };
 static_assert(kTileBytes % 1024 == 0, "swizzled tiles stay 1024-byte aligned");
 
-// Byte offset of 16-byte chunk c of row r in a 128-byte-swizzled tile.
-NSA_DEVICE u32 sw128(u32 r, u32 c) { return r * 128 + ((c ^ (r & 7)) * 16); }
-
 // Rows [0, valid) of a 64-row x 128-byte block at `src` (rows 128 bytes apart) into
 // the swizzled tile at `dst`, zeros for the rest: 8 threads per row, so a warp
 // reads 4 whole rows per instruction.
@@ -45,7 +42,7 @@ NSA_DEVICE void copy_tile(u32 dst, const u8* src, i64 valid = kBlockTokens) {
     const u32 chunk = thread_x() + i * kThreads;
     const u32 r = chunk / 8, c = chunk % 8;
     const bool live = (i64)r < valid;
-    mma::cp_async_16(dst + sw128(r, c), src + (live ? r * 128 + c * 16 : 0), live ? 16u : 0u);
+    mma::cp_async_16(dst + wg::sw128_offset(r, c), src + (live ? r * 128 + c * 16 : 0), live ? 16u : 0u);
   }
 }
 

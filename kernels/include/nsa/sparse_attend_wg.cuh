@@ -32,7 +32,7 @@ template <int kDqk>
 struct Tile {
   static_assert(kDqk % 64 == 0, "whole 64-dim blocks");
   static constexpr u32 kTileBytes = kDqk / 64 * kBlockBytes;
-  static NSA_DEVICE u32 offset(u32 r, u32 c) { return (c / 8) * kBlockBytes + r * 128 + (((c % 8) ^ (r % 8)) * 16); }
+  static NSA_DEVICE u32 offset(u32 r, u32 c) { return (c / 8) * kBlockBytes + wg::sw128_offset(r, c % 8); }
 };
 // Q K^T step ks (16 dims): the block, then 32 bytes further per step inside it.
 NSA_DEVICE constexpr u32 qk_step_bytes(int ks) { return (ks / 4) * kBlockBytes + (ks % 4) * 32; }

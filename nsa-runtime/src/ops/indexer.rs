@@ -165,11 +165,11 @@ fn launch(
     rt: &Runtime,
     heads: u32,
     layout: IndexerLayout,
+    units: usize,
     params: IndexerLogitsParams,
     field: &'static str,
 ) -> Result<()> {
     let kernel = rt.kernel(KernelFamily::IndexerLogits { heads, layout })?;
-    let units = units(heads, layout, params.rows as usize, params.next_n as usize, rt);
     let ctas = units * params.chunks as usize;
     check_count_fits_i32("CTAs (rows or requests × chunks)", ctas)?;
     let mut args = rt.args(&kernel);
@@ -231,7 +231,7 @@ pub fn paged_logits(
         chunks: chunks as i32,
         ..Default::default()
     };
-    launch(rt, query.heads, IndexerLayout::Paged, params, "block_table")
+    launch(rt, query.heads, IndexerLayout::Paged, units, params, "block_table")
 }
 
 /// RAGGED logits (extend, spec §6.3): `[rows, num_keys]` (row stride `out.stride`).
@@ -278,7 +278,7 @@ pub fn ragged_logits(
         chunks: chunks as i32,
         ..Default::default()
     };
-    launch(rt, query.heads, IndexerLayout::Ragged, params, "ks")
+    launch(rt, query.heads, IndexerLayout::Ragged, units, params, "ks")
 }
 
 #[cfg(test)]

@@ -44,12 +44,8 @@ pub fn index_k_at(cache: &[u8], slot: usize) -> (&[u8], f32) {
 /// (every addend, the running sum included, is at most that sum): 4 · 2⁻¹³.
 pub const FP8_WGMMA_REL_ERR: f32 = 1.0 / 2048.0;
 
-/// One logit: `q` is `[64, 128]` e4m3 bytes of one query row, `weights` its 64 gates.
-pub fn logit(q: &[u8], weights: &[f32], k: &[u8], k_scale: f32) -> f32 {
-    logit_and_spread(q, weights, k, k_scale).0
-}
-
-/// The logit and its spread `Σ_h |w_h| · k_scale · Σ_d |q_hd · k_d|`, in one pass:
+/// One logit and its spread (`q` is `[64, 128]` e4m3 bytes of one query row,
+/// `weights` its 64 gates); the spread `Σ_h |w_h| · k_scale · Σ_d |q_hd · k_d|`, in one pass:
 /// the spread bounds the error of a logit whose head dots were accumulated with
 /// limited precision (ReLU never widens it).
 pub fn logit_and_spread(q: &[u8], weights: &[f32], k: &[u8], k_scale: f32) -> (f32, f32) {
@@ -83,12 +79,8 @@ pub struct PagedKeys<'a> {
 /// Paged logits (decode / verify / draft-extend, §6.2). Rows are `b · next_n + j`;
 /// `q` is `[rows, 64, 128]` bytes, `weights` `[rows, 64]`. Query j of request b sees
 /// keys `s < context_len − next_n + j + 1`. Output `[rows, max_context]`.
-pub fn paged_logits(q: &[u8], weights: &[f32], keys: PagedKeys<'_>, next_n: usize, max_context: usize) -> Vec<f32> {
-    paged_logits_and_spreads(q, weights, keys, next_n, max_context).0
-}
-
-/// [`paged_logits`] and the spread of every entry ([`logit_and_spread`]; 0 where not visible).
-pub fn paged_logits_and_spreads(
+/// The second vector holds every entry's spread ([`logit_and_spread`]; 0 where not visible).
+pub fn paged_logits(
     q: &[u8],
     weights: &[f32],
     keys: PagedKeys<'_>,
@@ -122,12 +114,8 @@ pub fn paged_logits_and_spreads(
 
 /// Ragged logits (extend, §6.3): keys `k` `[S, 128]` bytes with scales `[S]`; row t
 /// sees keys `[ks[t], ke[t])`. Output `[T, S]`.
-pub fn ragged_logits(q: &[u8], weights: &[f32], k: &[u8], k_scale: &[f32], ks: &[i32], ke: &[i32]) -> Vec<f32> {
-    ragged_logits_and_spreads(q, weights, k, k_scale, ks, ke).0
-}
-
-/// [`ragged_logits`] and the spread of every entry ([`logit_and_spread`]; 0 where not visible).
-pub fn ragged_logits_and_spreads(
+/// The second vector holds every entry's spread ([`logit_and_spread`]; 0 where not visible).
+pub fn ragged_logits(
     q: &[u8],
     weights: &[f32],
     k: &[u8],
@@ -181,14 +169,13 @@ mod tests {
         let mut w = vec![0.0f32; INDEX_HEADS];
         w[3] = 0.5;
         // q·k = 1.5 · 2 = 3, × k_scale 0.25 = 0.75, × weight 0.5 = 0.375.
-        assert_eq!(logit(&one_hot_q(INDEX_HEADS, 3, 1.5), &w, &k, 0.25), 0.375);
+        assert_eq!(logit_and_spread(&one_hot_q(INDEX_HEADS, 3, 1.5), &w, &k, 0.25), (0.375, 0.375));
         // A negative dot product is cut by the ReLU before the weight.
-        assert_eq!(logit(&one_hot_q(INDEX_HEADS, 3, -1.5), &w, &k, 0.25), 0.0);
+        assert_eq!(logit_and_spread(&one_hot_q(INDEX_HEADS, 3, -1.5), &w, &k, 0.25), (0.0, 0.375));
         // Heads add up; a negative weight can make the logit negative.
         let mut q = one_hot_q(INDEX_HEADS, 3, 1.5);
         q[5 * INDEXER_HEAD_DIM] = q8(1.0);
         w[5] = -1.0;
-        assert_eq!(logit(&q, &w, &k, 0.25), 0.375 - 0.5);
         // The spread sums |w| |q k| over heads and dims: cancellation and ReLU do not shrink it.
         assert_eq!(logit_and_spread(&q, &w, &k, 0.25), (0.375 - 0.5, 0.375 + 0.5));
     }
@@ -216,11 +203,12 @@ mod tests {
             })
             .collect();
         let keys = PagedKeys { cache: &cache, block_table: &[1, 0], width: 2, context_lens: &[3] };
-        let out = paged_logits(&q, &w, keys, next_n, 128);
+        let (out, spread) = paged_logits(&q, &w, keys, next_n, 128);
         // Query 0 sees keys 0..2 (context 3, next_n 2), query 1 sees 0..3.
         assert_eq!(&out[..3], &[1.0, 0.0, f32::NEG_INFINITY]);
         assert_eq!(&out[128..131], &[1.0, 0.0, 3.0]);
         assert!(out[131..256].iter().all(|v| *v == f32::NEG_INFINITY));
+        assert_eq!((spread[130], spread[131]), (3.0, 0.0), "spreads follow the logits, 0 where unseen");
     }
 
     #[test]
@@ -235,8 +223,9 @@ mod tests {
             .collect();
         let mut w = vec![0.0f32; INDEX_HEADS];
         w[0] = 2.0;
-        let out = ragged_logits(&one_hot_q(INDEX_HEADS, 0, 1.0), &w, &k, &[1.0; 4], &[1], &[3]);
+        let (out, spread) = ragged_logits(&one_hot_q(INDEX_HEADS, 0, 1.0), &w, &k, &[1.0; 4], &[1], &[3]);
         assert_eq!(out, vec![f32::NEG_INFINITY, 4.0, 6.0, f32::NEG_INFINITY]);
+        assert_eq!(spread, vec![0.0, 4.0, 6.0, 0.0]);
     }
 
     #[test]

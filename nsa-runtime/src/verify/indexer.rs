@@ -9,7 +9,7 @@
 
 use super::{download, upload, Check};
 use crate::ops::indexer::{self, IndexerQuery, LogitsOut, PagedIndexerKeys, RaggedIndexerKeys};
-use crate::reference::indexer::{paged_logits_and_spreads, ragged_logits_and_spreads, PagedKeys, FP8_WGMMA_REL_ERR};
+use crate::reference::indexer::{paged_logits, ragged_logits, PagedKeys, FP8_WGMMA_REL_ERR};
 use crate::runtime::Runtime;
 use crate::testdata;
 use crate::Result;
@@ -142,7 +142,7 @@ pub fn run(rt: &Runtime, case: &IndexerCase, heads: u32) -> Result<Check> {
             indexer::paged_logits(rt, &query, &keys, LogitsOut { data: &mut view, stride })?;
             let got = download(stream, &d_out, rows * stride)?;
             let pk = PagedKeys { cache: &cache, block_table: &table, width: *table_width, context_lens };
-            let (want, spreads) = paged_logits_and_spreads(&q, &w, pk, *next_n, width);
+            let (want, spreads) = paged_logits(&q, &w, pk, *next_n, width);
             let (bad, first) = compare(&got, &want, &spreads, wgmma, (rows, width, stride));
             (IndexerLayout::Paged, rows, bad, first, format!("paged b{batch} next_n{next_n} width{table_width}"))
         }
@@ -170,7 +170,7 @@ pub fn run(rt: &Runtime, case: &IndexerCase, heads: u32) -> Result<Check> {
             let mut view = d_out.slice_mut(0..rows * stride);
             indexer::ragged_logits(rt, &query, &rk, LogitsOut { data: &mut view, stride })?;
             let got = download(stream, &d_out, rows * stride)?;
-            let (want, spreads) = ragged_logits_and_spreads(&q, &w, &keys, &scales, ks, ke);
+            let (want, spreads) = ragged_logits(&q, &w, &keys, &scales, ks, ke);
             let (bad, first) = compare(&got, &want, &spreads, wgmma, (rows, *num_keys, stride));
             (IndexerLayout::Ragged, rows, bad, first, format!("ragged t{rows} keys{num_keys}"))
         }

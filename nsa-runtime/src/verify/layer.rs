@@ -685,29 +685,14 @@ fn topk_within(want: &[(f32, f32)], got: &[Option<i32>], wgmma: bool) -> Option<
     // The GPU ranked its own logits, each up to its tolerance off the reference: a
     // wrong choice is an unselected key whose lowest possible logit exceeds the
     // highest possible logit of a selected one.
-    let lowest_in = (0..n).filter(|&p| chosen[p]).map(|p| (want[p].0 + tol(p), p)).fold((f32::INFINITY, 0), min_by_0);
-    let highest_out =
-        (0..n).filter(|&p| !chosen[p]).map(|p| (want[p].0 - tol(p), p)).fold((f32::NEG_INFINITY, 0), max_by_0);
+    // Long rows (n > k): both sets are non-empty.
+    let by_bound = |a: &(f32, usize), b: &(f32, usize)| a.0.total_cmp(&b.0);
+    let lowest_in = (0..n).filter(|&p| chosen[p]).map(|p| (want[p].0 + tol(p), p)).min_by(by_bound)?;
+    let highest_out = (0..n).filter(|&p| !chosen[p]).map(|p| (want[p].0 - tol(p), p)).max_by(by_bound)?;
     (highest_out.0 > lowest_in.0).then(|| {
         let (o, i) = (highest_out.1, lowest_in.1);
         format!("unselected logit {} beats selected {} (tolerances {} and {})", want[o].0, want[i].0, tol(o), tol(i))
     })
-}
-
-fn min_by_0(a: (f32, usize), b: (f32, usize)) -> (f32, usize) {
-    if b.0 < a.0 {
-        b
-    } else {
-        a
-    }
-}
-
-fn max_by_0(a: (f32, usize), b: (f32, usize)) -> (f32, usize) {
-    if b.0 > a.0 {
-        b
-    } else {
-        a
-    }
 }
 
 #[allow(clippy::too_many_arguments)]

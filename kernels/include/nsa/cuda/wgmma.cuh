@@ -44,6 +44,10 @@ NSA_DEVICE u64 desc_sw128(u32 addr, u32 leading = 16) {
          ((u64)1 << 62);
 }
 
+// Byte offset of 16-byte chunk c (0..7) of row r in that layout, from the tile's
+// 1024-byte aligned start.
+NSA_DEVICE u32 sw128_offset(u32 r, u32 c) { return r * 128 + ((c ^ (r & 7)) * 16); }
+
 // The same descriptor `bytes` further on (inside the 256 KiB window), opaque to the
 // compiler so an unrolled k loop recomputes its descriptors instead of holding
 // dozens of 64-bit constants in registers across the main loop.
