@@ -156,15 +156,18 @@ const DECODE_COMBINE_THREADS: u32 = 128;
 
 /// Dynamic shared memory of a sparse-attention CTA with `head_tile` heads of
 /// `d_qk`-wide rows; mirrors `nsa::attend::Smem` (sparse_attend.cuh): Q tile, two
-/// K/V tiles, padded P tile, per-warp row partials, validity flags.
+/// K/V tiles, padded P tile, per-warp row partials, validity flags, and for 16-head
+/// tiles the partial S of the four dims quarters (padded f32 rows).
 pub fn attend_smem_bytes(head_tile: u32, d_qk: u32) -> u32 {
     let row = d_qk * 2 + 16; // padded rows (`Rows::kBytes`)
     let warps_per_mtile = 8 / (head_tile / 16); // consumer warps per 16-head m-tile (`Smem::kNW`)
+    let split_k_partials = if head_tile == 16 { 4 * 16 * (DECODE_BLOCK_TOKENS + 8) * 4 } else { 0 };
     head_tile * row
         + 2 * DECODE_BLOCK_TOKENS * row
         + head_tile * (DECODE_BLOCK_TOKENS * 2 + 16)
         + warps_per_mtile * head_tile * 4
         + 2 * DECODE_BLOCK_TOKENS
+        + split_k_partials
 }
 
 /// Stages of the split top-k path, launched in this order on one stream.

@@ -96,14 +96,16 @@ NSA_DEVICE i32 kv_len(const Params& p, i32 i) {
 }
 
 // One page_table_1 row (and its real-table entries) into every step. 16-byte
-// vectors, two in flight per thread, when every address allows it; else (and for
-// the tail) one slot per thread. A page start is lane 0 of a vector when the page
-// size is a multiple of 4.
+// vectors, kInFlight per thread loaded before any is stored (enough bytes in
+// flight to cover HBM latency with one or two blocks per SM), when every address
+// allows it; else (and for the tail) one slot per thread. A page start is lane 0
+// of a vector when the page size is a multiple of 4.
 #ifdef NSA_CUDA
 constexpr bool kVectorRows = true;
 #else
-constexpr bool kVectorRows = false;  // clang for gfx942 puts the vector pair in scratch
+constexpr bool kVectorRows = false;  // clang for gfx942 puts the vector group in scratch
 #endif
+constexpr int kInFlight = 4;
 
 template <int kPageSize, int kBlockThreads>
 NSA_DEVICE void copy_row(const i32* __restrict__ src, i32* __restrict__ dst, i32* __restrict__ real, i32 max_kv,
@@ -114,18 +116,20 @@ NSA_DEVICE void copy_row(const i32* __restrict__ src, i32* __restrict__ dst, i32
   const i32 n4 = vec ? max_kv / 4 : 0;
   const Vec16* s4 = reinterpret_cast<const Vec16*>(src);
   Vec16* d4 = reinterpret_cast<Vec16*>(dst);
-  // Two vectors per thread per trip: both loads issue before the stores.
-  for (i32 c = tid; c < n4; c += 2 * kBlockThreads) {
-    const i32 c2 = c + kBlockThreads;
-    const bool has2 = c2 < n4;
-    const Vec16 a = s4[c];
-    const Vec16 b = s4[has2 ? c2 : c];
+  for (i32 c0 = tid; c0 < n4; c0 += kInFlight * kBlockThreads) {
+    Vec16 v[kInFlight];
+#pragma unroll
+    for (int k = 0; k < kInFlight; ++k) {
+      const i32 c = c0 + k * kBlockThreads;
+      v[k] = s4[c < n4 ? c : c0];
+    }
     for (i32 s = 0; s < steps; ++s) {
-      d4[s * (ss / 4) + c] = a;
-      if (has2) d4[s * (ss / 4) + c2] = b;
-      if (kPageSize > 1) {
-        if ((4 * c) % kPageSize == 0) real[s * ss + 4 * c / kPageSize] = floor_div<kPageSize>((i32)a.w[0]);
-        if (has2 && (4 * c2) % kPageSize == 0) real[s * ss + 4 * c2 / kPageSize] = floor_div<kPageSize>((i32)b.w[0]);
+#pragma unroll
+      for (int k = 0; k < kInFlight; ++k) {
+        const i32 c = c0 + k * kBlockThreads;
+        if (c >= n4) break;
+        d4[s * (ss / 4) + c] = v[k];
+        if (kPageSize > 1 && (4 * c) % kPageSize == 0) real[s * ss + 4 * c / kPageSize] = floor_div<kPageSize>((i32)v[k].w[0]);
       }
     }
   }

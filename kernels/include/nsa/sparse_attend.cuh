@@ -41,8 +41,15 @@ struct Rows {
   static NSA_DEVICE u32 offset(u32 r, u32 c) { return r * kBytes + c * 16; }
 };
 
+// 16-head tiles split Q K^T over the dims (see Consumer): kQuarters warps each
+// hold a quarter of Q in registers and leave partial S [16][64] f32 rows, padded
+// so a warp's float2 stores of 8 rows fill two conflict-free wavefronts.
+constexpr int kQuarters = 4;
+constexpr int kPartStride = kBlockTokens + 8;  // floats per partial-S row
+
 // Shared memory: Q [kHT][kDqk], K/V x2 [64][kDqk], P [kHT][64] (padded rows),
-// per-warp row partials (max, then sums), token validity flags.
+// per-warp row partials (max, then sums), token validity flags, and for 16-head
+// tiles the partial S of each dims quarter.
 template <int kHT, int kDqk>
 struct Smem {
   // Consumer warps per 16-head m-tile (each: a token group in Q K^T, a column group in P V).
@@ -52,7 +59,8 @@ struct Smem {
   static constexpr u32 kP = kK + 2 * Rows<kDqk>::kTileBytes;
   static constexpr u32 kRed = kP + kHT * kPRowBytes;
   static constexpr u32 kValid = kRed + kNW * kHT * 4;
-  static constexpr u32 kBytes = kValid + 2 * kBlockTokens;
+  static constexpr u32 kPart = kValid + 2 * kBlockTokens;
+  static constexpr u32 kBytes = kPart + (kHT == 16 ? kQuarters * 16 * kPartStride * 4 : 0);
 };
 
 // Index entries of query row `row` that count: `topk_length[row]` clamped to
@@ -75,7 +83,7 @@ NSA_DEVICE void load_q_tile(const u16* q_row, u32 head0, u32 q_tile) {
   for (u32 i = thread_x(); i < (u32)kHT * R::kChunks; i += kThreads) {
     const u32 r = i / R::kChunks, c = i % R::kChunks;
     Vec16 v = {{0u, 0u, 0u, 0u}};
-    if (head0 + r < (u32)kHeads) v = *reinterpret_cast<const Vec16*>(q_row + (head0 + r) * kDqk + c * 8);
+    if (head0 + r < (u32)kHeads) v = mma::ldg_stream_v4(q_row + (head0 + r) * kDqk + c * 8);
     mma::sts_v4(q_tile + R::offset(r, c), v);
   }
 }
@@ -84,6 +92,12 @@ NSA_DEVICE void load_q_tile(const u16* q_row, u32 head0, u32 q_tile) {
 // g + 8 of the m-tile per thread), Q K^T over the tokens of group nw, P V over the
 // output columns of group nw. kQkUnroll: unroll of the Q K^T loop (full on sm_90a;
 // less where ptxas would spill, which also keeps the P V token loop rolled).
+//
+// A 16-head tile splits Q K^T over the dims instead (kSplitK): warp w keeps dims
+// quarter w % 4 of Q in registers for the whole kernel and computes partial S for
+// tokens 32 (w / 4) .. + 31; the quarters meet in shared memory, where warp w
+// sums its 8 tokens. Reading Q from shared memory every step (8 warps × the whole
+// tile) was most of a 16-head step's shared-memory traffic.
 // kThreads: the CTA's threads (consumers first, then the family's producers), the
 // count of the full/empty barriers.
 template <int kHT, int kDqk, int kQkUnroll, int kThreads>
@@ -99,6 +113,10 @@ struct Consumer {
   static constexpr int kNV = kDimsPerWarp / 8;            // n8 tiles per warp in P V
   static constexpr bool kFullUnroll = kQkUnroll * 2 >= R::kChunks;
   static_assert(kNT >= 1 && kNV % 2 == 0, "warp tiling");
+  static constexpr bool kSplitK = kHT == 16;
+  static constexpr int kQSteps = kDqk / 16 / kQuarters;   // k16 steps of a dims quarter
+  static constexpr int kSplitTokens = kBlockTokens * kQuarters / kConsumerWarps;  // 32 per warp
+  static_assert(!kSplitK || (kDqk % (16 * kQuarters) == 0 && kSplitTokens == 32 && kNT == 1), "split-K tiling");
 
   u32 base, g, t, mw, nw, tok0, d0;
   // Per-thread ldmatrix row addresses, fixed for the whole kernel: every access in
@@ -107,6 +125,8 @@ struct Consumer {
   u32 k_off;   // K rows (B of Q K^T), offset inside a K/V buffer
   u32 p_addr;  // P rows (A of P V), shared address
   u32 v_off;   // V rows (B of P V, transposed), offset inside a K/V buffer
+  u32 ks_off;  // kSplitK: K rows of this warp's 32 tokens at its dims quarter, inside a K/V buffer
+  u32 qf[kSplitK ? kQSteps : 1][4];  // kSplitK: this warp's Q quarter as A fragments
   float m_run[2];  // running max (log2 domain, scaled) of rows g and g + 8
   float l_run[2];  // this thread's share of the row sums
   float o[kNV][4];
@@ -123,6 +143,12 @@ struct Consumer {
                      : R::offset(tok0 + (lane & 7) + ((lane >> 4) << 3), (lane >> 3) & 1);
     p_addr = base + L::kP + (mw * 16 + (lane & 15)) * kPRowBytes + ((lane >> 4) << 3) * 2;
     v_off = R::offset((lane & 7) + (((lane >> 3) & 1) << 3), d0 / 8 + (lane >> 4));
+    if constexpr (kSplitK) {
+      const u32 quarter = warp % kQuarters, chunk0 = quarter * kQSteps * 2;
+      ks_off = R::offset((warp / kQuarters) * kSplitTokens + (lane & 7) + ((lane >> 4) << 3), chunk0 + ((lane >> 3) & 1));
+#pragma unroll
+      for (int ks = 0; ks < kQSteps; ++ks) mma::ldsm_x4(q_addr + (chunk0 + 2 * ks) * 16, qf[ks]);
+    }
     m_run[0] = m_run[1] = kMaxInit;
     l_run[0] = l_run[1] = 0.0f;
 #pragma unroll
@@ -151,7 +177,9 @@ struct Consumer {
 #pragma unroll
     for (int j = 0; j < kNT; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
     const u32 k_addr = kbuf + k_off;
-    if constexpr (kNT == 1) {
+    if constexpr (kSplitK) {
+      split_qk(smem, kbuf, s[0]);
+    } else if constexpr (kNT == 1) {
       // One n8 tile per warp: each x4 load of K spans two k16 steps instead.
 #pragma unroll(kQkUnroll)
       for (int kc = 0; kc < R::kChunks; kc += 4) {
@@ -251,6 +279,51 @@ struct Consumer {
     }
   }
 
+  // kSplitK: partial S of this warp's dims quarter and 32 tokens into shared
+  // memory, then the full S of the warp's 8 tokens (tok0, the kNT == 1 layout).
+  NSA_DEVICE void split_qk(u8* smem, u32 kbuf, float (&s0)[4]) {
+    constexpr int kTiles = kSplitTokens / 8;
+    float ps[kTiles][4];
+#pragma unroll
+    for (int j = 0; j < kTiles; ++j) ps[j][0] = ps[j][1] = ps[j][2] = ps[j][3] = 0.0f;
+    const u32 k_addr = kbuf + ks_off;
+#pragma unroll
+    for (int ks = 0; ks < kQSteps; ++ks) {
+#pragma unroll
+      for (int j = 0; j < kTiles; j += 2) {
+        u32 b[4];
+        mma::ldsm_x4(k_addr + j * 8 * R::kBytes + ks * 32, b);
+        mma::mma_bf16(ps[j], qf[ks], b[0], b[1]);
+        mma::mma_bf16(ps[j + 1], qf[ks], b[2], b[3]);
+      }
+    }
+    const u32 warp = mw + nw * kMW;  // kMW == 1: the warp index
+    float* part = reinterpret_cast<float*>(smem + L::kPart);
+    float* mine = part + (warp % kQuarters) * 16 * kPartStride + (warp / kQuarters) * kSplitTokens + 2 * t;
+#pragma unroll
+    for (int j = 0; j < kTiles; ++j) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        Vec8 v;
+        v.w[0] = f32_as_u32(ps[j][2 * h]);
+        v.w[1] = f32_as_u32(ps[j][2 * h + 1]);
+        *reinterpret_cast<Vec8*>(mine + (g + 8 * h) * kPartStride + j * 8) = v;
+      }
+    }
+    mma::bar_sync(kBarConsumers, kConsumerThreads);
+    const float* sum_at = part + tok0 + 2 * t;
+    s0[0] = s0[1] = s0[2] = s0[3] = 0.0f;
+#pragma unroll
+    for (int q = 0; q < kQuarters; ++q) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const Vec8 v = *reinterpret_cast<const Vec8*>(sum_at + (q * 16 + g + 8 * h) * kPartStride);
+        s0[2 * h] += u32_as_f32(v.w[0]);
+        s0[2 * h + 1] += u32_as_f32(v.w[1]);
+      }
+    }
+  }
+
   // Full row sums of rows g and g + 8 (across the quad, then across the warps
   // sharing the m-tile); every consumer thread must call it.
   NSA_DEVICE void row_sums(u8* smem, float (&l_tot)[2]) {
@@ -274,12 +347,20 @@ struct Consumer {
   }
 
   // This thread's output columns of head-row g + 8 h, scaled by `inv`, as bf16 to
-  // `dst` (the head's [512] output row).
+  // `dst` (the head's [512] output row). kStream: evict-first stores (prefill's
+  // large output must not push its KV out of L2; decode keeps plain stores, which
+  // ptxas schedules without spilling at the 128-register cap).
+  template <bool kStream = false>
   NSA_DEVICE void store_bf16(u16* dst, int h, float inv) const {
     dst += d0 + 2 * t;
 #pragma unroll
-    for (int j = 0; j < kNV; ++j)
-      *reinterpret_cast<u32*>(dst + j * 8) = mma::pack_bf16x2(o[j][2 * h] * inv, o[j][2 * h + 1] * inv);
+    for (int j = 0; j < kNV; ++j) {
+      const u32 v = mma::pack_bf16x2(o[j][2 * h] * inv, o[j][2 * h + 1] * inv);
+      if (kStream)
+        mma::stg_stream_u32(dst + j * 8, v);
+      else
+        *reinterpret_cast<u32*>(dst + j * 8) = v;
+    }
   }
 
   // As store_bf16, in f32 (split partials).

@@ -88,7 +88,7 @@ template <int kDqk, int kThreads>
 NSA_DEVICE void load_q(const u16* q_heads, u32 q_tile) {
   for (u32 i = thread_x(); i < (u32)kHT * (kDqk / 8); i += kThreads) {
     const u32 r = i / (kDqk / 8), c = i % (kDqk / 8);
-    mma::sts_v4(q_tile + Tile<kDqk>::offset(r, c), *reinterpret_cast<const Vec16*>(q_heads + r * kDqk + c * 8));
+    mma::sts_v4(q_tile + Tile<kDqk>::offset(r, c), mma::ldg_stream_v4(q_heads + r * kDqk + c * 8));
   }
   mma::fence_proxy_async();
 }
@@ -296,7 +296,7 @@ struct Consumers {
     dst += group * (kDv / 2) + 2 * ln.t;
 #pragma unroll
     for (int j = 0; j < 32; ++j)
-      *reinterpret_cast<u32*>(dst + j * 8) = mma::pack_bf16x2(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv);
+      mma::stg_stream_u32(dst + j * 8, mma::pack_bf16x2(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv));
   }
 
   NSA_DEVICE void store_f32(float* dst, int h, float inv) const {

@@ -199,14 +199,17 @@ NSA_DEVICE void produce(const Params& p, u32 k_base, u8* valid_flags, i64 row, i
   };
   // Named gathers rather than an array: ptxas keeps them in registers.
   Gather g0, g1;
+  // Slots of steps + 1 and + 2; the index of step + 3 is read a whole step before
+  // its prefetch needs it, so no index load latency sits in the loop.
   i32 next0 = slot(1, token), next1 = kShares == 2 ? slot(1, token + kStride) : -1;
+  i32 after0 = slot(2, token), after1 = kShares == 2 ? slot(2, token + kStride) : -1;
   issue_gather<kPage>(p, slot(0, token), part, g0);
   if (kShares == 2) issue_gather<kPage>(p, slot(0, token + kStride), part, g1);
   prefetch_record<kPage>(p, next0, part);
   if (kShares == 2) prefetch_record<kPage>(p, next1, part);
   for (i32 step = 0; step < steps; ++step) {
     const u32 buf = step & 1;
-    const i32 after0 = slot(step + 2, token), after1 = kShares == 2 ? slot(step + 2, token + kStride) : -1;
+    const i32 later0 = slot(step + 3, token), later1 = kShares == 2 ? slot(step + 3, token + kStride) : -1;
     prefetch_record<kPage>(p, after0, part);
     if (kShares == 2) prefetch_record<kPage>(p, after1, part);
     if (step >= 2) mma::bar_sync(kBarEmpty + buf, kBarThreads);
@@ -221,6 +224,8 @@ NSA_DEVICE void produce(const Params& p, u32 k_base, u8* valid_flags, i64 row, i
     }
     next0 = after0;
     next1 = after1;
+    after0 = later0;
+    after1 = later1;
   }
 }
 

@@ -49,8 +49,9 @@ NSA_DEVICE void produce(const Params& p, u32 k_base, u8* flags, i64 row, i32 val
   const i32* idx_row = p.indices + row * kTopk;
   auto index_at = [&](i32 step) -> i32 {
     const i32 pos = step * kBlockTokens + (i32)(row0 + lane);
-    return (lane < (u32)kRowsPerWarp && pos < valid_len) ? idx_row[pos] : -1;
+    return (lane < (u32)kRowsPerWarp && pos < valid_len) ? mma::ldg_stream_i32(idx_row + pos) : -1;
   };
+  const u64 keep = mma::l2_evict_last_policy();  // the KV rows: see l2_evict_last_policy
   i32 next = index_at(0);
   for (i32 step = 0; step < steps; ++step) {
     const u32 buf = step & 1;
@@ -68,7 +69,8 @@ NSA_DEVICE void produce(const Params& p, u32 k_base, u8* flags, i64 row, i32 val
 #pragma unroll
       for (int c = 0; c < kRounds; ++c) {
         const u32 chunk = c * 32 + lane;
-        if (chunk < (u32)R::kChunks) mma::cp_async_16(dst + chunk * 16, src + chunk * 8, valid ? 16u : 0u);
+        if (chunk < (u32)R::kChunks)
+          mma::cp_async_16_policy(dst + chunk * 16, src + chunk * 8, valid ? 16u : 0u, keep);
       }
     }
     mma::cp_async_commit();
@@ -129,7 +131,7 @@ NSA_DEVICE void sparse_prefill(const Params& p) {
     if (head >= (u32)kHeads) continue;
     const bool empty = !(l_tot[h] > 0.0f);
     const i64 at = row * kHeads + head;
-    c.store_bf16(p.out + at * kDv, h, empty ? 0.0f : 1.0f / l_tot[h]);
+    c.template store_bf16<true>(p.out + at * kDv, h, empty ? 0.0f : 1.0f / l_tot[h]);
     if (c.nw == 0 && c.t == 0) {
       p.max_logits[at] = empty ? neg_inf() : c.m_run[h] * kLn2;
       p.lse[at] = empty ? pos_inf() : (c.m_run[h] + mma::log2_approx(l_tot[h])) * kLn2;

@@ -46,8 +46,9 @@ NSA_DEVICE void produce_tile(const Params& p, u32 k_base, u8* flags, i64 row, i3
   const i32* idx_row = p.indices + row * kTopk;
   auto index_at = [&](i32 step) -> i32 {
     const i32 pos = step * kBlockTokens + (i32)(row0 + lane);
-    return (lane < (u32)kRowsPerWarp && pos < valid_len) ? idx_row[pos] : -1;
+    return (lane < (u32)kRowsPerWarp && pos < valid_len) ? mma::ldg_stream_i32(idx_row + pos) : -1;
   };
+  const u64 keep = mma::l2_evict_last_policy();  // the KV rows: see l2_evict_last_policy
   auto publish = [&](i32 step) {
     mma::cp_async_wait<0>();
     mma::fence_proxy_async();
@@ -71,7 +72,7 @@ NSA_DEVICE void produce_tile(const Params& p, u32 k_base, u8* flags, i64 row, i3
 #pragma unroll
       for (int b = 0; b < kBlocks; ++b) {
         const u32 chunk = b * 8 + c8;
-        mma::cp_async_16(tile + T::offset(r, chunk), src + chunk * 8, valid ? 16u : 0u);
+        mma::cp_async_16_policy(tile + T::offset(r, chunk), src + chunk * 8, valid ? 16u : 0u, keep);
       }
     }
     mma::cp_async_commit();

@@ -82,6 +82,37 @@ NSA_DEVICE void cp_async_16(u32 dst, const void* src, u32 src_bytes) {
   asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes)
                : "memory");
 }
+// L2 policy that keeps lines over normal and streaming ones: the sparse-prefill KV
+// working set (37.7 MB at s_kv 32K) fits L2 only if the Q, index and output streams
+// (each touched once) do not push it out.
+NSA_DEVICE u64 l2_evict_last_policy() {
+  u64 policy;
+  asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
+  return policy;
+}
+
+// cp_async_16 with an L2 cache policy (l2_evict_last_policy) on the source lines.
+NSA_DEVICE void cp_async_16_policy(u32 dst, const void* src, u32 src_bytes, u64 policy) {
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint.L2::256B [%0], [%1], 16, %2, %3;" ::"r"(dst), "l"(src),
+               "r"(src_bytes), "l"(policy)
+               : "memory");
+}
+
+// Loads and stores of data touched once (ld/st .cs: evict-first in L1 and L2).
+NSA_DEVICE Vec16 ldg_stream_v4(const void* p) {
+  Vec16 v;
+  asm("ld.global.cs.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.w[0]), "=r"(v.w[1]), "=r"(v.w[2]), "=r"(v.w[3])
+               : "l"(p));
+  return v;
+}
+NSA_DEVICE i32 ldg_stream_i32(const i32* p) {
+  i32 v;
+  asm("ld.global.cs.s32 %0, [%1];" : "=r"(v) : "l"(p));
+  return v;
+}
+NSA_DEVICE void stg_stream_u32(void* p, u32 v) { asm volatile("st.global.cs.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory"); }
+
 NSA_DEVICE void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 // Waits until at most `kPending` of this thread's committed groups are in flight.
 template <int kPending>
