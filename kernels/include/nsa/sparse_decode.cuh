@@ -179,53 +179,69 @@ NSA_DEVICE void prefetch_record(const Params& p, i32 slot, u32 part) {
 }
 
 // Producer warps (the threads after kConsumerThreads): kShares (1 or 2) token
-// shares per thread per step, tokens `token` and `token + 64 / kShares`. Each
-// step they prefetch the rows of the step after next into L2, load the next
-// step's rows into registers while the consumers work, then dequantize into the
-// buffer the consumers released. `Tile`: the consumers' tile layout (offsets and kTileBytes);
-// kAsyncProxy: the consumers read with wgmma, so the stores are fenced for the
-// async proxy before the buffer is published; kBarThreads: the CTA's threads.
-template <class Tile, bool kAsyncProxy, int kShares, int kBarThreads, int kTopk, int kPage>
+// shares per thread per step, tokens `token` and `token + 64 / kShares`, with the
+// rows of kDepth (1 or 2) steps in flight in registers. Each step they prefetch
+// the rows of step + kDepth + 1 into L2, dequantize the oldest gathered step into
+// the buffer the consumers released, publish it, and load step + kDepth's rows
+// into the freed registers. Slot indices are read two steps before their use, so
+// no index load latency sits in the loop. `Tile`: the consumers' tile layout
+// (offsets and kTileBytes); kAsyncProxy: the consumers read with wgmma, so the
+// stores are fenced for the async proxy before the buffer is published;
+// kBarThreads: the CTA's threads.
+template <class Tile, bool kAsyncProxy, int kShares, int kDepth, int kBarThreads, int kTopk, int kPage>
 NSA_DEVICE void produce(const Params& p, u32 k_base, u8* valid_flags, i64 row, i32 first, i32 last, i32 steps,
                         bool report, u32* status) {
   static_assert(kShares == 1 || kShares == 2, "one or two token shares per thread");
+  static_assert(kDepth == 1 || kDepth == 2, "one or two steps in flight (two K/V buffers)");
   constexpr u32 kStride = kBlockTokens / kShares;  // tokens between a thread's shares
   const u32 ptid = thread_x() - kConsumerThreads;
   const u32 token = ptid / kPartsPerToken, part = ptid % kPartsPerToken;
   static_assert(kPartsPerToken * kStride == kBarThreads - kConsumerThreads, "every token share has a thread");
   report = report && part == 0;
-  auto slot = [&](i32 step, u32 t) -> i32 {
-    return step < steps ? slot_at<kTopk>(p, row, first + step * kBlockTokens + (i32)t, last, report, status) : -1;
+  auto slot = [&](i32 step, int share) -> i32 {
+    const i32 pos = first + step * kBlockTokens + (i32)(token + share * kStride);
+    return step < steps ? slot_at<kTopk>(p, row, pos, last, report, status) : -1;
   };
-  // Named gathers rather than an array: ptxas keeps them in registers.
-  Gather g0, g1;
-  // Slots of steps + 1 and + 2; the index of step + 3 is read a whole step before
-  // its prefetch needs it, so no index load latency sits in the loop.
-  i32 next0 = slot(1, token), next1 = kShares == 2 ? slot(1, token + kStride) : -1;
-  i32 after0 = slot(2, token), after1 = kShares == 2 ? slot(2, token + kStride) : -1;
-  issue_gather<kPage>(p, slot(0, token), part, g0);
-  if (kShares == 2) issue_gather<kPage>(p, slot(0, token + kStride), part, g1);
-  prefetch_record<kPage>(p, next0, part);
-  if (kShares == 2) prefetch_record<kPage>(p, next1, part);
-  for (i32 step = 0; step < steps; ++step) {
-    const u32 buf = step & 1;
-    const i32 later0 = slot(step + 3, token), later1 = kShares == 2 ? slot(step + 3, token + kStride) : -1;
-    prefetch_record<kPage>(p, after0, part);
-    if (kShares == 2) prefetch_record<kPage>(p, after1, part);
-    if (step >= 2) mma::bar_sync(kBarEmpty + buf, kBarThreads);
-    const u32 kbuf = k_base + buf * Tile::kTileBytes;
-    store_gather<Tile>(g0, kbuf, valid_flags + buf * kBlockTokens, token, part);
-    if (kShares == 2) store_gather<Tile>(g1, kbuf, valid_flags + buf * kBlockTokens, token + kStride, part);
-    if (kAsyncProxy) mma::fence_proxy_async();
-    mma::bar_arrive(kBarFull + buf, kBarThreads);
-    if (step + 1 < steps) {
-      issue_gather<kPage>(p, next0, part, g0);
-      if (kShares == 2) issue_gather<kPage>(p, next1, part, g1);
+  // Fully unrolled constant indices: ptxas keeps the gathers in registers.
+  Gather g[kDepth][kShares];
+  i32 next[kShares], after[kShares];  // slots of steps + kDepth and + kDepth + 1
+#pragma unroll
+  for (int d = 0; d < kDepth; ++d) {
+#pragma unroll
+    for (int sh = 0; sh < kShares; ++sh) issue_gather<kPage>(p, slot(d, sh), part, g[d][sh]);
+  }
+#pragma unroll
+  for (int sh = 0; sh < kShares; ++sh) {
+    next[sh] = slot(kDepth, sh);
+    after[sh] = slot(kDepth + 1, sh);
+    prefetch_record<kPage>(p, next[sh], part);
+  }
+  for (i32 base = 0; base < steps; base += kDepth) {
+#pragma unroll
+    for (int d = 0; d < kDepth; ++d) {
+      const i32 step = base + d;
+      if (step >= steps) break;
+      const u32 buf = step & 1;
+      i32 later[kShares];
+#pragma unroll
+      for (int sh = 0; sh < kShares; ++sh) {
+        later[sh] = slot(step + kDepth + 2, sh);
+        prefetch_record<kPage>(p, after[sh], part);
+      }
+      if (step >= 2) mma::bar_sync(kBarEmpty + buf, kBarThreads);
+      const u32 kbuf = k_base + buf * Tile::kTileBytes;
+#pragma unroll
+      for (int sh = 0; sh < kShares; ++sh)
+        store_gather<Tile>(g[d][sh], kbuf, valid_flags + buf * kBlockTokens, token + sh * kStride, part);
+      if (kAsyncProxy) mma::fence_proxy_async();
+      mma::bar_arrive(kBarFull + buf, kBarThreads);
+#pragma unroll
+      for (int sh = 0; sh < kShares; ++sh) {
+        if (step + kDepth < steps) issue_gather<kPage>(p, next[sh], part, g[d][sh]);
+        next[sh] = after[sh];
+        after[sh] = later[sh];
+      }
     }
-    next0 = after0;
-    next1 = after1;
-    after0 = later0;
-    after1 = later1;
   }
 }
 
@@ -285,8 +301,8 @@ NSA_DEVICE void sparse_decode(const Params& p, u32* status) {
   sync_block();
   if (warp >= (u32)kConsumerWarps) {
     if (steps > 0)
-      produce<KRows, false, 1, kThreads, kTopk, kPage>(p, base + L::kK, smem + L::kValid, row, first, last, steps,
-                                                       ht == 0, status);
+      produce<KRows, false, 1, 2, kThreads, kTopk, kPage>(p, base + L::kK, smem + L::kValid, row, first, last,
+                                                          steps, ht == 0, status);
     return;
   }
 

@@ -55,8 +55,8 @@ NSA_DEVICE void sparse_decode(const Params& p, u32* status) {
   if (tid >= (u32)kConsumerThreads) {
     wg::regs_set<kLaunchRegs, kRegsProducer>();
     if (steps > 0)
-      produce<Tile, true, 2, kThreads, kTopk, kPage>(p, base + Smem::kK, smem + Smem::kValid, row, first, last, steps,
-                                                     ht == 0, status);
+      produce<Tile, true, 2, 1, kThreads, kTopk, kPage>(p, base + Smem::kK, smem + Smem::kValid, row, first, last,
+                                                        steps, ht == 0, status);
     return;
   }
 
