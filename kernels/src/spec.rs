@@ -131,6 +131,19 @@ pub fn sparse_mla_head_tile(heads: u32, target: Target) -> Option<u32> {
     sparse_head_tile(heads)
 }
 
+/// Heads one sparse-prefill CTA computes on `target`: on sm_90a every head count
+/// above 16 runs the warp-group kernel in 64-head tiles, the last one partial when
+/// the count is not a multiple of 64 (zero Q rows, outputs not stored): measured on
+/// the H200, 32 heads in one such tile took 2.36 ms where the mma.sync kernel took
+/// 3.46 ms (BENCHMARKS.md). Decode keeps [`sparse_mla_head_tile`]: its 32-head
+/// mma.sync tile is faster than half a warp-group tile there.
+pub fn sparse_prefill_head_tile(heads: u32, target: Target) -> Option<u32> {
+    if target == Target::Sm90a && heads > 16 && sparse_head_tile(heads).is_some() {
+        return Some(WG_HEAD_TILE);
+    }
+    sparse_mla_head_tile(heads, target)
+}
+
 /// Head tile of the warp-group sparse MLA kernels (the wgmma M).
 pub const WG_HEAD_TILE: u32 = 64;
 
@@ -532,9 +545,13 @@ impl KernelSpec {
         }
     }
 
-    /// [`sparse_mla_head_tile`] on this spec's target.
+    /// Heads per CTA of this sparse MLA family on this spec's target:
+    /// [`sparse_prefill_head_tile`] for prefill, [`sparse_mla_head_tile`] otherwise.
     pub fn sparse_mla_head_tile(&self, heads: u32) -> Option<u32> {
-        sparse_mla_head_tile(heads, self.target)
+        match self.family {
+            KernelFamily::SparsePrefill { .. } => sparse_prefill_head_tile(heads, self.target),
+            _ => sparse_mla_head_tile(heads, self.target),
+        }
     }
 
     /// Whether a sparse MLA family of `heads` heads is the warp-group (wgmma) kernel.

@@ -65,22 +65,6 @@ NSA_DEVICE i32 floor_div(i32 v) {
   return (v % kDiv != 0 && v < 0) ? q - 1 : q;
 }
 
-// Block-wide max of non-negative values; `red` holds kBlockThreads words.
-template <int kBlockThreads>
-NSA_DEVICE i32 block_max(i32 v, i32* red) {
-  const u32 tid = thread_x();
-  red[tid] = v;
-  sync_block();
-#pragma unroll 1
-  for (int half = kBlockThreads / 2; half > 0; half /= 2) {
-    if ((int)tid < half && red[tid + half] > red[tid]) red[tid] = red[tid + half];
-    sync_block();
-  }
-  const i32 m = red[0];
-  sync_block();
-  return m;
-}
-
 template <int kMode>
 NSA_DEVICE i32 query_rows(const Params& p, i32 i) {
   if (kMode == kDecode) return 1;
@@ -148,7 +132,6 @@ NSA_DEVICE void run(const Params& p, u32* status) {
   static_assert(kMaxBatch % kBlockThreads == 0, "the batch is scanned in whole chunks");
   NSA_SHARED u32 sm[kScalarWords];
   NSA_SHARED i32 row_start[kMaxBatch + 1];
-  NSA_SHARED i32 red[kBlockThreads];
   const i32 tid = (i32)thread_x();
   const i32 bs = p.bs;
   const bool replay = p.capture == 0;
@@ -176,12 +159,18 @@ NSA_DEVICE void run(const Params& p, u32* status) {
       if (bad) sm[kBad] = 1u;
       if (kv > max_kv) max_kv = kv;
     }
-    u32 total;
-    const u32 before = block_exclusive_scan<kBlockThreads>((u32)q, sm, total);
+    u32 total, before;
+    if (kMode == kDecode) {  // one row per request: no scan (and its barriers) needed
+      const i32 left = bs - c * kBlockThreads;
+      before = (u32)tid;
+      total = (u32)(left < kBlockThreads ? left : kBlockThreads);
+    } else {
+      before = block_exclusive_scan<kBlockThreads>((u32)q, sm, total);
+    }
     if (i < bs) row_start[i] = (i32)(rows + before);
     rows += total;
   }
-  max_kv = block_max<kBlockThreads>(max_kv, red);
+  max_kv = block_max<kBlockThreads>(max_kv, sm);
   if (tid == 0) {
     row_start[bs_ok ? bs : 0] = (i32)rows;
     if ((i64)rows > (i64)p.max_rows) sm[kBad] = 1u;  // Σ E_i beyond the graph's bs × D rows

@@ -83,12 +83,15 @@ struct Lane {
 };
 
 // 64 consecutive head rows of Q (`q_heads`: the tile's first head) into the Q tile,
-// by all kThreads threads: global reads along each head's row.
+// by all kThreads threads: global reads along each head's row. Rows from `rows` on
+// (a last tile past the head count) are zeros: their outputs are never stored.
 template <int kDqk, int kThreads>
-NSA_DEVICE void load_q(const u16* q_heads, u32 q_tile) {
+NSA_DEVICE void load_q(const u16* q_heads, u32 q_tile, u32 rows = kHT) {
   for (u32 i = thread_x(); i < (u32)kHT * (kDqk / 8); i += kThreads) {
     const u32 r = i / (kDqk / 8), c = i % (kDqk / 8);
-    mma::sts_v4(q_tile + Tile<kDqk>::offset(r, c), mma::ldg_stream_v4(q_heads + r * kDqk + c * 8));
+    Vec16 v = {{0u, 0u, 0u, 0u}};
+    if (r < rows) v = mma::ldg_stream_v4(q_heads + r * kDqk + c * 8);
+    mma::sts_v4(q_tile + Tile<kDqk>::offset(r, c), v);
   }
   mma::fence_proxy_async();
 }

@@ -82,10 +82,10 @@ NSA_DEVICE void produce_tile(const Params& p, u32 k_base, u8* flags, i64 row, i3
 
 template <int kHeads, int kTopk, int kDqk>
 NSA_DEVICE void sparse_prefill(const Params& p) {
-  static_assert(kHeads % kHT == 0, "the warp-group kernel takes whole 64-head tiles");
+  static_assert(kHeads % 16 == 0 && kHeads > 16, "17+ heads in 64-head tiles (the last may be partial)");
   static_assert(kTopk % kBlockTokens == 0, "top-k is a multiple of 64");
   typedef attend_wg::Smem<kDqk> L;
-  constexpr int kHeadTiles = kHeads / kHT;
+  constexpr int kHeadTiles = (kHeads + kHT - 1) / kHT;
 
   extern NSA_SHARED Vec16 smem_vec[];
   u8* smem = attend_wg::aligned_smem(smem_vec);
@@ -99,7 +99,8 @@ NSA_DEVICE void sparse_prefill(const Params& p) {
   const i32 steps = (valid_len + kBlockTokens - 1) / kBlockTokens;
 
   const u32 head0 = ht * kHT;
-  attend_wg::load_q<kDqk, kThreads>(p.q + (row * kHeads + head0) * kDqk, base + L::kQ);
+  const u32 rows = kHeads - head0 < (u32)kHT ? kHeads - head0 : (u32)kHT;  // heads of this tile
+  attend_wg::load_q<kDqk, kThreads>(p.q + (row * kHeads + head0) * kDqk, base + L::kQ, rows);
   sync_block();
   if (tid >= (u32)kConsumerThreads) {
     wg::regs_set<kLaunchRegs, kRegsProducer>();
@@ -112,6 +113,7 @@ NSA_DEVICE void sparse_prefill(const Params& p) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const u32 head = head0 + c.ln.r0 + 8 * h;
+    if (head >= (u32)kHeads) continue;  // a zero row of a partial tile
     const bool empty = !(c.l[h] > 0.0f);
     const i64 at = row * kHeads + head;
     c.store_bf16(p.out + at * kDv, h, empty ? 0.0f : 1.0f / c.l[h]);

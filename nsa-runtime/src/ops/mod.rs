@@ -65,10 +65,16 @@ impl<'a, T> Rows<'a, T> {
     }
 }
 
-/// Heads per CTA of the sparse MLA kernels on `target` (decode and prefill share the
-/// consumer warps, so they share these limits), after checking `heads` and `topk`.
-pub(crate) fn check_sparse_mla_heads_topk(heads: u32, topk: u32, target: Target) -> Result<u32> {
-    let tile = nsa_kernels::spec::sparse_mla_head_tile(heads, target).ok_or_else(|| {
+/// Heads per CTA of a sparse MLA kernel on `target` (`head_tile`: the family's rule,
+/// `sparse_mla_head_tile` or `sparse_prefill_head_tile`; both accept the same head
+/// counts), after checking `heads` and `topk`.
+pub(crate) fn check_sparse_mla_heads_topk(
+    heads: u32,
+    topk: u32,
+    target: Target,
+    head_tile: fn(u32, Target) -> Option<u32>,
+) -> Result<u32> {
+    let tile = head_tile(heads, target).ok_or_else(|| {
         invalid("heads", heads.to_string(), "1..=16, or a multiple of 16 up to 128 (query heads on this GPU)")
     })?;
     if topk == 0 || topk % nsa_kernels::spec::DECODE_BLOCK_TOKENS != 0 || topk > 4096 {

@@ -76,7 +76,8 @@ pub fn choose_splits(base_ctas: usize, steps: u32, sm_count: u32) -> u32 {
 
 /// The head tile of a shape the kernels support on `target`, or an error naming the field.
 fn check_shape(shape: &DecodeShape, target: Target) -> Result<u32> {
-    let head_tile = check_sparse_mla_heads_topk(shape.heads, shape.topk, target)?;
+    let head_tile =
+        check_sparse_mla_heads_topk(shape.heads, shape.topk, target, nsa_kernels::spec::sparse_mla_head_tile)?;
     if shape.page_size == 0 || shape.page_size > 1024 {
         return Err(invalid("page_size", shape.page_size.to_string(), "1..=1024 tokens per page"));
     }

@@ -29,7 +29,12 @@ pub struct PrefillShape {
 impl PrefillShape {
     /// Heads per CTA, or an error naming the unsupported field.
     pub fn head_tile(&self) -> Result<u32> {
-        let tile = check_sparse_mla_heads_topk(self.heads, self.topk, self.target)?;
+        let tile = check_sparse_mla_heads_topk(
+            self.heads,
+            self.topk,
+            self.target,
+            nsa_kernels::spec::sparse_prefill_head_tile,
+        )?;
         if !PREFILL_DQK.contains(&self.d_qk) {
             return Err(invalid("d_qk", self.d_qk.to_string(), "576 (latent + rope) or 512 (latent only)"));
         }
@@ -247,13 +252,18 @@ mod tests {
         assert_eq!(ok.ctas().unwrap(), 4096 * 4);
         assert_eq!(PrefillShape { heads: 16, ..ok }.ctas().unwrap(), 4096);
         assert_eq!(PrefillShape { d_qk: 512, ..ok }.head_tile().unwrap(), 32);
-        // sm_90a: whole 64-head tiles go to the warp-group kernel, the rest stay on mma.sync.
+        // sm_90a: more than 16 heads go to the warp-group kernel in 64-head tiles (the
+        // last one partial), up to 16 stay on the split-K mma.sync kernel.
         let hopper = PrefillShape { target: Target::Sm90a, ..ok };
         assert_eq!(hopper.head_tile().unwrap(), 64);
         assert_eq!(hopper.ctas().unwrap(), 4096 * 2);
         assert!(hopper.explain().contains("wgmma"), "{}", hopper.explain());
-        assert_eq!(PrefillShape { heads: 96, ..hopper }.head_tile().unwrap(), 32);
+        assert_eq!(PrefillShape { heads: 96, ..hopper }.head_tile().unwrap(), 64);
+        assert_eq!(PrefillShape { heads: 96, ..hopper }.ctas().unwrap(), 4096 * 2);
+        assert_eq!(PrefillShape { heads: 32, ..hopper }.head_tile().unwrap(), 64);
+        assert_eq!(PrefillShape { heads: 32, ..hopper }.ctas().unwrap(), 4096);
         assert_eq!(PrefillShape { heads: 16, ..hopper }.head_tile().unwrap(), 16);
+        assert!(PrefillShape { heads: 16, ..hopper }.explain().contains("mma.sync"));
         for (shape, field) in [
             (PrefillShape { heads: 24, ..ok }, "heads"),
             (PrefillShape { heads: 256, ..ok }, "heads"),

@@ -32,4 +32,25 @@ NSA_DEVICE u32 block_exclusive_scan(u32 v, u32* scratch, u32& total) {
   return before + inclusive - v;
 }
 
+// Block-wide max of `v`: a warp butterfly, then one shared-memory round (two
+// barriers, not one per halving). Every thread must call it; `scratch` (at least
+// one word per warp) is free again on return.
+template <int kBlockThreads>
+NSA_DEVICE i32 block_max(i32 v, u32* scratch) {
+  constexpr int kWarps = kBlockThreads / kWarpSize;
+  static_assert(kWarps <= kScanScratch, "one scratch word per warp");
+#pragma unroll
+  for (int m = kWarpSize / 2; m > 0; m /= 2) {
+    const i32 o = (i32)f32_as_u32(shfl_xor(u32_as_f32((u32)v), m));  // the shuffle moves bits only
+    v = o > v ? o : v;
+  }
+  if (lane_id() == 0) scratch[thread_x() / kWarpSize] = (u32)v;
+  sync_block();
+  i32 best = (i32)scratch[0];
+#pragma unroll
+  for (int w = 1; w < kWarps; ++w) best = (i32)scratch[w] > best ? (i32)scratch[w] : best;
+  sync_block();
+  return best;
+}
+
 }  // namespace nsa
