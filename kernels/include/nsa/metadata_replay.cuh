@@ -113,7 +113,8 @@ NSA_DEVICE void copy_row(const i32* __restrict__ src, i32* __restrict__ dst, i32
         const i32 c = c0 + k * kBlockThreads;
         if (c >= n4) break;
         d4[s * (ss / 4) + c] = v[k];
-        if (kPageSize > 1 && (4 * c) % kPageSize == 0) real[s * ss + 4 * c / kPageSize] = floor_div<kPageSize>((i32)v[k].w[0]);
+        if (kPageSize > 1 && (4 * c) % kPageSize == 0)
+          real[s * ss + 4 * c / kPageSize] = floor_div<kPageSize>((i32)v[k].w[0]);
       }
     }
   }

@@ -145,7 +145,8 @@ struct Consumer {
     v_off = R::offset((lane & 7) + (((lane >> 3) & 1) << 3), d0 / 8 + (lane >> 4));
     if constexpr (kSplitK) {
       const u32 quarter = warp % kQuarters, chunk0 = quarter * kQSteps * 2;
-      ks_off = R::offset((warp / kQuarters) * kSplitTokens + (lane & 7) + ((lane >> 4) << 3), chunk0 + ((lane >> 3) & 1));
+      const u32 token = (warp / kQuarters) * kSplitTokens + (lane & 7) + ((lane >> 4) << 3);
+      ks_off = R::offset(token, chunk0 + ((lane >> 3) & 1));
 #pragma unroll
       for (int ks = 0; ks < kQSteps; ++ks) mma::ldsm_x4(q_addr + (chunk0 + 2 * ks) * 16, qf[ks]);
     }

@@ -294,7 +294,8 @@ struct Consumers {
   }
 
   // This thread's columns of head row r0 + 8 h, scaled by `inv`, into `dst` (the
-  // head's [512] output row): bf16 or f32.
+  // head's [512] output row): bf16 (evict-first: a prefill's large output must not
+  // push its KV out of L2) or f32 (decode split partials, re-read by the combine).
   NSA_DEVICE void store_bf16(u16* dst, int h, float inv) const {
     dst += group * (kDv / 2) + 2 * ln.t;
 #pragma unroll

@@ -101,9 +101,7 @@ NSA_DEVICE void cp_async_16_policy(u32 dst, const void* src, u32 src_bytes, u64 
 // Loads and stores of data touched once (ld/st .cs: evict-first in L1 and L2).
 NSA_DEVICE Vec16 ldg_stream_v4(const void* p) {
   Vec16 v;
-  asm("ld.global.cs.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.w[0]), "=r"(v.w[1]), "=r"(v.w[2]), "=r"(v.w[3])
-               : "l"(p));
+  asm("ld.global.cs.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.w[0]), "=r"(v.w[1]), "=r"(v.w[2]), "=r"(v.w[3]) : "l"(p));
   return v;
 }
 NSA_DEVICE i32 ldg_stream_i32(const i32* p) {
@@ -111,7 +109,9 @@ NSA_DEVICE i32 ldg_stream_i32(const i32* p) {
   asm("ld.global.cs.s32 %0, [%1];" : "=r"(v) : "l"(p));
   return v;
 }
-NSA_DEVICE void stg_stream_u32(void* p, u32 v) { asm volatile("st.global.cs.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory"); }
+NSA_DEVICE void stg_stream_u32(void* p, u32 v) {
+  asm volatile("st.global.cs.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
 
 NSA_DEVICE void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 // Waits until at most `kPending` of this thread's committed groups are in flight.
