@@ -792,3 +792,33 @@ impl fmt::Display for KernelSpec {
         f.write_str(&self.id())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Decode and prefill agree on which head counts exist; they differ only in
+    /// the tile sm_90a runs for 17+ heads that are not a multiple of 64.
+    #[test]
+    fn head_tiles_per_family_and_target() {
+        let table: [(u32, Option<u32>, Option<u32>, Option<u32>); 10] = [
+            // heads, decode sm_90a, prefill sm_90a, both on sm_100a
+            (8, Some(16), Some(16), Some(16)),
+            (16, Some(16), Some(16), Some(16)),
+            (24, None, None, None),
+            (32, Some(32), Some(64), Some(32)),
+            (48, Some(16), Some(64), Some(16)),
+            (64, Some(64), Some(64), Some(32)),
+            (96, Some(32), Some(64), Some(32)),
+            (112, Some(16), Some(64), Some(16)),
+            (128, Some(64), Some(64), Some(32)),
+            (144, None, None, None),
+        ];
+        for (heads, decode90, prefill90, any100) in table {
+            assert_eq!(sparse_mla_head_tile(heads, Target::Sm90a), decode90, "decode h{heads} sm_90a");
+            assert_eq!(sparse_prefill_head_tile(heads, Target::Sm90a), prefill90, "prefill h{heads} sm_90a");
+            assert_eq!(sparse_mla_head_tile(heads, Target::Sm100a), any100, "decode h{heads} sm_100a");
+            assert_eq!(sparse_prefill_head_tile(heads, Target::Sm100a), any100, "prefill h{heads} sm_100a");
+        }
+    }
+}
