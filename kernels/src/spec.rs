@@ -801,7 +801,8 @@ mod tests {
     /// the tile sm_90a runs for 17+ heads that are not a multiple of 64.
     #[test]
     fn head_tiles_per_family_and_target() {
-        let table: [(u32, Option<u32>, Option<u32>, Option<u32>); 10] = [
+        type Row = (u32, Option<u32>, Option<u32>, Option<u32>);
+        let table: [Row; 10] = [
             // heads, decode sm_90a, prefill sm_90a, both on sm_100a
             (8, Some(16), Some(16), Some(16)),
             (16, Some(16), Some(16), Some(16)),
