@@ -149,8 +149,6 @@ pub enum TopkPlan {
     Single(TopkLayout),
     /// Few long rows: each row spread over `chunks` blocks of `chunk` scores.
     Split { chunk: usize, chunks: usize },
-    /// Each row over a thread-block cluster of this many CTAs (sm_90+).
-    Cluster(u32),
 }
 
 /// Cluster size for `rows` rows of up to `row_capacity` scores on `sm_count` SMs:
@@ -270,7 +268,6 @@ pub fn topk(
     match (plan, workspace) {
         (TopkPlan::Split { chunk, chunks }, Some(ws)) => topk_split(rt, k, chunk, chunks, scores, output, out, ws),
         (TopkPlan::Single(layout), _) => topk_with_layout(rt, k, deterministic, layout, scores, output, out),
-        (TopkPlan::Cluster(cluster), _) => topk_cluster(rt, k, cluster, scores, output, out),
         (TopkPlan::Split { .. }, None) => unreachable!("choose_plan splits only when a workspace fits"),
     }
 }

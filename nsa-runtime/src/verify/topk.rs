@@ -24,14 +24,20 @@ pub struct TopkCase {
     pub row_starts: bool,
     /// PAGED only: rows grouped into requests through cu_seqlens_q (prefill form).
     pub grouped: bool,
-    /// `None`: the launcher's own choice.
-    pub layout: Option<TopkLayout>,
-    /// Force the split path (few long rows over many blocks; not deterministic).
-    /// The call runs twice on one workspace, which must come back zeroed.
-    pub split: bool,
-    /// Force the cluster path with this many CTAs per row (not deterministic).
-    pub cluster: Option<u32>,
+    pub path: TopkPath,
     pub seed: u64,
+}
+
+/// Which top-k kernel a case runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TopkPath {
+    /// The single-block kernel with this layout (`None`: `choose_layout`'s).
+    Single(Option<TopkLayout>),
+    /// The split path (few long rows over many blocks; not deterministic). The
+    /// call runs twice on one workspace, which must come back zeroed.
+    Split,
+    /// The cluster path with this many CTAs per row (not deterministic).
+    Cluster(u32),
 }
 
 /// Value outside every row's window: a kernel that reads past its window picks it.
@@ -107,18 +113,31 @@ pub fn run(rt: &Runtime, case: &TopkCase) -> Result<Check> {
             cu_seqlens_q: case.grouped.then_some(&cu_view),
         }),
     };
-    let layout = case.layout.unwrap_or_else(|| topk::choose_layout(rows, rt.gpu().caps().sm_count).0);
-    let mut out_view = d_out.slice_mut(0..rows * k);
-    if case.split {
-        let mut ws = topk::TopkWorkspace::new(rt, rows)?;
-        let chunk = 4096;
-        for _ in 0..2 {
-            topk::topk_split(rt, case.k, chunk, capacity.div_ceil(chunk), &input, &output, &mut out_view, &mut ws)?;
+    let (k32, transform) = (case.k, case.transform);
+    let family = match case.path {
+        TopkPath::Single(layout) => {
+            let layout = layout.unwrap_or_else(|| topk::choose_layout(rows, rt.gpu().caps().sm_count).0);
+            KernelFamily::TopK { k: k32, transform, deterministic: case.deterministic, layout }
         }
-    } else if let Some(cluster) = case.cluster {
-        topk::topk_cluster(rt, case.k, cluster, &input, &output, &mut out_view)?;
-    } else {
-        topk::topk_with_layout(rt, case.k, case.deterministic, layout, &input, &output, &mut out_view)?;
+        TopkPath::Split => KernelFamily::TopkSplit { stage: TopkSplitStage::Finish, k: k32, transform },
+        TopkPath::Cluster(cluster) => KernelFamily::TopkCluster { k: k32, transform, cluster },
+    };
+    let mut out_view = d_out.slice_mut(0..rows * k);
+    match family {
+        KernelFamily::TopkSplit { .. } => {
+            let mut ws = topk::TopkWorkspace::new(rt, rows)?;
+            let chunk = 4096;
+            for _ in 0..2 {
+                topk::topk_split(rt, k32, chunk, capacity.div_ceil(chunk), &input, &output, &mut out_view, &mut ws)?;
+            }
+        }
+        KernelFamily::TopkCluster { cluster, .. } => {
+            topk::topk_cluster(rt, k32, cluster, &input, &output, &mut out_view)?
+        }
+        KernelFamily::TopK { layout, .. } => {
+            topk::topk_with_layout(rt, k32, case.deterministic, layout, &input, &output, &mut out_view)?
+        }
+        _ => unreachable!("a top-k family"),
     }
     let out = download(stream, &d_out, rows * k)?;
 
@@ -161,13 +180,6 @@ pub fn run(rt: &Runtime, case: &TopkCase) -> Result<Check> {
             first_mismatch.get_or_insert_with(|| format!("row {b} (n={}): {e}", case.lengths[b]));
         }
     }
-    let family = if case.split {
-        KernelFamily::TopkSplit { stage: TopkSplitStage::Finish, k: case.k, transform: case.transform }
-    } else if let Some(cluster) = case.cluster {
-        KernelFamily::TopkCluster { k: case.k, transform: case.transform, cluster }
-    } else {
-        KernelFamily::TopK { k: case.k, transform: case.transform, deterministic: case.deterministic, layout }
-    };
     let spec = KernelSpec::new(family, rt.target());
     let n_desc = match (case.lengths.iter().min(), case.lengths.iter().max()) {
         (Some(lo), Some(hi)) if lo == hi => format!("n={lo}"),

@@ -4,7 +4,7 @@ use super::{assert_all, rt};
 use nsa_kernels::{TopkLayout, TopkTransform};
 use nsa_runtime::ops::topk::{self, TopkOutput, TopkScores};
 use nsa_runtime::testdata::{ScorePattern, SCORE_PATTERNS};
-use nsa_runtime::verify::topk::{index_transform, run, TopkCase};
+use nsa_runtime::verify::topk::{index_transform, run, TopkCase, TopkPath};
 use nsa_runtime::verify::{download, upload, Check};
 use nsa_runtime::{DeviceChecks, Error};
 
@@ -29,9 +29,7 @@ fn case(
         lengths,
         row_starts: true,
         grouped: false,
-        layout: None,
-        split: false,
-        cluster: None,
+        path: TopkPath::Single(None),
         seed,
     }
 }
@@ -64,7 +62,7 @@ fn both_layouts_every_pattern() {
             for (i, pattern) in SCORE_PATTERNS.into_iter().enumerate() {
                 let mut c =
                     case(2048, TopkTransform::Paged, deterministic, pattern, edge_lengths(2048), 300 + i as u64);
-                c.layout = Some(layout);
+                c.path = TopkPath::Single(Some(layout));
                 c.grouped = i % 2 == 0;
                 checks.push(run(&rt, &c).unwrap());
             }
@@ -80,13 +78,13 @@ fn split_path_every_transform_every_pattern() {
     for transform in TopkTransform::ALL {
         for (i, pattern) in SCORE_PATTERNS.into_iter().enumerate() {
             let mut c = case(2048, transform, false, pattern, edge_lengths(2048), 500 + i as u64);
-            c.split = true;
+            c.path = TopkPath::Split;
             c.grouped = transform == TopkTransform::Paged && i % 2 == 0;
             checks.push(run(&rt, &c).unwrap());
         }
     }
     let mut c = case(512, TopkTransform::Plain, false, ScorePattern::Gaussian, vec![1 << 20, 3, 131_072], 9);
-    c.split = true;
+    c.path = TopkPath::Split;
     checks.push(run(&rt, &c).unwrap());
     assert_all(&checks);
 }
@@ -104,7 +102,7 @@ fn cluster_path_every_size_transform_and_pattern() {
             for (i, pattern) in SCORE_PATTERNS.into_iter().enumerate() {
                 seed += 1;
                 let mut c = case(2048, transform, false, pattern, lengths.clone(), seed);
-                c.cluster = Some(cluster);
+                c.path = TopkPath::Cluster(cluster);
                 c.grouped = transform == TopkTransform::Paged && i % 2 == 0;
                 checks.push(run(&rt, &c).unwrap());
             }
@@ -112,7 +110,7 @@ fn cluster_path_every_size_transform_and_pattern() {
     }
     for k in [512, 1024] {
         let mut c = case(k, TopkTransform::Ragged, false, ScorePattern::OneBucket, edge_lengths(k as i32), k as u64);
-        c.cluster = Some(8);
+        c.path = TopkPath::Cluster(8);
         checks.push(run(&rt, &c).unwrap());
     }
     // Slices past the cache are re-read from global memory each round.
@@ -120,7 +118,7 @@ fn cluster_path_every_size_transform_and_pattern() {
         [ScorePattern::Gaussian, ScorePattern::FewDistinct, ScorePattern::NonFinite].into_iter().enumerate()
     {
         let mut c = case(2048, TopkTransform::Plain, false, pattern, vec![1 << 20, (1 << 20) + 13, 3], 40 + i as u64);
-        c.cluster = Some(8);
+        c.path = TopkPath::Cluster(8);
         checks.push(run(&rt, &c).unwrap());
     }
     assert_all(&checks);

@@ -262,6 +262,14 @@ fn jit(rt: &Runtime) -> Result<(Vec<JitRow>, f64, usize, f64)> {
 }
 
 /// Top-k of f32 rows (Gaussian scores, every row full length) for each transform.
+/// A benchmarked top-k path: a plan `choose_plan` can return, or the cluster path
+/// (measured beside them, never chosen).
+#[derive(Clone, Copy, PartialEq)]
+enum BenchPath {
+    Plan(nsa_runtime::ops::topk::TopkPlan),
+    Cluster(u32),
+}
+
 fn topk_bench(rt: &Runtime, reps: usize) -> Result<Vec<TopkRow>> {
     use nsa_kernels::{TopkLayout, TopkTransform};
     use nsa_runtime::ops::topk::{
@@ -290,12 +298,15 @@ fn topk_bench(rt: &Runtime, reps: usize) -> Result<Vec<TopkRow>> {
         let chosen = choose_plan(rows, n, sms, false, true).0;
         // Every plan that applies: both single-block layouts, the split path where
         // the plan takes it, the cluster path where the target has clusters.
-        let mut plans = vec![TopkPlan::Single(TopkLayout::Latency), TopkPlan::Single(TopkLayout::Throughput)];
+        let mut plans = vec![
+            BenchPath::Plan(TopkPlan::Single(TopkLayout::Latency)),
+            BenchPath::Plan(TopkPlan::Single(TopkLayout::Throughput)),
+        ];
         if let TopkPlan::Split { .. } = chosen {
-            plans.push(chosen);
+            plans.push(BenchPath::Plan(chosen));
         }
         if rt.target().has_clusters() {
-            plans.push(TopkPlan::Cluster(cluster_size(rows, n, sms)));
+            plans.push(BenchPath::Cluster(cluster_size(rows, n, sms)));
         }
         let mut ws = TopkWorkspace::new(rt, rows)?;
         for (transform, plan) in TopkTransform::ALL.into_iter().flat_map(|t| plans.iter().map(move |&p| (t, p))) {
@@ -307,13 +318,13 @@ fn topk_bench(rt: &Runtime, reps: usize) -> Result<Vec<TopkRow>> {
                 }
             };
             let us = time_us(&stream, reps, || match plan {
-                TopkPlan::Single(layout) => {
+                BenchPath::Plan(TopkPlan::Single(layout)) => {
                     topk_with_layout(rt, k, false, layout, &input, &output, &mut d_out.slice_mut(0..))
                 }
-                TopkPlan::Split { chunk, chunks } => {
+                BenchPath::Plan(TopkPlan::Split { chunk, chunks }) => {
                     topk_split(rt, k, chunk, chunks, &input, &output, &mut d_out.slice_mut(0..), &mut ws)
                 }
-                TopkPlan::Cluster(c) => topk_cluster(rt, k, c, &input, &output, &mut d_out.slice_mut(0..)),
+                BenchPath::Cluster(c) => topk_cluster(rt, k, c, &input, &output, &mut d_out.slice_mut(0..)),
             })?;
             let bytes = (rows * n * 4) as f64;
             let row = TopkRow {
@@ -322,12 +333,12 @@ fn topk_bench(rt: &Runtime, reps: usize) -> Result<Vec<TopkRow>> {
                 k,
                 transform: transform.tag(),
                 layout: match plan {
-                    TopkPlan::Single(TopkLayout::Latency) => "latency".into(),
-                    TopkPlan::Single(TopkLayout::Throughput) => "throughput".into(),
-                    TopkPlan::Split { .. } => "split".into(),
-                    TopkPlan::Cluster(c) => format!("cluster{c}"),
+                    BenchPath::Plan(TopkPlan::Single(TopkLayout::Latency)) => "latency".into(),
+                    BenchPath::Plan(TopkPlan::Single(TopkLayout::Throughput)) => "throughput".into(),
+                    BenchPath::Plan(TopkPlan::Split { .. }) => "split".into(),
+                    BenchPath::Cluster(c) => format!("cluster{c}"),
                 },
-                chosen: plan == chosen,
+                chosen: plan == BenchPath::Plan(chosen),
                 us,
                 gbps: bytes / us / 1e3,
                 roofline_us: bytes / copy_gbps / 1e3,

@@ -16,7 +16,7 @@ use nsa_runtime::verify::layer::{self as vlayer, LayerCase, LayerMode};
 use nsa_runtime::verify::metadata::{self as vmeta, ReplayCase};
 use nsa_runtime::verify::sparse_decode::{self as vdecode, DecodeCase, IndexPattern};
 use nsa_runtime::verify::sparse_prefill::{self as vprefill, KvSource, PrefillCase};
-use nsa_runtime::verify::topk::{self as vtopk, TopkCase};
+use nsa_runtime::verify::topk::{self as vtopk, TopkCase, TopkPath};
 use nsa_runtime::verify::{self, Check};
 use nsa_runtime::{device, Error, Result, Runtime};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -207,12 +207,16 @@ pub fn verify(args: VerifyArgs) -> Result<()> {
                 KernelFamily::IndexerKStore => verify::store_indexer(&rt, n, seed)?,
                 KernelFamily::IndexerKGather => verify::gather_indexer(&rt, n, seed, n > 1)?,
                 KernelFamily::TopK { k, transform, deterministic, layout } => {
-                    let case = TopkCase { deterministic, layout: Some(layout), ..topk_case(k, transform, i, n, seed) };
+                    let case = TopkCase {
+                        deterministic,
+                        path: TopkPath::Single(Some(layout)),
+                        ..topk_case(k, transform, i, n, seed)
+                    };
                     vtopk::run(&rt, &case)?
                 }
                 // The three stages run together: check once, at the finish stage.
                 KernelFamily::TopkSplit { stage: TopkSplitStage::Finish, k, transform } => {
-                    vtopk::run(&rt, &TopkCase { split: true, ..topk_case(k, transform, i, n, seed) })?
+                    vtopk::run(&rt, &TopkCase { path: TopkPath::Split, ..topk_case(k, transform, i, n, seed) })?
                 }
                 KernelFamily::TopkSplit { .. } => continue,
                 // Not in a configuration's kernel set (no plan picks it); the GPU suite checks it.
@@ -306,9 +310,7 @@ fn topk_case(k: u32, transform: TopkTransform, i: usize, n: usize, seed: u64) ->
         lengths: vec![0, 1, k as i32, k as i32 + 1, n as i32 + k as i32 + 1, 50_000],
         row_starts: true,
         grouped: transform == TopkTransform::Paged && i % 2 == 1,
-        layout: None,
-        split: false,
-        cluster: None,
+        path: TopkPath::Single(None),
         seed,
     }
 }
