@@ -2,7 +2,7 @@
 //! sparse MLA, metadata) add their specs here.
 
 use crate::config::{KvCacheFormat, NsaConfig};
-use crate::spec::{IndexerLayout, KernelFamily, KernelSpec, MetadataMode, TopkLayout, TopkSplitStage, TopkTransform};
+use crate::spec::{IndexerLayout, KernelFamily, KernelSpec, MetadataMode, TopkLayout, TopkTransform};
 use crate::target::Vendor;
 
 /// The kernel set of `cfg`, for every target it lists, sorted and without repeats.
@@ -17,9 +17,7 @@ pub fn kernel_set(cfg: &NsaConfig) -> Vec<KernelSpec> {
         for layout in [TopkLayout::Latency, TopkLayout::Throughput] {
             families.push(KernelFamily::TopK { k: cfg.topk, transform, deterministic: false, layout });
         }
-        for stage in TopkSplitStage::ALL {
-            families.push(KernelFamily::TopkSplit { stage, k: cfg.topk, transform });
-        }
+        families.push(KernelFamily::TopkSplit { k: cfg.topk, transform });
     }
     families.push(KernelFamily::IndexTransform { k: cfg.topk });
     if cfg.kv_cache == KvCacheFormat::Fp8 {

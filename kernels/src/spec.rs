@@ -32,8 +32,9 @@ pub enum KernelFamily {
     /// step count is a launch argument, as are top-k and D, which only enter as
     /// values). The page size is a constant (divisions, the real-table stride).
     MetadataReplay { page_size: u32, mode: MetadataMode },
-    /// One stage of the split top-k path: few long rows, each spread over many blocks.
-    TopkSplit { stage: TopkSplitStage, k: u32, transform: TopkTransform },
+    /// Split top-k: few long rows, each spread over many blocks in one launch; each
+    /// row's last block cuts the top k from the keys its blocks kept.
+    TopkSplit { k: u32, transform: TopkTransform },
     /// Exact top-k with each row spread over a thread-block cluster of `cluster`
     /// CTAs (sm_90+ only): one launch, the row read once, histograms summed
     /// through distributed shared memory.
@@ -183,38 +184,6 @@ pub fn attend_smem_bytes(head_tile: u32, d_qk: u32) -> u32 {
         + split_k_partials
 }
 
-/// Stages of the split top-k path, launched in this order on one stream.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum TopkSplitStage {
-    /// Blocks (row, chunk) sum the round-0 histogram of each row.
-    Hist,
-    /// Blocks (row, chunk) emit winners above the threshold bin, gather its candidates.
-    Collect,
-    /// One block per row refines the candidates and places the rest (and short rows).
-    Finish,
-}
-
-impl TopkSplitStage {
-    pub const ALL: [TopkSplitStage; 3] = [TopkSplitStage::Hist, TopkSplitStage::Collect, TopkSplitStage::Finish];
-
-    fn device_enum(self) -> &'static str {
-        match self {
-            TopkSplitStage::Hist => "kSplitHist",
-            TopkSplitStage::Collect => "kSplitCollect",
-            TopkSplitStage::Finish => "kSplitFinish",
-        }
-    }
-
-    pub fn tag(self) -> &'static str {
-        match self {
-            TopkSplitStage::Hist => "hist",
-            TopkSplitStage::Collect => "collect",
-            TopkSplitStage::Finish => "finish",
-        }
-    }
-}
-
 /// The decode-like forward mode a metadata replay kernel serves. Draft-extend v2 is
 /// draft-extend with every request extending by `D` (no per-request lengths).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -313,13 +282,13 @@ const INDEXER_TOKENS_PER_LANE_GROUP: u32 = 2;
 /// Threads per top-k block (one block per row).
 const TOPK_BLOCK_THREADS: u32 = 1024;
 /// Shared words of the top-k kernel besides candidates and row cache: the 8192-bin
-/// round-0 histogram and 69 scalars, rounded up (`kFixedWords` in topk.cuh;
+/// round-0 histogram and 71 scalars, rounded up (`kFixedWords` in topk.cuh;
 /// static_assert there).
 const TOPK_FIXED_WORDS: u32 = 8192 + 72;
 /// Shared words of the cluster top-k kernel besides its slice cache: local and
-/// cluster-summed 4096-bin histograms and 73 scalars (`kClusterFixedWords` in
+/// cluster-summed 4096-bin histograms and 75 scalars (`kClusterFixedWords` in
 /// topk_cluster.cuh; static_assert there).
-const TOPK_CLUSTER_FIXED_WORDS: u32 = 2 * 4096 + 73;
+const TOPK_CLUSTER_FIXED_WORDS: u32 = 2 * 4096 + 75;
 /// Keys of its slice each cluster CTA keeps in shared memory: 64 KiB, so two
 /// 512-thread CTAs share an SM and a 128K-key row fits a cluster of 8.
 pub const TOPK_CLUSTER_SLICE_CACHE: u32 = 16_384;
@@ -330,7 +299,16 @@ pub const TOPK_CLUSTER_SIZES: [u32; 3] = [2, 4, 8];
 const TOPK_CANDIDATES: u32 = 4096;
 /// gfx942 has 64 KiB of LDS per block: histogram plus half the candidates.
 const TOPK_CANDIDATES_GFX942: u32 = 2048;
+/// Keys per row of the split path's list: the sample threshold keeps about
+/// 1.5–3 k of a long row (k 2048); 2 × 8192 words in shared memory, so two
+/// 512-thread blocks share an SM.
+const TOPK_SPLIT_LIST: u32 = 8192;
+/// gfx942 (64 KiB of LDS): the histogram plus a 2048-key list, so with k 2048
+/// long rows overflow it and take the histogram path.
+const TOPK_SPLIT_LIST_GFX942: u32 = 2048;
 /// Top-k rows up to this many keys are cached in shared memory (read from HBM once).
+/// The sample filter keeps its list in the candidate lists plus this cache: up to
+/// (2 × 4096 + 40960) / 2 = 24576 keys.
 const TOPK_ROW_CACHE_NVIDIA: u32 = 40960;
 /// Threads per block of the elementwise index transform.
 const TRANSFORM_BLOCK_THREADS: u32 = 256;
@@ -383,9 +361,7 @@ impl KernelSpec {
             }
             KernelFamily::IndexTransform { k } => vec![format!("k{k}")],
             KernelFamily::MetadataReplay { page_size, mode } => vec![mode.tag().into(), format!("p{page_size}")],
-            KernelFamily::TopkSplit { stage, k, transform } => {
-                vec![stage.tag().into(), format!("k{k}"), transform.tag().into()]
-            }
+            KernelFamily::TopkSplit { k, transform } => vec![format!("k{k}"), transform.tag().into()],
             KernelFamily::TopkCluster { k, transform, cluster } => {
                 vec![format!("k{k}"), transform.tag().into(), format!("c{cluster}")]
             }
@@ -458,7 +434,6 @@ impl KernelSpec {
             KernelFamily::TopK { layout: TopkLayout::Throughput, .. } => TOPK_BLOCK_THREADS / 2,
             KernelFamily::IndexTransform { .. } => TRANSFORM_BLOCK_THREADS,
             KernelFamily::MetadataReplay { .. } => METADATA_BLOCK_THREADS,
-            KernelFamily::TopkSplit { stage: TopkSplitStage::Finish, .. } => TOPK_BLOCK_THREADS,
             KernelFamily::TopkSplit { .. } | KernelFamily::TopkCluster { .. } => TOPK_BLOCK_THREADS / 2,
             KernelFamily::SparseDecode { heads, .. } => {
                 if self.wg_kernel(heads) {
@@ -498,8 +473,7 @@ impl KernelSpec {
 
     fn topk_smem_words(&self) -> u32 {
         match self.family {
-            // Histogram (and the threshold search) only.
-            KernelFamily::TopkSplit { stage: TopkSplitStage::Hist | TopkSplitStage::Collect, .. } => TOPK_FIXED_WORDS,
+            KernelFamily::TopkSplit { .. } => TOPK_FIXED_WORDS + 2 * self.topk_split_list(),
             KernelFamily::TopkCluster { .. } => TOPK_CLUSTER_FIXED_WORDS + TOPK_CLUSTER_SLICE_CACHE,
             _ => TOPK_FIXED_WORDS + 2 * self.topk_candidates() + self.topk_row_cache(),
         }
@@ -515,7 +489,16 @@ impl KernelSpec {
         }
     }
 
-    /// Candidate capacity of the top-k kernels (also the split path's per-row list).
+    /// Keys the split path's list holds per row (in the workspace and in each
+    /// block's shared memory).
+    pub fn topk_split_list(&self) -> u32 {
+        match self.target {
+            Target::Gfx942 => TOPK_SPLIT_LIST_GFX942,
+            Target::Sm90a | Target::Sm100a => TOPK_SPLIT_LIST,
+        }
+    }
+
+    /// Candidate capacity of the top-k kernels' histogram path.
     pub fn topk_candidates(&self) -> u32 {
         match self.target {
             Target::Gfx942 => TOPK_CANDIDATES_GFX942,
@@ -591,26 +574,27 @@ impl KernelSpec {
         if matches!(self.family, KernelFamily::IndexerKStore | KernelFamily::IndexerKGather) {
             ctx.insert("tokens_per_lane_group".into(), json!(INDEXER_TOKENS_PER_LANE_GROUP));
         }
-        if let KernelFamily::TopK { k, transform, deterministic, .. } = self.family {
+        if let KernelFamily::TopK { k, transform, deterministic, layout } = self.family {
             ctx.insert("k".into(), json!(k));
             ctx.insert("transform".into(), json!(transform.tag()));
             ctx.insert("transform_enum".into(), json!(transform.device_enum()));
             ctx.insert("deterministic".into(), json!(deterministic));
             ctx.insert("candidate_capacity".into(), json!(self.topk_candidates()));
             ctx.insert("row_cache_capacity".into(), json!(self.topk_row_cache()));
+            // The sample filter pays off where one block reads its row alone (H200,
+            // BENCHMARKS.md); with two rows per SM the histogram path measured faster.
+            ctx.insert("sample_filter".into(), json!(layout == TopkLayout::Latency));
             ctx.insert("smem_words".into(), json!(self.topk_smem_words()));
             ctx.insert("min_blocks_per_sm".into(), json!(self.topk_min_blocks_per_sm()));
         }
         if let KernelFamily::IndexTransform { k } = self.family {
             ctx.insert("k".into(), json!(k));
         }
-        if let KernelFamily::TopkSplit { stage, k, transform } = self.family {
-            ctx.insert("stage".into(), json!(stage.tag()));
-            ctx.insert("stage_enum".into(), json!(stage.device_enum()));
+        if let KernelFamily::TopkSplit { k, transform } = self.family {
             ctx.insert("k".into(), json!(k));
             ctx.insert("transform".into(), json!(transform.tag()));
             ctx.insert("transform_enum".into(), json!(transform.device_enum()));
-            ctx.insert("candidate_capacity".into(), json!(self.topk_candidates()));
+            ctx.insert("list_capacity".into(), json!(self.topk_split_list()));
             ctx.insert("smem_words".into(), json!(self.topk_smem_words()));
             ctx.insert("min_blocks_per_sm".into(), json!(self.topk_min_blocks_per_sm()));
         }
@@ -687,10 +671,8 @@ impl KernelSpec {
             }
         }
         families.push(KernelFamily::IndexTransform { k: 2048 });
-        for stage in TopkSplitStage::ALL {
-            for transform in TopkTransform::ALL {
-                families.push(KernelFamily::TopkSplit { stage, k: 2048, transform });
-            }
+        for transform in TopkTransform::ALL {
+            families.push(KernelFamily::TopkSplit { k: 2048, transform });
         }
         for page_size in [64, 1] {
             for mode in MetadataMode::ALL {
@@ -754,8 +736,7 @@ impl KernelSpec {
                 transform: TopkTransform::ALL.into_iter().find(|x| x.tag() == *t)?,
                 cluster: c.strip_prefix('c').and_then(|n| n.parse::<u32>().ok())?,
             },
-            ("topk_split", [stage, k, t]) => KernelFamily::TopkSplit {
-                stage: TopkSplitStage::ALL.into_iter().find(|x| x.tag() == *stage)?,
+            ("topk_split", [k, t]) => KernelFamily::TopkSplit {
                 k: k_of(k)?,
                 transform: TopkTransform::ALL.into_iter().find(|x| x.tag() == *t)?,
             },

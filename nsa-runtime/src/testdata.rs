@@ -140,9 +140,15 @@ pub enum ScorePattern {
     NonFinite,
     /// Every value −inf.
     AllNegInf,
+    /// Uniform in [0, 1) (the benchmark's rows): the top octave holds half the row.
+    Uniform,
+    /// Gaussian with every 32nd value raised by 100: a strided sample of a row whose
+    /// length is a multiple of 32 · 4096 sees only raised values, so a threshold
+    /// taken from it keeps fewer than k keys (the sample filter's fallback).
+    Strided,
 }
 
-pub const SCORE_PATTERNS: [ScorePattern; 7] = [
+pub const SCORE_PATTERNS: [ScorePattern; 9] = [
     ScorePattern::Gaussian,
     ScorePattern::AllEqual,
     ScorePattern::FewDistinct,
@@ -150,6 +156,8 @@ pub const SCORE_PATTERNS: [ScorePattern; 7] = [
     ScorePattern::LastBits,
     ScorePattern::NonFinite,
     ScorePattern::AllNegInf,
+    ScorePattern::Uniform,
+    ScorePattern::Strided,
 ];
 
 /// `n` scores following `pattern`.
@@ -171,5 +179,7 @@ pub fn score_row(pattern: ScorePattern, n: usize, rng: &mut StdRng) -> Vec<f32> 
             })
             .collect(),
         ScorePattern::AllNegInf => vec![f32::NEG_INFINITY; n],
+        ScorePattern::Uniform => (0..n).map(|_| rng.random::<f32>()).collect(),
+        ScorePattern::Strided => (0..n).map(|i| gaussian(rng) + if i % 32 == 0 { 100.0 } else { 0.0 }).collect(),
     }
 }

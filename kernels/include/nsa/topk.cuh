@@ -2,14 +2,19 @@
 // transformed in place: relative positions, page-table slots (PAGED) or positions
 // plus a per-row offset (RAGGED).
 //
-// One block per row. Keys are the scores mapped to order-preserving u32 (NaN maps
-// to 0, below -inf, so a NaN is never chosen ahead of any number). Round 0 builds
-// an 11-bit histogram of every key and finds the bin holding the k-th largest;
-// keys above it are winners. Rounds 1 and 2 refine the threshold bin (11 and 10
-// more bits) over a shared-memory candidate list, or, when that bin holds more
-// keys than the list can take, by re-reading the row: exact either way, never a
-// dropped candidate. Rows of up to kCacheCap keys are kept in shared memory so
-// the row is read from HBM once.
+// Keys are the scores mapped to order-preserving u32 (NaN maps to 0, below -inf, so
+// a NaN is never chosen ahead of any number). Three ways to a row's top k:
+// - Sample filter (unordered rows, one block per row): a strided sample gives a
+//   threshold a little below the k-th largest, one pass keeps the keys at or above
+//   it, and a radix cut of that short list places the top k. It declines (writes
+//   nothing) when the list holds fewer than k keys or overflows.
+// - Histogram path: round 0 histograms 13 bits of every key and finds the bin
+//   holding the k-th largest; rounds 1 and 2 refine that bin (11 and 8 more bits)
+//   over a shared-memory candidate list, or, when the bin holds more keys than the
+//   list can take, by re-reading the row: exact either way, never a dropped
+//   candidate. Rows of up to kCacheCap keys are kept in shared memory.
+// - Split path (few long rows): the sample filter with each row's pass spread over
+//   many blocks, their lists joined in a workspace; the row's last block cuts it.
 #pragma once
 #ifndef NSA_DEVICE
 #error "include the arch header (nsa/cuda/arch.cuh or nsa/rocm/arch.cuh) first"
@@ -40,18 +45,17 @@ struct Params {
   i32 table_width;          // PAGED: lengths[r] must be <= this
 };
 
-// Workspace of the split path (rows too long for one block): zero on entry, and
-// left zero again by the finish stage.
+// Workspace of the split path (few long rows, each over many blocks): zero on
+// entry, and left zero again by each row's last block.
 struct Split {
-  u32* hist;      // [rows, kBins] round-0 histogram, summed over the row's chunks
   u32* state;     // [rows, kStateWords]
-  u32* cand_idx;  // [rows, cand_cap] threshold-bin candidates
-  u32* cand_key;  // [rows, cand_cap]
-  i32 chunk;      // elements of a row per block in the histogram and collect stages
-  i32 chunks;     // blocks per row (ceil(row_capacity / chunk))
-  i32 cand_cap;
+  u32* cand_idx;  // [rows, cand_cap] the row's kept positions
+  u32* cand_key;  // [rows, cand_cap] and their keys
+  i32 chunk;      // elements of a row per block
+  i32 chunks;     // blocks per row (chunk * chunks >= row_capacity)
+  i32 cand_cap;   // the kernel's list capacity
 };
-enum StateWord { kStateWinners = 0, kStateCands = 1, kStateWords = 4 };
+enum StateWord { kStateCands = 0, kStateDone = 1, kStateWords = 2 };
 
 // Round 0 uses 13 bits (sign, 8 exponent, 4 mantissa: 16 bins per octave) so the
 // threshold bin of realistic rows fits the candidate list; rounds 1 and 2 refine
@@ -64,7 +68,7 @@ NSA_DEVICE constexpr int round_width(int round) { return round == 0 ? 13 : round
 NSA_DEVICE constexpr u32 round_mask(int round) { return (1u << round_width(round)) - 1u; }
 
 // Scalars kept in shared memory after the scan scratch.
-enum Slot { kThrBin = kScanScratch, kAbove, kWinners, kTies, kCands, kScalarWords };
+enum Slot { kThrBin = kScanScratch, kAbove, kWinners, kTies, kCands, kBase, kLast, kScalarWords };
 
 struct alignas(16) F4 {
   float v[4];
@@ -76,16 +80,16 @@ NSA_DEVICE u32 order_key(float f) {
   return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
 }
 
-// Calls f(i, key) for every i in [0, n) of `src`, the block's threads striding over
-// the row: a scalar head up to 16-byte alignment, then kUnroll float4 loads issued
+// Calls f(i, src[i]) for every i in [0, n), the block's threads striding over the
+// row: a scalar head up to 16-byte alignment, then kUnroll float4 loads issued
 // before any is used (keeps ~64 B per thread in flight), then a scalar tail.
 template <int kBlockThreads, typename F>
-NSA_DEVICE void scan_global(const float* src, i32 n, F&& f) {
+NSA_DEVICE void scan_floats(const float* src, i32 n, F&& f) {
   constexpr int kUnroll = 4;
   const i32 tid = (i32)thread_x();
   const i32 to_align = (i32)(((16u - ((u32)(u64)src & 15u)) & 15u) / 4u);
   const i32 head = to_align < n ? to_align : n;
-  for (i32 i = tid; i < head; i += kBlockThreads) f(i, order_key(src[i]));
+  for (i32 i = tid; i < head; i += kBlockThreads) f(i, src[i]);
   const F4* body = reinterpret_cast<const F4*>(src + head);
   const i32 vecs = (n - head) / 4;
   i32 j = tid;
@@ -96,15 +100,21 @@ NSA_DEVICE void scan_global(const float* src, i32 n, F&& f) {
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) f(head + 4 * (j + u * kBlockThreads) + e, order_key(v[u].v[e]));
+      for (int e = 0; e < 4; ++e) f(head + 4 * (j + u * kBlockThreads) + e, v[u].v[e]);
     }
   }
   for (; j < vecs; j += kBlockThreads) {
     const F4 v = body[j];
 #pragma unroll
-    for (int e = 0; e < 4; ++e) f(head + 4 * j + e, order_key(v.v[e]));
+    for (int e = 0; e < 4; ++e) f(head + 4 * j + e, v.v[e]);
   }
-  for (i32 i = head + 4 * vecs + tid; i < n; i += kBlockThreads) f(i, order_key(src[i]));
+  for (i32 i = head + 4 * vecs + tid; i < n; i += kBlockThreads) f(i, src[i]);
+}
+
+// scan_floats handing f the order-preserving key of each score.
+template <int kBlockThreads, typename F>
+NSA_DEVICE void scan_global(const float* src, i32 n, F&& f) {
+  scan_floats<kBlockThreads>(src, n, [&](i32 i, float v) { f(i, order_key(v)); });
 }
 
 // Every (position, key) of the row, from the shared-memory copy when there is one.
@@ -136,25 +146,34 @@ NSA_DEVICE i32 emit(const Params& p, i32 row, i32 trow, i32 pos) {
 template <int kBlockThreads, int kMaxBins = kBins>
 NSA_DEVICE void find_threshold(const u32* hist, int bins, u32 r, u32* sm) {
   constexpr int kPer = kMaxBins / kBlockThreads;
-  static_assert(kPer * kBlockThreads == kMaxBins, "bins split evenly over threads");
+  static_assert(kPer * kBlockThreads == kMaxBins && (kPer & (kPer - 1)) == 0 && kPer <= 32,
+                "bins split evenly over threads, a power of two each");
   const u32 tid = thread_x();
-  u32 c[kPer];
+  auto bin_of = [&](int j) { return bins - 1 - (int)(tid * kPer + j); };
+  // Thread t owns kPer consecutive bins (descending). Its sum reads them rotated by
+  // t / (32 / kPer), so the lanes of a warp hit distinct banks.
+  constexpr u32 kLanesPerRotation = kPer >= 32 ? 1u : 32u / kPer;
   u32 sum = 0;
 #pragma unroll
   for (int j = 0; j < kPer; ++j) {
-    const int bin = bins - 1 - (int)(tid * kPer + j);
-    c[j] = bin >= 0 ? hist[bin] : 0u;
-    sum += c[j];
+    const int bin = bin_of((j + (int)(tid / kLanesPerRotation)) & (kPer - 1));
+    sum += bin >= 0 ? hist[bin] : 0u;
   }
   u32 total;
-  u32 run = block_exclusive_scan<kBlockThreads>(sum, sm, total);
+  const u32 run = block_exclusive_scan<kBlockThreads>(sum, sm, total);
+  if (run < r && r <= run + sum) {  // the one thread whose bins hold the r-th key
+    u32 c[kPer];
 #pragma unroll
-  for (int j = 0; j < kPer; ++j) {
-    if (run < r && r <= run + c[j]) {
-      sm[kThrBin] = (u32)(bins - 1 - (int)(tid * kPer + j));
-      sm[kAbove] = run;
+    for (int j = 0; j < kPer; ++j) c[j] = bin_of(j) >= 0 ? hist[bin_of(j)] : 0u;
+    u32 acc = run;
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      if (acc < r && r <= acc + c[j]) {
+        sm[kThrBin] = (u32)bin_of(j);
+        sm[kAbove] = acc;
+      }
+      acc += c[j];
     }
-    run += c[j];
   }
   sync_block();
 }
@@ -182,19 +201,12 @@ struct Placer {
   }
 };
 
-// Leaves one row of the split workspace zero for the next call.
-template <int kBlockThreads>
-NSA_DEVICE void clear_split_row_impl(u32* hist, u32* state, int bins, int words) {
-  for (int b = thread_x(); b < bins; b += kBlockThreads) hist[b] = 0u;
-  if ((int)thread_x() < words) state[thread_x()] = 0u;
-}
-
 // Round-0 bin overflowed the candidate list: one more pass over the row resolves
-// round 1 (emitting the winners above the round-0 bin on the way, unless the split
-// path's collect stage already did), a second gathers the far smaller round-1 bin
-// (emitting its winners above the round-1 bin), and round 2 plus the ties come from
-// those candidates, or from a third pass if even they do not fit. Exact always.
-template <int K, int kTransform, int kBlockThreads, int kCandCap, bool kSplit>
+// round 1 (emitting the winners above the round-0 bin on the way), a second gathers
+// the far smaller round-1 bin (emitting its winners above the round-1 bin), and
+// round 2 plus the ties come from those candidates, or from a third pass if even
+// they do not fit. Exact always.
+template <int K, int kTransform, int kBlockThreads, int kCandCap>
 NSA_DEVICE void overflow_select(const Params& p, i32 row, i32 trow, i32* out, bool cached, const u32* cache,
                                 const float* src, i32 n, u32 bin0, u32 r, u32* hist, u32* sm, u32* cand_idx,
                                 u32* cand_key) {
@@ -204,7 +216,7 @@ NSA_DEVICE void overflow_select(const Params& p, i32 row, i32 trow, i32* out, bo
   for_each_key<kBlockThreads>(cached, cache, src, n, [&](i32 i, u32 key) {
     const u32 bin = key >> round_shift(0);
     if (bin > bin0) {
-      if (!kSplit) out[atomic_add_ret(&sm[kWinners], 1u)] = emit<kTransform>(p, row, trow, i);
+      out[atomic_add_ret(&sm[kWinners], 1u)] = emit<kTransform>(p, row, trow, i);
     } else if (bin == bin0) {
       atomic_add_ret(&hist[(key >> round_shift(1)) & round_mask(1)], 1u);
     }
@@ -259,10 +271,234 @@ NSA_DEVICE void overflow_select(const Params& p, i32 row, i32 trow, i32* out, bo
 // Shared-memory words the kernel needs beyond the candidate list and row cache.
 constexpr int kFixedWords = kBins + kScalarWords;
 
+// Exact cut of the r-th largest key of keys[0, c) (1 <= r <= c): the top r are the
+// keys above `thr` plus `ties` of the keys equal to it. Radix rounds of up to 13, 11
+// and 8 bits start at the highest bit in which the keys differ, so a list whose keys
+// share their top bits (the sample filter's) spreads over the bins instead of piling
+// its atomics onto a few. With kMaxRounds < 3 the cut may stop early, as a lower
+// bound: the keys above `thr` (ties 0) then include the top r.
+template <int kBlockThreads, int kMaxRounds = kRounds>
+NSA_DEVICE void list_cut(const u32* keys, u32 c, u32 r, u32* hist, u32* sm, i64& thr, u32& ties) {
+  const u32 tid = thread_x();
+  const u32 first = keys[0];
+  u32 diff = 0;
+  for (u32 i = tid; i < c; i += kBlockThreads) diff |= keys[i] ^ first;
+  diff = block_reduce<kBlockThreads>(diff, sm, [](u32 a, u32 b) { return a | b; });
+  int hi = 32 - clz_u32(diff);  // bits [hi, 32) are common to every key
+  u64 prefix = (u64)first >> hi;
+  constexpr int kWidths[kRounds] = {13, 11, 8};
+#pragma unroll
+  for (int round = 0; round < kMaxRounds; ++round) {
+    if (hi == 0) break;
+    const int shift = hi > kWidths[round] ? hi - kWidths[round] : 0;
+    const int width = hi - shift;
+    const u32 mask = (1u << width) - 1u;
+    for (int b = tid; b < (1 << width); b += kBlockThreads) hist[b] = 0u;
+    sync_block();
+    for (u32 i = tid; i < c; i += kBlockThreads) {
+      const u32 key = keys[i];
+      if (((u64)key >> hi) == prefix) atomic_add_ret(&hist[(key >> shift) & mask], 1u);
+    }
+    sync_block();
+    find_threshold<kBlockThreads>(hist, 1 << width, r, sm);
+    const u32 bin = sm[kThrBin];
+    r -= sm[kAbove];
+    prefix = (prefix << width) | bin;
+    const u32 here = hist[bin];
+    sync_block();
+    if (here == r) {  // the whole bin is taken
+      thr = (i64)(prefix << shift) - 1;
+      ties = 0;
+      return;
+    }
+    hi = shift;
+  }
+  if (hi > 0) {  // stopped early: the lower bound of the bin holding the r-th key
+    thr = (i64)(prefix << hi) - 1;
+    ties = 0;
+    return;
+  }
+  thr = (i64)prefix;  // every bit resolved
+  ties = r;
+}
+
+// ceil(sqrt(v)) for v < 2^26.
+NSA_DEVICE u32 isqrt_ceil(u32 v) {
+  u32 s = 0;
+#pragma unroll
+  for (u32 bit = 1u << 12; bit != 0; bit >>= 1) {
+    if ((s + bit) * (s + bit) <= v) s += bit;
+  }
+  return s * s < v ? s + 1 : s;
+}
+
+// The float whose order_key is `key` (key != 0; 0 is NaN's key).
+NSA_DEVICE float key_value(u32 key) { return u32_as_f32((key & 0x80000000u) ? (key & 0x7fffffffu) : ~key); }
+
+// Sample filter: a sample of kSectors runs of 8 adjacent keys (one 32-byte sector
+// each, spread evenly over the row: a strided sample of single keys would make DRAM
+// fetch nearly the whole row) gives a threshold `lo` a little below the K-th largest
+// of an n-key row (n > kCap). Every key >= lo is kept; when between K and kCap are,
+// the top K of the row are exactly the top K of the kept ones. `keys` (kCap words)
+// is scratch.
+template <int K, int kBlockThreads, int kCap>
+NSA_DEVICE u32 sample_threshold(const float* src, i32 n, u32* hist, u32* sm, u32* keys) {
+  constexpr u32 kRun = 8;
+  constexpr u32 kSectors = (kCap < 8192 ? kCap : 8192) / kRun;
+  static_assert(kSectors * kRun % kBlockThreads == 0, "every thread loads the same count");
+  constexpr u32 kPerThread = kSectors * kRun / kBlockThreads;
+  constexpr u32 kInFlight = kPerThread < 8 ? kPerThread : 8;  // loads issued together
+#pragma unroll
+  for (u32 it0 = 0; it0 < kPerThread; it0 += kInFlight) {
+    float v[kInFlight];
+#pragma unroll
+    for (u32 it = 0; it < kInFlight; ++it) {
+      const u32 j = (it0 + it) * kBlockThreads + thread_x();
+      v[it] = src[(i64)(j / kRun) * (n - (i32)kRun) / (i64)kSectors + j % kRun];
+    }
+#pragma unroll
+    for (u32 it = 0; it < kInFlight; ++it) keys[(it0 + it) * kBlockThreads + thread_x()] = order_key(v[it]);
+  }
+  sync_block();
+  // Runs count as single draws (adjacent scores may move together): e runs are
+  // expected at or above the K-th largest; rank e + 4·sqrt(e) + 4 runs is four
+  // standard deviations and 4 above that.
+  const u32 e = (u32)(((u64)kSectors * (u64)K + (u64)n - 1) / (u64)n);
+  const u32 runs = e + 4u * isqrt_ceil(e) + 4u;
+  const u32 rank = runs < kSectors ? runs * kRun : kSectors * kRun;
+  i64 thr;
+  u32 ties;
+  // Two rounds place the cut within 2^-24 of the key range: close enough for `lo`.
+  list_cut<kBlockThreads, 2>(keys, kSectors * kRun, rank, hist, sm, thr, ties);
+  return (u32)(ties > 0 ? thr : thr + 1);
+}
+
+// Appends every key >= lo (every key when lo is 0) of src[begin, begin + len) with
+// its position to the list (sm[kCands] counts past kCap; entries past it are
+// dropped). The body goes in batches of kUnroll float4 per thread with one list
+// reservation per warp and batch.
+template <int kBlockThreads, int kCap>
+NSA_DEVICE void filter_pass(const float* src, i32 begin, i32 len, u32 lo, u32* sm, u32* fidx, u32* fkey) {
+  constexpr int kUnroll = 4;
+  const u32 tid = thread_x();
+  // key >= lo, compared as floats (NaN fails; +0 and -0 are equal floats but not keys).
+  const bool all = lo == 0u;
+  const float lo_value = all ? 0.0f : key_value(lo);
+  auto keep = [&](float v) { return all || v > lo_value || (v == lo_value && order_key(v) >= lo); };
+  auto append_one = [&](i32 i, float v) {
+    const bool hit = keep(v);
+    const u32 c = warp_append(&sm[kCands], hit);
+    if (hit && c < (u32)kCap) {
+      fidx[c] = (u32)(begin + i);
+      fkey[c] = order_key(v);
+    }
+  };
+  const float* row = src + begin;
+  const i32 to_align = (i32)(((16u - ((u32)(u64)row & 15u)) & 15u) / 4u);
+  const i32 head = to_align < len ? to_align : len;
+  for (i32 i = (i32)tid; i < head; i += kBlockThreads) append_one(i, row[i]);
+  const F4* body = reinterpret_cast<const F4*>(row + head);
+  const i32 vecs = (len - head) / 4;
+  for (i32 base = 0; base < vecs; base += kUnroll * kBlockThreads) {  // same trip count in every warp
+    F4 v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const i32 j = base + u * kBlockThreads + (i32)tid;
+      v[u] = j < vecs ? body[j] : F4{};
+    }
+    u32 mask = 0;
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const bool in = base + u * kBlockThreads + (i32)tid < vecs;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) mask |= (in && keep(v[u].v[e]) ? 1u : 0u) << (4 * u + e);
+    }
+    u32 slot = warp_reserve(&sm[kCands], popc_u32(mask));
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        if (mask & (1u << (4 * u + e))) {
+          if (slot < (u32)kCap) {
+            fidx[slot] = (u32)(begin + head + 4 * (base + u * kBlockThreads + (i32)tid) + e);
+            fkey[slot] = order_key(v[u].v[e]);
+          }
+          ++slot;
+        }
+      }
+    }
+  }
+  for (i32 i = head + 4 * vecs + (i32)tid; i < len; i += kBlockThreads) append_one(i, row[i]);
+}
+
+// Places the top K of the `kept` listed keys (K <= kept); sm[kWinners] and sm[kTies]
+// must be zero.
+template <int K, int kTransform, int kBlockThreads>
+NSA_DEVICE void cut_and_place(const Params& p, i32 row, i32 trow, i32* out, const u32* fidx, const u32* fkey, u32 kept,
+                              u32* hist, u32* sm) {
+  i64 thr;
+  u32 ties;
+  list_cut<kBlockThreads>(fkey, kept, (u32)K, hist, sm, thr, ties);
+  // Most listed keys win: one slot reservation per warp, not one atomic per key.
+  for (u32 c = thread_x(); c < kept; c += kBlockThreads) {
+    const u32 key = fkey[c];
+    const bool win = (i64)key > thr;
+    const bool tie = (i64)key == thr;
+    const u32 w = warp_append(&sm[kWinners], win);
+    const u32 t = warp_append(&sm[kTies], tie);
+    if (win) out[w] = emit<kTransform>(p, row, trow, (i32)fidx[c]);
+    if (tie && t < ties) out[(u32)K - ties + t] = emit<kTransform>(p, row, trow, (i32)fidx[c]);
+  }
+}
+
+// The sample filter over one block's row (non-deterministic rows of n > K). Returns
+// false, having written nothing, when fewer than K keys are kept (a sample that sat
+// high) or more than kCap (heavy ties near the threshold); the caller then runs the
+// histogram path.
+template <int K, int kTransform, int kBlockThreads, int kCap>
+NSA_DEVICE bool filter_select(const Params& p, i32 row, i32 trow, i32* out, const float* src, i32 n, u32* hist,
+                                u32* sm, u32* fidx, u32* fkey) {
+  if (thread_x() == 0) {
+    sm[kCands] = 0u;
+    sm[kWinners] = 0u;
+    sm[kTies] = 0u;
+  }
+  const u32 lo = n > kCap ? sample_threshold<K, kBlockThreads, kCap>(src, n, hist, sm, fkey) : 0u;
+  sync_block();
+  filter_pass<kBlockThreads, kCap>(src, 0, n, lo, sm, fidx, fkey);
+  sync_block();
+  const u32 kept = sm[kCands];
+  sync_block();  // every thread has read kCands before anyone resets it
+  if (kept < (u32)K || kept > (u32)kCap) return false;
+  cut_and_place<K, kTransform, kBlockThreads>(p, row, trow, out, fidx, fkey, kept, hist, sm);
+  return true;
+}
+
+// Row `row`'s extent, and whether it may be read: a start >= 0, start + length
+// within the row capacity, a page-table row (PAGED prefill) and a length within the
+// table width (PAGED). Lengths <= 0 are empty rows, always fine.
+struct RowExtent {
+  i32 s0;
+  i32 n;
+  i32 trow;
+  bool ok;
+};
+template <int kTransform>
+NSA_DEVICE RowExtent row_extent(const Params& p, i32 row) {
+  RowExtent e;
+  e.s0 = p.row_starts != nullptr ? p.row_starts[row] : 0;
+  e.n = p.lengths[row] > 0 ? p.lengths[row] : 0;
+  e.trow = table_row_of<kTransform>(p, row);
+  e.ok = e.n == 0 || (e.s0 >= 0 && (i64)e.s0 + e.n <= p.row_capacity && e.trow >= 0 &&
+                      (kTransform != kPaged || e.n <= p.table_width));
+  return e;
+}
+
+// Top-k of row `row` by one block. kFilter: try the sample filter first (unordered
+// rows only); otherwise, or when it declines, the histogram path.
 template <int K, int kTransform, bool kDeterministic, int kBlockThreads, int kCandCap, int kCacheCap, int kSmemWords,
-          bool kSplit = false>
-NSA_DEVICE void select(const Params& p, u32* status, const Split& split = Split{}) {
-  static_assert(!(kSplit && kDeterministic), "the split path is unordered");
+          bool kFilter = true>
+NSA_DEVICE void select_row(const Params& p, u32* status, i32 row) {
   static_assert(kFixedWords + 2 * kCandCap + kCacheCap <= kSmemWords, "launch provides kSmemWords of shared memory");
   extern NSA_SHARED u32 smem[];
   u32* hist = smem;
@@ -271,15 +507,11 @@ NSA_DEVICE void select(const Params& p, u32* status, const Split& split = Split{
   u32* cand_key = cand_idx + kCandCap;
   u32* cache = cand_key + kCandCap;
 
-  const i32 row = (i32)block_x();
   const u32 tid = thread_x();
   i32* out = p.out + (i64)row * K;
-  const i32 s0 = p.row_starts != nullptr ? p.row_starts[row] : 0;
-  const i32 n = p.lengths[row] > 0 ? p.lengths[row] : 0;
-  const i32 trow = table_row_of<kTransform>(p, row);
-  const bool row_ok = n == 0 || (s0 >= 0 && (i64)s0 + n <= p.row_capacity && trow >= 0 &&
-                                 (kTransform != kPaged || n <= p.table_width));
-  if (!row_ok) {
+  const RowExtent ext = row_extent<kTransform>(p, row);
+  const i32 s0 = ext.s0, n = ext.n, trow = ext.trow;
+  if (!ext.ok) {
     if (tid == 0) report_bad_entry(status, row);
     for (int k = tid; k < K; k += kBlockThreads) out[k] = -1;
     return;
@@ -291,26 +523,27 @@ NSA_DEVICE void select(const Params& p, u32* status, const Split& split = Split{
 
   const float* src = p.scores + (i64)row * p.row_stride + s0;
   const bool cached = kCacheCap > 0 && n <= kCacheCap;
+  // The sample filter keeps its list in the candidate lists and the row cache.
+  constexpr int kFilterCap = (2 * kCandCap + kCacheCap) / 2;
+  if constexpr (kFilter && !kDeterministic && kFilterCap >= 2 * K) {
+    if (filter_select<K, kTransform, kBlockThreads, kFilterCap>(p, row, trow, out, src, n, hist, sm, cand_idx,
+                                                                 cand_idx + kFilterCap)) {
+      return;
+    }
+  }
 
-
-  // Round 0: histogram of the top 11 bits of every key (caching the keys); the
-  // split path's earlier stages have summed it, and emitted the winners above the
-  // threshold bin, already.
-  u32* split_hist = kSplit ? split.hist + (i64)row * kBins : nullptr;
-  u32* split_state = kSplit ? split.state + (i64)row * kStateWords : nullptr;
-  for (int b = tid; b < kBins; b += kBlockThreads) hist[b] = kSplit ? split_hist[b] : 0u;
+  // Round 0: histogram of the top 13 bits of every key (caching the keys).
+  for (int b = tid; b < kBins; b += kBlockThreads) hist[b] = 0u;
   if (tid == 0) {
-    sm[kWinners] = kSplit ? split_state[kStateWinners] : 0u;
+    sm[kWinners] = 0u;
     sm[kTies] = 0u;
     sm[kCands] = 0u;
   }
   sync_block();
-  if (!kSplit) {
-    scan_global<kBlockThreads>(src, n, [&](i32 i, u32 key) {
-      atomic_add_ret(&hist[key >> round_shift(0)], 1u);
-      if (cached) cache[i] = key;
-    });
-  }
+  scan_global<kBlockThreads>(src, n, [&](i32 i, u32 key) {
+    atomic_add_ret(&hist[key >> round_shift(0)], 1u);
+    if (cached) cache[i] = key;
+  });
   sync_block();
   find_threshold<kBlockThreads>(hist, kBins, (u32)K, sm);
   const u32 bin0 = sm[kThrBin];
@@ -321,22 +554,13 @@ NSA_DEVICE void select(const Params& p, u32* status, const Split& split = Split{
   sync_block();
   if (!kDeterministic && !use_cands) {
     // The round-0 bin is too big for the candidate list (coarse bins: 4 per octave).
-    overflow_select<K, kTransform, kBlockThreads, kCandCap, kSplit>(p, row, trow, out, cached, cache, src, n, bin0, r,
-                                                                   hist, sm, cand_idx, cand_key);
-    if (kSplit) clear_split_row_impl<kBlockThreads>(split_hist, split_state, kBins, kStateWords);
+    overflow_select<K, kTransform, kBlockThreads, kCandCap>(p, row, trow, out, cached, cache, src, n, bin0, r, hist, sm,
+                                                           cand_idx, cand_key);
     return;
   }
 
-  if (kSplit && use_cands) {
-    const u32* gi = split.cand_idx + (i64)row * split.cand_cap;
-    const u32* gk = split.cand_key + (i64)row * split.cand_cap;
-    for (u32 c = tid; c < in_bin; c += kBlockThreads) {
-      cand_idx[c] = gi[c];
-      cand_key[c] = gk[c];
-    }
-  }
   // The bin's keys become candidates; without ordering, winners above it go out now.
-  if (!kSplit && (use_cands || !kDeterministic)) {
+  if (use_cands || !kDeterministic) {
     for_each_key<kBlockThreads>(cached, cache, src, n, [&](i32 i, u32 key) {
       const u32 bin = key >> round_shift(0);
       if (!kDeterministic && bin > bin0) {
@@ -421,95 +645,122 @@ NSA_DEVICE void select(const Params& p, u32* status, const Split& split = Split{
       if ((key >> round_shift(0)) == bin0) place(i, key);
     });
   }
-  if (kSplit) clear_split_row_impl<kBlockThreads>(split_hist, split_state, kBins, kStateWords);
 }
 
-// Split path, stage 1: block (row, chunk) adds its chunk's round-0 histogram to
-// split.hist[row]. Rows that are short or rejected are left to the finish stage.
-template <int K, int kTransform, int kBlockThreads>
-NSA_DEVICE bool split_chunk(const Params& p, const Split& split, i32& row, i32& begin, i32& count, i32& trow) {
-  row = (i32)(block_x() / (u32)split.chunks);
-  const i32 chunk = (i32)(block_x() % (u32)split.chunks);
-  const i32 s0 = p.row_starts != nullptr ? p.row_starts[row] : 0;
-  const i32 n = p.lengths[row] > 0 ? p.lengths[row] : 0;
-  trow = table_row_of<kTransform>(p, row);
-  const bool row_ok = s0 >= 0 && (i64)s0 + n <= p.row_capacity && trow >= 0 &&
-                      (kTransform != kPaged || n <= p.table_width);
-  begin = chunk * split.chunk;
-  if (!row_ok || n <= K || begin >= n) return false;
-  count = n - begin < split.chunk ? n - begin : split.chunk;
-  return true;
+// One block per row; kFilter: the sample filter first (where the spec enables it).
+template <int K, int kTransform, bool kDeterministic, int kBlockThreads, int kCandCap, int kCacheCap, int kSmemWords,
+          bool kFilter>
+NSA_DEVICE void select(const Params& p, u32* status) {
+  select_row<K, kTransform, kDeterministic, kBlockThreads, kCandCap, kCacheCap, kSmemWords, kFilter>(p, status,
+                                                                                                     (i32)block_x());
 }
 
-template <int K, int kTransform, int kBlockThreads>
-NSA_DEVICE void split_histogram(const Params& p, const Split& split) {
-  extern NSA_SHARED u32 smem[];
-  u32* hist = smem;
-  i32 row, begin, count, trow;
-  const bool active = split_chunk<K, kTransform, kBlockThreads>(p, split, row, begin, count, trow);
-  if (!active) return;  // uniform across the block
-  const u32 tid = thread_x();
-  for (int b = tid; b < kBins; b += kBlockThreads) hist[b] = 0u;
-  sync_block();
-  const i32 s0 = p.row_starts != nullptr ? p.row_starts[row] : 0;
-  const float* src = p.scores + (i64)row * p.row_stride + s0 + begin;
-  scan_global<kBlockThreads>(src, count, [&](i32, u32 key) { atomic_add_ret(&hist[key >> round_shift(0)], 1u); });
-  sync_block();
-  u32* g = split.hist + (i64)row * kBins;
-  for (int b = tid; b < kBins; b += kBlockThreads) {
-    if (hist[b] != 0u) atomic_add_ret(&g[b], hist[b]);
-  }
+
+// filter_pass compiled apart (the split kernel's registers are tight).
+template <int kBlockThreads, int kCap>
+NSA_NOINLINE void filter_chunk(const float* src, i32 begin, i32 len, u32 lo, u32* sm, u32* fidx, u32* fkey) {
+  filter_pass<kBlockThreads, kCap>(src, begin, len, lo, sm, fidx, fkey);
 }
 
-// Split path, stage 2: block (row, chunk) finds the threshold bin from the summed
-// histogram, emits its chunk's winners above it and appends the bin's keys to the
-// row's candidate list (counting past cand_cap sends the finish stage to the row).
-template <int K, int kTransform, int kBlockThreads>
-NSA_DEVICE void split_collect(const Params& p, const Split& split) {
+// The histogram path over row `row`, compiled apart (keeps the split kernel's
+// registers for its own work).
+template <int K, int kTransform, int kBlockThreads, int kCandCap, int kCacheCap, int kSmemWords>
+NSA_NOINLINE void histogram_row(const Params& p, u32* status, i32 row) {
+  select_row<K, kTransform, false, kBlockThreads, kCandCap, kCacheCap, kSmemWords, false>(p, status, row);
+}
+
+// Split path: block (row, chunk) of a row longer than K keeps the keys >= the
+// sample threshold of its chunk (every block derives the same threshold from the
+// same sample), appends them to the row's list in the workspace, and the row's last
+// block to finish cuts and places the top K from that list, or, when the list holds
+// fewer than K or overflowed, runs the histogram path over the whole row. It leaves
+// the row's workspace words zero. Short and rejected rows are chunk 0's.
+template <int K, int kTransform, int kBlockThreads, int kCap, int kSmemWords>
+NSA_DEVICE void split_select(const Params& p, const Split& split, u32* status) {
+  static_assert(kFixedWords + 2 * kCap <= kSmemWords, "launch provides kSmemWords of shared memory");
   extern NSA_SHARED u32 smem[];
   u32* hist = smem;
   u32* sm = hist + kBins;
-  i32 row, begin, count, trow;
-  const bool active = split_chunk<K, kTransform, kBlockThreads>(p, split, row, begin, count, trow);
-  if (!active) return;
+  u32* fidx = sm + kScalarWords;
+  u32* fkey = fidx + kCap;
   const u32 tid = thread_x();
-  const u32* g = split.hist + (i64)row * kBins;
-  for (int b = tid; b < kBins; b += kBlockThreads) hist[b] = g[b];
+  const i32 row = (i32)(block_x() / (u32)split.chunks);
+  const i32 chunk = (i32)(block_x() % (u32)split.chunks);
+  const RowExtent ext = row_extent<kTransform>(p, row);
+  const i32 n = ext.n;
+  // The histogram path in the same shared memory: up to 4096 candidates, the rest
+  // as row cache.
+  constexpr int kFallbackCands = kCap >= 8192 ? 4096 : kCap / 2;
+  auto whole_row = [&] {
+    histogram_row<K, kTransform, kBlockThreads, kFallbackCands, 2 * kCap - 2 * kFallbackCands, kSmemWords>(p, status,
+                                                                                                       row);
+  };
+  if (!ext.ok || n <= K) {
+    if (chunk == 0) whole_row();
+    return;
+  }
+  const i32 active = (i32)(((i64)n + split.chunk - 1) / split.chunk);
+  if (chunk >= active) return;
+  const i32 begin = chunk * split.chunk;
+  const i32 len = n - begin < split.chunk ? n - begin : split.chunk;
+  const float* src = p.scores + (i64)row * p.row_stride + ext.s0;
+  if (tid == 0) {
+    sm[kCands] = 0u;
+    sm[kWinners] = 0u;
+    sm[kTies] = 0u;
+  }
+  const u32 lo = n > kCap ? sample_threshold<K, kBlockThreads, kCap>(src, n, hist, sm, fkey) : 0u;
   sync_block();
-  find_threshold<kBlockThreads>(hist, kBins, (u32)K, sm);
-  const u32 bin0 = sm[kThrBin];
-  const bool keep = hist[bin0] <= (u32)split.cand_cap;
-  const i32 s0 = p.row_starts != nullptr ? p.row_starts[row] : 0;
-  const float* src = p.scores + (i64)row * p.row_stride + s0 + begin;
-  i32* out = p.out + (i64)row * K;
+  filter_chunk<kBlockThreads, kCap>(src, begin, len, lo, sm, fidx, fkey);
+  sync_block();
+
+  // Reserve room in the row's list (one atomic per block) and copy the chunk's keys.
   u32* state = split.state + (i64)row * kStateWords;
-  u32* ci = split.cand_idx + (i64)row * split.cand_cap;
-  u32* ck = split.cand_key + (i64)row * split.cand_cap;
-  scan_global<kBlockThreads>(src, count, [&](i32 i, u32 key) {
-    const u32 bin = key >> round_shift(0);
-    if (bin > bin0) {
-      out[atomic_add_ret(&state[kStateWinners], 1u)] = emit<kTransform>(p, row, trow, begin + i);
-    } else if (bin == bin0 && keep) {
-      const u32 c = atomic_add_ret(&state[kStateCands], 1u);
-      ci[c] = (u32)(begin + i);
-      ck[c] = key;
+  u32* gidx = split.cand_idx + (i64)row * split.cand_cap;
+  u32* gkey = split.cand_key + (i64)row * split.cand_cap;
+  const u32 mine = sm[kCands];
+  if (tid == 0) sm[kBase] = atomic_add_ret(&state[kStateCands], mine);
+  sync_block();
+  const u32 base = sm[kBase];
+  for (u32 c = tid; c < mine && c < (u32)kCap && base + c < (u32)kCap; c += kBlockThreads) {
+    gidx[base + c] = fidx[c];
+    gkey[base + c] = fkey[c];
+  }
+  fence_device();  // the list entries are visible before this block counts as done
+  sync_block();
+  if (tid == 0) sm[kLast] = atomic_add_ret(&state[kStateDone], 1u) == (u32)(active - 1) ? 1u : 0u;
+  sync_block();
+  if (sm[kLast] == 0u) return;
+
+  fence_device();
+  const u32 kept = *(volatile u32*)&state[kStateCands];
+  if (kept >= (u32)K && kept <= (u32)kCap) {
+    constexpr u32 kBatch = 4;  // loads in flight per thread
+    for (u32 c0 = 0; c0 < kept; c0 += kBatch * kBlockThreads) {
+      u32 gi[kBatch], gk[kBatch];
+#pragma unroll
+      for (u32 b = 0; b < kBatch; ++b) {
+        const u32 c = c0 + b * kBlockThreads + tid;
+        gi[b] = c < kept ? load_coherent(&gidx[c]) : 0u;
+        gk[b] = c < kept ? load_coherent(&gkey[c]) : 0u;
+      }
+#pragma unroll
+      for (u32 b = 0; b < kBatch; ++b) {
+        const u32 c = c0 + b * kBlockThreads + tid;
+        if (c < kept) {
+          fidx[c] = gi[b];
+          fkey[c] = gk[b];
+        }
+      }
     }
-  });
-}
-
-enum SplitStage { kSplitHist = 0, kSplitCollect = 1, kSplitFinish = 2 };
-
-// One stage of the split path; the launch provides kSmemWords of shared memory.
-template <int kStage, int K, int kTransform, int kBlockThreads, int kCandCap, int kSmemWords>
-NSA_DEVICE void split_stage(const Params& p, const Split& split, u32* status) {
-  if constexpr (kStage == kSplitHist) {
-    static_assert(kFixedWords <= kSmemWords, "histogram and scan scratch fit");
-    split_histogram<K, kTransform, kBlockThreads>(p, split);
-  } else if constexpr (kStage == kSplitCollect) {
-    static_assert(kFixedWords <= kSmemWords, "histogram and scan scratch fit");
-    split_collect<K, kTransform, kBlockThreads>(p, split);
+    sync_block();
+    cut_and_place<K, kTransform, kBlockThreads>(p, row, ext.trow, p.out + (i64)row * K, fidx, fkey, kept, hist, sm);
   } else {
-    select<K, kTransform, false, kBlockThreads, kCandCap, 0, kSmemWords, true>(p, status, split);
+    whole_row();
+  }
+  if (tid == 0) {
+    state[kStateCands] = 0u;
+    state[kStateDone] = 0u;
   }
 }
 

@@ -57,13 +57,10 @@ NSA_DEVICE void cluster_select(const Params& p, u32* status) {
   const i32 row = (i32)(block_x() / (u32)kCluster);
   const u32 tid = thread_x();
   i32* out = p.out + (i64)row * K;
-  const i32 s0 = p.row_starts != nullptr ? p.row_starts[row] : 0;
-  const i32 n = p.lengths[row] > 0 ? p.lengths[row] : 0;
-  const i32 trow = table_row_of<kTransform>(p, row);
-  const bool row_ok = n == 0 || (s0 >= 0 && (i64)s0 + n <= p.row_capacity && trow >= 0 &&
-                                 (kTransform != kPaged || n <= p.table_width));
+  const RowExtent ext = row_extent<kTransform>(p, row);
+  const i32 s0 = ext.s0, n = ext.n, trow = ext.trow;
   // These exits are uniform over the cluster (one row), before any cluster barrier.
-  if (!row_ok) {
+  if (!ext.ok) {
     if (rank == 0) {
       if (tid == 0) report_bad_entry(status, row);
       for (int k = tid; k < K; k += kBlockThreads) out[k] = -1;

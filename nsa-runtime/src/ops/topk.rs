@@ -7,7 +7,7 @@ use crate::Result;
 use cudarc::driver::CudaSlice;
 use cudarc::driver::{CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr, PushKernelArg};
 use nsa_kernels::spec::{TOPK_CLUSTER_SIZES, TOPK_CLUSTER_SLICE_CACHE};
-use nsa_kernels::{KernelFamily, KernelSpec, Target, TopkLayout, TopkSplitStage, TopkTransform};
+use nsa_kernels::{KernelFamily, KernelSpec, Target, TopkLayout, TopkTransform};
 
 /// Scores and per-row extents: row b's candidates are
 /// `scores[b * row_stride + row_starts[b] ..][.. lengths[b]]`.
@@ -81,7 +81,6 @@ unsafe impl DeviceRepr for TopkParams {}
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 struct SplitParams {
-    hist: u64,
     state: u64,
     cand_idx: u64,
     cand_key: u64,
@@ -93,9 +92,8 @@ struct SplitParams {
 // SAFETY: as above.
 unsafe impl DeviceRepr for SplitParams {}
 
-/// Histogram bins and state words per row of the split path (topk.cuh).
-const SPLIT_BINS: usize = 8192;
-const SPLIT_STATE_WORDS: usize = 4;
+/// State words per row of the split path (`kStateWords` in topk.cuh).
+const SPLIT_STATE_WORDS: usize = 2;
 
 /// Device scratch of the split top-k path for up to `rows` rows. Allocated zeroed
 /// once; every call leaves it zero again, so calls need no memset and can be
@@ -103,28 +101,26 @@ const SPLIT_STATE_WORDS: usize = 4;
 #[derive(Debug)]
 pub struct TopkWorkspace {
     rows: usize,
-    hist: CudaSlice<u32>,
     state: CudaSlice<u32>,
     cand_idx: CudaSlice<u32>,
     cand_key: CudaSlice<u32>,
 }
 
 impl TopkWorkspace {
-    /// Bytes a workspace for `rows` rows takes on `target`: (8192 + 4 + 2 × candidates)
-    /// × 4 per row (candidates: 4096 on NVIDIA, 2048 on gfx942).
+    /// Bytes a workspace for `rows` rows takes on `target`: (2 + 2 × list) × 4 per
+    /// row (list: 8192 keys on NVIDIA, 2048 on gfx942).
     pub fn bytes_for(rows: usize, target: Target) -> usize {
-        rows * 4 * (SPLIT_BINS + SPLIT_STATE_WORDS + 2 * split_candidates(target))
+        rows * 4 * (SPLIT_STATE_WORDS + 2 * split_list(target))
     }
 
     pub fn new(rt: &Runtime, rows: usize) -> Result<Self> {
         let stream = rt.gpu().stream();
-        let cap = split_candidates(rt.target());
+        let cap = split_list(rt.target());
         let alloc = |n: usize| {
             stream.alloc_zeros::<u32>(n.max(1)).map_err(crate::Error::driver("allocating the top-k workspace"))
         };
         Ok(TopkWorkspace {
             rows,
-            hist: alloc(rows * SPLIT_BINS)?,
             state: alloc(rows * SPLIT_STATE_WORDS)?,
             cand_idx: alloc(rows * cap)?,
             cand_key: alloc(rows * cap)?,
@@ -136,10 +132,10 @@ impl TopkWorkspace {
     }
 }
 
-/// Candidate-list length of the split path's finish stage on `target`.
-fn split_candidates(target: Target) -> usize {
-    let finish = KernelFamily::TopkSplit { stage: TopkSplitStage::Finish, k: 1, transform: TopkTransform::Plain };
-    KernelSpec::new(finish, target).topk_candidates() as usize
+/// Keys per row of the split path's list on `target`.
+fn split_list(target: Target) -> usize {
+    let split = KernelFamily::TopkSplit { k: 1, transform: TopkTransform::Plain };
+    KernelSpec::new(split, target).topk_split_list() as usize
 }
 
 /// How one top-k call runs.
@@ -147,7 +143,7 @@ fn split_candidates(target: Target) -> usize {
 pub enum TopkPlan {
     /// One block per row.
     Single(TopkLayout),
-    /// Few long rows: each row spread over `chunks` blocks of `chunk` scores.
+    /// Few long rows: each row spread over `chunks` blocks of `chunk` scores, one launch.
     Split { chunk: usize, chunks: usize },
 }
 
@@ -173,18 +169,26 @@ pub fn choose_plan(
     deterministic: bool,
     workspace: bool,
 ) -> (TopkPlan, &'static str) {
+    // Measured on H200 (BENCHMARKS.md): split wins at 1 row × 128K (23 vs 41 µs) and
+    // loses at 64 rows (45 vs 42 µs), so only rows ≤ SMs / 8 take it. Split blocks
+    // are half size, two per SM: each row gets its share of them, in chunks of at
+    // least SPLIT_MIN_CHUNK keys.
     let sms = sm_count as usize;
-    // Measured on H200 (BENCHMARKS.md): split wins at 1 row × 128K (47 vs 50 µs) and
-    // loses at 64 rows (60 vs 52 µs), so only rows ≤ SMs / 8 take it.
-    if !deterministic && workspace && rows > 0 && 8 * rows <= sms && row_capacity >= 16_384 {
-        // Aim for about two blocks per SM over the whole batch.
-        let chunk = (rows * row_capacity).div_ceil(2 * sms).next_multiple_of(1024).clamp(2048, 65_536);
+    if !deterministic && workspace && rows > 0 && 8 * rows <= sms && row_capacity >= SPLIT_MIN_ROW {
+        let blocks_per_row = 2 * sms / rows;
+        let chunk = row_capacity.div_ceil(blocks_per_row).next_multiple_of(1024).max(SPLIT_MIN_CHUNK);
         let chunks = row_capacity.div_ceil(chunk);
-        return (TopkPlan::Split { chunk, chunks }, "few long rows: each row spread over many blocks");
+        return (TopkPlan::Split { chunk, chunks }, "few long rows: each row spread over many blocks, one launch");
     }
     let (layout, why) = choose_layout(rows, sm_count);
     (TopkPlan::Single(layout), why)
 }
+
+/// Rows shorter than this stay in one block (the split path's per-block sample
+/// would cost more than the row).
+const SPLIT_MIN_ROW: usize = 16_384;
+/// Keys per split block at least: below this the per-block sample dominates.
+const SPLIT_MIN_CHUNK: usize = 1024;
 
 /// Mirrors `nsa::index_transform::Params` (index_transform.cuh).
 #[repr(C)]
@@ -333,7 +337,7 @@ pub fn topk_cluster(
     launch_one(rt, k, family, cluster as usize, scores, output, out)
 }
 
-/// The split path: histogram, collect and finish stages, three launches, no sync.
+/// The split path: each row over `chunks` blocks of `chunk` scores, one launch.
 #[allow(clippy::too_many_arguments)]
 pub fn topk_split(
     rt: &Runtime,
@@ -363,32 +367,24 @@ pub fn topk_split(
     if rows == 0 {
         return Ok(());
     }
-    let transform = output.transform();
-    let stages = TopkSplitStage::ALL.map(|stage| rt.kernel(KernelFamily::TopkSplit { stage, k, transform }));
-    let [hist, collect, finish] = stages;
-    let (hist, collect, finish) = (hist?, collect?, finish?);
+    let kernel = rt.kernel(KernelFamily::TopkSplit { k, transform: output.transform() })?;
     let stream = rt.gpu().stream();
-    let (h, _s1) = workspace.hist.device_ptr_mut(stream);
-    let (st, _s2) = workspace.state.device_ptr_mut(stream);
-    let (ci, _s3) = workspace.cand_idx.device_ptr_mut(stream);
-    let (ck, _s4) = workspace.cand_key.device_ptr_mut(stream);
+    let (st, _s1) = workspace.state.device_ptr_mut(stream);
+    let (ci, _s2) = workspace.cand_idx.device_ptr_mut(stream);
+    let (ck, _s3) = workspace.cand_key.device_ptr_mut(stream);
     let split = SplitParams {
-        hist: h,
         state: st,
         cand_idx: ci,
         cand_key: ck,
         chunk: check_count_fits_i32("chunk", chunk)?,
         chunks: check_count_fits_i32("chunks", chunks)?,
-        cand_cap: split_candidates(rt.target()) as i32,
+        cand_cap: split_list(rt.target()) as i32,
         _pad: 0,
     };
     with_params(rt, scores, output, out, |params| {
-        for (kernel, items) in [(&hist, rows * chunks), (&collect, rows * chunks), (&finish, rows)] {
-            let mut args = rt.args(kernel);
-            args.arg(&params).arg(&split);
-            rt.launch(kernel, args, items, "lengths", ROW_EXPECTED)?;
-        }
-        Ok(())
+        let mut args = rt.args(&kernel);
+        args.arg(&params).arg(&split);
+        rt.launch(&kernel, args, rows * chunks, "lengths", ROW_EXPECTED)
     })
 }
 
@@ -541,6 +537,8 @@ mod tests {
         assert!(split(16, 131_072));
         assert!(!split(17, 131_072), "64-row batches measured faster unsplit");
         assert!(!split(1, 8192), "short rows stay in one block");
+        assert_eq!(choose_plan(16, 131_072, 132, false, true).0, TopkPlan::Split { chunk: 8192, chunks: 16 });
+        assert_eq!(choose_plan(1, 131_072, 132, false, true).0, TopkPlan::Split { chunk: 1024, chunks: 128 });
         assert!(!matches!(choose_plan(1, 131_072, 132, true, true).0, TopkPlan::Split { .. }), "deterministic");
         assert!(!matches!(choose_plan(1, 131_072, 132, false, false).0, TopkPlan::Split { .. }), "no workspace");
         match choose_plan(1, 131_072, 132, false, true).0 {

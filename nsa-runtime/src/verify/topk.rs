@@ -7,7 +7,7 @@ use crate::reference::topk::{check_row, topk_deterministic};
 use crate::runtime::Runtime;
 use crate::testdata::{self, ScorePattern};
 use crate::Result;
-use nsa_kernels::{KernelFamily, KernelSpec, TopkLayout, TopkSplitStage, TopkTransform};
+use nsa_kernels::{KernelFamily, KernelSpec, TopkLayout, TopkTransform};
 use rand::Rng;
 use std::collections::HashMap;
 
@@ -119,7 +119,7 @@ pub fn run(rt: &Runtime, case: &TopkCase) -> Result<Check> {
             let layout = layout.unwrap_or_else(|| topk::choose_layout(rows, rt.gpu().caps().sm_count).0);
             KernelFamily::TopK { k: k32, transform, deterministic: case.deterministic, layout }
         }
-        TopkPath::Split => KernelFamily::TopkSplit { stage: TopkSplitStage::Finish, k: k32, transform },
+        TopkPath::Split => KernelFamily::TopkSplit { k: k32, transform },
         TopkPath::Cluster(cluster) => KernelFamily::TopkCluster { k: k32, transform, cluster },
     };
     let mut out_view = d_out.slice_mut(0..rows * k);

@@ -71,6 +71,36 @@ fn both_layouts_every_pattern() {
     assert_all(&checks);
 }
 
+/// The sample filter (non-deterministic rows): lengths around its list capacity in
+/// either layout (24576 / 8192 keys), rows whose strided sample sees only raised
+/// values (fewer than k kept: fallback), heavy ties (more than the list: fallback),
+/// and rows long enough for every sample size.
+#[test]
+fn sample_filter_and_its_fallbacks() {
+    let rt = rt();
+    let mut checks = Vec::new();
+    let lengths = vec![8192, 8193, 24_576, 24_577, 131_072, 262_144, 1 << 20, 4097];
+    let patterns = [
+        ScorePattern::Strided,
+        ScorePattern::Uniform,
+        ScorePattern::Gaussian,
+        ScorePattern::OneBucket,
+        ScorePattern::FewDistinct,
+        ScorePattern::NonFinite,
+    ];
+    for layout in [TopkLayout::Latency, TopkLayout::Throughput] {
+        for (i, pattern) in patterns.into_iter().enumerate() {
+            for k in [512, 2048] {
+                let transform = TopkTransform::ALL[i % 3];
+                let mut c = case(k, transform, false, pattern, lengths.clone(), 1000 + i as u64 + k as u64);
+                c.path = TopkPath::Single(Some(layout));
+                checks.push(run(&rt, &c).unwrap());
+            }
+        }
+    }
+    assert_all(&checks);
+}
+
 #[test]
 fn split_path_every_transform_every_pattern() {
     let rt = rt();

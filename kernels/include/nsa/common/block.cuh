@@ -32,25 +32,28 @@ NSA_DEVICE u32 block_exclusive_scan(u32 v, u32* scratch, u32& total) {
   return before + inclusive - v;
 }
 
-// Block-wide max of `v`: a warp butterfly, then one shared-memory round (two
-// barriers, not one per halving). Every thread must call it; `scratch` (at least
-// one word per warp) is free again on return.
-template <int kBlockThreads>
-NSA_DEVICE i32 block_max(i32 v, u32* scratch) {
+// Block-wide reduction of `v` by `op` (associative and commutative): a warp
+// butterfly, then one shared-memory round (two barriers, not one per halving).
+// Every thread must call it; `scratch` (at least one word per warp) is free again
+// on return.
+template <int kBlockThreads, typename Op>
+NSA_DEVICE u32 block_reduce(u32 v, u32* scratch, Op op) {
   constexpr int kWarps = kBlockThreads / kWarpSize;
   static_assert(kWarps <= kScanScratch, "one scratch word per warp");
 #pragma unroll
-  for (int m = kWarpSize / 2; m > 0; m /= 2) {
-    const i32 o = (i32)f32_as_u32(shfl_xor(u32_as_f32((u32)v), m));  // the shuffle moves bits only
-    v = o > v ? o : v;
-  }
-  if (lane_id() == 0) scratch[thread_x() / kWarpSize] = (u32)v;
+  for (int m = kWarpSize / 2; m > 0; m /= 2) v = op(v, f32_as_u32(shfl_xor(u32_as_f32(v), m)));  // bits only
+  if (lane_id() == 0) scratch[thread_x() / kWarpSize] = v;
   sync_block();
-  i32 best = (i32)scratch[0];
+  u32 r = scratch[0];
 #pragma unroll
-  for (int w = 1; w < kWarps; ++w) best = (i32)scratch[w] > best ? (i32)scratch[w] : best;
+  for (int w = 1; w < kWarps; ++w) r = op(r, scratch[w]);
   sync_block();
-  return best;
+  return r;
+}
+
+template <int kBlockThreads>
+NSA_DEVICE i32 block_max(i32 v, u32* scratch) {
+  return (i32)block_reduce<kBlockThreads>((u32)v, scratch, [](u32 a, u32 b) { return (i32)b > (i32)a ? b : a; });
 }
 
 }  // namespace nsa

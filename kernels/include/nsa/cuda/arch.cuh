@@ -3,6 +3,8 @@
 #define NSA_CUDA 1
 #define NSA_DEVICE __device__ __forceinline__
 #define NSA_KERNEL extern "C" __global__
+// A device function compiled on its own (its registers are allocated apart).
+#define NSA_NOINLINE __noinline__ __device__
 #define NSA_LAUNCH_BOUNDS(n) __launch_bounds__(n)
 // n threads per block, at least m blocks resident per SM.
 #define NSA_LAUNCH_BOUNDS_MIN(n, m) __launch_bounds__(n, m)
@@ -38,6 +40,47 @@ NSA_DEVICE float shfl_xor(float v, int mask) {
   float r;
   asm volatile("shfl.sync.bfly.b32 %0, %1, %2, 0x1f, 0xffffffff;" : "=f"(r) : "f"(v), "r"(mask));
   return r;
+}
+
+// Orders this thread's earlier global writes before its later ones for every
+// block of the grid (the last-block-done pattern).
+NSA_DEVICE void fence_device() { __threadfence(); }
+
+// Set bits of v.
+NSA_DEVICE u32 popc_u32(u32 v) { return (u32)__popc((int)v); }
+
+// For a converged warp: reserves `count` consecutive slots per lane at `*counter`
+// with one atomic add for the warp (lanes' slots follow lane order); returns this
+// lane's first slot.
+NSA_DEVICE u32 warp_reserve(u32* counter, u32 count) {
+  const u32 incl = warp_inclusive_scan(count);
+  const u32 total = __shfl_sync(0xffffffffu, incl, 31);
+  u32 base = 0u;
+  if (total != 0u) {
+    if (lane_id() == 31u) base = atomicAdd(counter, total);
+    base = __shfl_sync(0xffffffffu, base, 31);
+  }
+  return base + incl - count;
+}
+
+// A global load served by L2 (the coherence point), not a possibly stale L1 line:
+// for data other blocks wrote before a fence_device() handshake.
+NSA_DEVICE u32 load_coherent(const u32* p) { return __ldcg(p); }
+
+// Leading zero bits of v (32 for 0).
+NSA_DEVICE int clz_u32(u32 v) { return __clz((int)v); }
+
+// Slot for each lane with `hit` among the lanes executing together: one atomic add
+// of the hit count to `*counter` per warp (lanes' slots follow lane order).
+NSA_DEVICE u32 warp_append(u32* counter, bool hit) {
+  const u32 active = __activemask();
+  const u32 hits = __ballot_sync(active, hit);
+  if (hits == 0u) return 0u;
+  const int leader = __ffs((int)hits) - 1;
+  u32 base = 0u;
+  if ((int)lane_id() == leader) base = atomicAdd(counter, (u32)__popc((int)hits));
+  base = __shfl_sync(active, base, leader);
+  return base + (u32)__popc((int)(hits & ((1u << lane_id()) - 1u)));
 }
 
 NSA_DEVICE void atomic_add_u32(u32* p, u32 v) {

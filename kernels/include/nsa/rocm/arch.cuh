@@ -4,6 +4,9 @@
 #define NSA_ROCM 1
 #define NSA_DEVICE __attribute__((device)) __attribute__((always_inline)) inline
 #define NSA_KERNEL extern "C" __attribute__((global))
+// Inlined here: a call would put a stack in scratch memory, and the 512-VGPR file
+// has room (NVIDIA compiles these apart to keep register pressure down).
+#define NSA_NOINLINE NSA_DEVICE
 #define NSA_LAUNCH_BOUNDS(n) __attribute__((amdgpu_flat_work_group_size(1, n)))
 #define NSA_LAUNCH_BOUNDS_MIN(n, m) NSA_LAUNCH_BOUNDS(n)
 #define NSA_SHARED __attribute__((shared))
@@ -43,6 +46,47 @@ NSA_DEVICE float shfl_xor(float v, int mask) {
   const u32 lane = lane_id();
   const int r = __builtin_amdgcn_ds_bpermute((int)((lane ^ (u32)mask) << 2), __builtin_bit_cast(int, v));
   return __builtin_bit_cast(float, r);
+}
+
+// Orders this thread's earlier global writes before its later ones for every
+// block of the grid (the last-block-done pattern).
+NSA_DEVICE void fence_device() { __builtin_amdgcn_fence(__ATOMIC_SEQ_CST, "agent"); }
+
+// Set bits of v.
+NSA_DEVICE u32 popc_u32(u32 v) { return (u32)__builtin_popcount(v); }
+
+// For a converged wavefront: reserves `count` consecutive slots per lane at
+// `*counter` with one atomic add for the wavefront (lanes' slots follow lane order);
+// returns this lane's first slot.
+NSA_DEVICE u32 warp_reserve(u32* counter, u32 count) {
+  const u32 incl = warp_inclusive_scan(count);
+  const u32 total = (u32)__builtin_amdgcn_ds_bpermute(63 << 2, (int)incl);
+  u32 base = 0u;
+  if (total != 0u) {
+    if (lane_id() == 63u) base = atomic_add_ret(counter, total);
+    base = (u32)__builtin_amdgcn_ds_bpermute(63 << 2, (int)base);
+  }
+  return base + incl - count;
+}
+
+// A global load that bypasses the non-coherent vector L1: for data other blocks
+// wrote before a fence_device() handshake.
+NSA_DEVICE u32 load_coherent(const u32* p) { return __atomic_load_n(p, __ATOMIC_RELAXED); }
+
+// Leading zero bits of v (32 for 0).
+NSA_DEVICE int clz_u32(u32 v) { return v == 0u ? 32 : __builtin_clz(v); }
+
+// Slot for each lane with `hit` among the lanes executing together: one atomic add
+// of the hit count to `*counter` per wavefront (lanes' slots follow lane order).
+NSA_DEVICE u32 warp_append(u32* counter, bool hit) {
+  const u64 hits = __builtin_amdgcn_ballot_w64(hit);
+  if (hits == 0u) return 0u;
+  const u32 leader = (u32)__builtin_ctzll(hits);
+  u32 base = 0u;
+  if (lane_id() == leader) base = atomic_add_ret(counter, (u32)__builtin_popcountll(hits));
+  base = (u32)__builtin_amdgcn_ds_bpermute((int)(leader << 2), (int)base);
+  const u32 lo = __builtin_amdgcn_mbcnt_lo((u32)hits, 0u);
+  return base + __builtin_amdgcn_mbcnt_hi((u32)(hits >> 32), lo);
 }
 
 NSA_DEVICE void atomic_add_u32(u32* p, u32 v) { __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }

@@ -4,7 +4,7 @@ use crate::config_args::ConfigArgs;
 use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 use nsa_kernels::spec::MetadataMode;
-use nsa_kernels::{kernel_set, KernelFamily, KernelSpec, NsaConfig, Target, Toolchain, TopkSplitStage, TopkTransform};
+use nsa_kernels::{kernel_set, KernelFamily, KernelSpec, NsaConfig, Target, Toolchain, TopkTransform};
 use nsa_runtime::cache::{CacheConfig, CachedKernel, KernelCache, Origin};
 use nsa_runtime::jit::{clang_hip::ClangHipCompiler, nvrtc::NvrtcCompiler, Compiler};
 use nsa_runtime::metadata::GraphMode;
@@ -214,11 +214,9 @@ pub fn verify(args: VerifyArgs) -> Result<()> {
                     };
                     vtopk::run(&rt, &case)?
                 }
-                // The three stages run together: check once, at the finish stage.
-                KernelFamily::TopkSplit { stage: TopkSplitStage::Finish, k, transform } => {
+                KernelFamily::TopkSplit { k, transform } => {
                     vtopk::run(&rt, &TopkCase { path: TopkPath::Split, ..topk_case(k, transform, i, n, seed) })?
                 }
-                KernelFamily::TopkSplit { .. } => continue,
                 // Not in a configuration's kernel set (no plan picks it); the GPU suite checks it.
                 KernelFamily::TopkCluster { .. } => continue,
                 // Random captures and replays against the host graph state, once per kernel.
