@@ -300,8 +300,8 @@ const TOPK_CANDIDATES: u32 = 4096;
 /// gfx942 has 64 KiB of LDS per block: histogram plus half the candidates.
 const TOPK_CANDIDATES_GFX942: u32 = 2048;
 /// Keys per row of the split path's list: the sample threshold keeps about
-/// 1.5–3 k of a long row (k 2048); 2 × 8192 words in shared memory, so two
-/// 512-thread blocks share an SM.
+/// 1.5 k (32K-key rows) to 2.3 k (128K) with k 2048; 2 × 8192 words in shared
+/// memory, so two 512-thread blocks share an SM.
 const TOPK_SPLIT_LIST: u32 = 8192;
 /// gfx942 (64 KiB of LDS): the histogram plus a 2048-key list, so with k 2048
 /// long rows overflow it and take the histogram path.
