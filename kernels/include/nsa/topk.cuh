@@ -431,6 +431,34 @@ NSA_DEVICE void filter_pass(const float* src, i32 begin, i32 len, u32 lo, u32* s
   for (i32 i = head + 4 * vecs + (i32)tid; i < len; i += kBlockThreads) append_one(i, row[i]);
 }
 
+// filter_pass compiled apart (the split kernel's registers are tight).
+template <int kBlockThreads, int kCap>
+NSA_NOINLINE void filter_chunk(const float* src, i32 begin, i32 len, u32 lo, u32* sm, u32* fidx, u32* fkey) {
+  filter_pass<kBlockThreads, kCap>(src, begin, len, lo, sm, fidx, fkey);
+}
+
+// Zeroes the list and placement counters, takes the sample threshold of the n-key
+// row (none when n <= kCap: every key is kept) and lists the keys of
+// src[begin, begin + len) at or above it; the list is complete on return. kApart:
+// the pass compiled apart (register-tight callers).
+template <int K, int kBlockThreads, int kCap, bool kApart>
+NSA_DEVICE void keep_above_sample(const float* src, i32 n, i32 begin, i32 len, u32* hist, u32* sm, u32* fidx,
+                                  u32* fkey) {
+  if (thread_x() == 0) {
+    sm[kCands] = 0u;
+    sm[kWinners] = 0u;
+    sm[kTies] = 0u;
+  }
+  const u32 lo = n > kCap ? sample_threshold<K, kBlockThreads, kCap>(src, n, hist, sm, fkey) : 0u;
+  sync_block();
+  if constexpr (kApart) {
+    filter_chunk<kBlockThreads, kCap>(src, begin, len, lo, sm, fidx, fkey);
+  } else {
+    filter_pass<kBlockThreads, kCap>(src, begin, len, lo, sm, fidx, fkey);
+  }
+  sync_block();
+}
+
 // Places the top K of the `kept` listed keys (K <= kept); sm[kWinners] and sm[kTies]
 // must be zero.
 template <int K, int kTransform, int kBlockThreads>
@@ -458,18 +486,10 @@ NSA_DEVICE void cut_and_place(const Params& p, i32 row, i32 trow, i32* out, cons
 template <int K, int kTransform, int kBlockThreads, int kCap>
 NSA_DEVICE bool filter_select(const Params& p, i32 row, i32 trow, i32* out, const float* src, i32 n, u32* hist,
                                 u32* sm, u32* fidx, u32* fkey) {
-  if (thread_x() == 0) {
-    sm[kCands] = 0u;
-    sm[kWinners] = 0u;
-    sm[kTies] = 0u;
-  }
-  const u32 lo = n > kCap ? sample_threshold<K, kBlockThreads, kCap>(src, n, hist, sm, fkey) : 0u;
-  sync_block();
-  filter_pass<kBlockThreads, kCap>(src, 0, n, lo, sm, fidx, fkey);
-  sync_block();
+  keep_above_sample<K, kBlockThreads, kCap, false>(src, n, 0, n, hist, sm, fidx, fkey);
   const u32 kept = sm[kCands];
   sync_block();  // every thread has read kCands before anyone resets it
-  if (kept < (u32)K || kept > (u32)kCap) return false;
+  if (kept < (u32)K || kept > (u32)kCap) return false;  // fewer than K, or some dropped
   cut_and_place<K, kTransform, kBlockThreads>(p, row, trow, out, fidx, fkey, kept, hist, sm);
   return true;
 }
@@ -656,12 +676,6 @@ NSA_DEVICE void select(const Params& p, u32* status) {
 }
 
 
-// filter_pass compiled apart (the split kernel's registers are tight).
-template <int kBlockThreads, int kCap>
-NSA_NOINLINE void filter_chunk(const float* src, i32 begin, i32 len, u32 lo, u32* sm, u32* fidx, u32* fkey) {
-  filter_pass<kBlockThreads, kCap>(src, begin, len, lo, sm, fidx, fkey);
-}
-
 // The histogram path over row `row`, compiled apart (keeps the split kernel's
 // registers for its own work).
 template <int K, int kTransform, int kBlockThreads, int kCandCap, int kCacheCap, int kSmemWords>
@@ -704,15 +718,7 @@ NSA_DEVICE void split_select(const Params& p, const Split& split, u32* status) {
   const i32 begin = chunk * split.chunk;
   const i32 len = n - begin < split.chunk ? n - begin : split.chunk;
   const float* src = p.scores + (i64)row * p.row_stride + ext.s0;
-  if (tid == 0) {
-    sm[kCands] = 0u;
-    sm[kWinners] = 0u;
-    sm[kTies] = 0u;
-  }
-  const u32 lo = n > kCap ? sample_threshold<K, kBlockThreads, kCap>(src, n, hist, sm, fkey) : 0u;
-  sync_block();
-  filter_chunk<kBlockThreads, kCap>(src, begin, len, lo, sm, fidx, fkey);
-  sync_block();
+  keep_above_sample<K, kBlockThreads, kCap, true>(src, n, begin, len, hist, sm, fidx, fkey);
 
   // Reserve room in the row's list (one atomic per block) and copy the chunk's keys.
   u32* state = split.state + (i64)row * kStateWords;
@@ -734,7 +740,7 @@ NSA_DEVICE void split_select(const Params& p, const Split& split, u32* status) {
 
   fence_device();
   const u32 kept = *(volatile u32*)&state[kStateCands];
-  if (kept >= (u32)K && kept <= (u32)kCap) {
+  if (kept >= (u32)K && kept <= (u32)kCap) {  // at least K, none dropped
     constexpr u32 kBatch = 4;  // loads in flight per thread
     for (u32 c0 = 0; c0 < kept; c0 += kBatch * kBlockThreads) {
       u32 gi[kBatch], gk[kBatch];

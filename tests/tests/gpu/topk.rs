@@ -71,10 +71,11 @@ fn both_layouts_every_pattern() {
     assert_all(&checks);
 }
 
-/// The sample filter (non-deterministic rows): lengths around its list capacity in
-/// either layout (24576 / 8192 keys), rows whose strided sample sees only raised
-/// values (fewer than k kept: fallback), heavy ties (more than the list: fallback),
-/// and rows long enough for every sample size.
+/// The sample filter (latency layout, non-deterministic rows): lengths around its
+/// list capacity (24576 keys; shorter rows keep every key), rows whose raised values
+/// the sample over-counts (fewer than k kept: it declines), heavy ties (more than the
+/// list: it declines), and rows up to 1M keys. The throughput layout (histogram path
+/// only) runs the same rows as a cross-check.
 #[test]
 fn sample_filter_and_its_fallbacks() {
     let rt = rt();

@@ -78,9 +78,9 @@ NSA_DEVICE u32 warp_append(u32* counter, bool hit) {
   if (hits == 0u) return 0u;
   const int leader = __ffs((int)hits) - 1;
   u32 base = 0u;
-  if ((int)lane_id() == leader) base = atomicAdd(counter, (u32)__popc((int)hits));
+  if ((int)lane_id() == leader) base = atomicAdd(counter, popc_u32(hits));
   base = __shfl_sync(active, base, leader);
-  return base + (u32)__popc((int)(hits & ((1u << lane_id()) - 1u)));
+  return base + popc_u32(hits & ((1u << lane_id()) - 1u));
 }
 
 NSA_DEVICE void atomic_add_u32(u32* p, u32 v) {
