@@ -161,6 +161,25 @@ pub fn wg_smem_bytes(d_qk: u32) -> u32 {
 pub const DECODE_BLOCK_TOKENS: u32 = 64;
 /// Threads of a sparse-decode CTA (8 producer + 8 consumer warps).
 const DECODE_BLOCK_THREADS: u32 = 512;
+/// Threads of a raw-record decode CTA (8 consumer warps + the bulk-copy warp).
+const DECODE_F8_BLOCK_THREADS: u32 = 288;
+/// Stages of the raw-record decode kernel's ring (64 records of 656 bytes each).
+const DECODE_F8_STAGES: u32 = 4;
+
+/// Dynamic shared memory of the raw-record decode kernel; mirrors
+/// `nsa::decode_f8::Smem` (sparse_decode_f8.cuh): the record ring, the split-K
+/// partial S, the padded f16 P tile, per-warp row partials, validity flags per
+/// stage, a full and an empty mbarrier per stage, and the CTA's `topk` slot indices.
+pub fn decode_f8_smem_bytes(topk: u32) -> u32 {
+    DECODE_F8_STAGES * DECODE_BLOCK_TOKENS * 656
+        + 4 * 16 * (DECODE_BLOCK_TOKENS + 8) * 4
+        + 16 * (DECODE_BLOCK_TOKENS * 2 + 16)
+        + 8 * 16 * 4
+        + DECODE_F8_STAGES * DECODE_BLOCK_TOKENS
+        + 2 * DECODE_F8_STAGES * 8
+        + topk * 4
+}
+
 /// Threads of a warp-group decode CTA (two consumer groups, one producer group).
 const DECODE_WG_BLOCK_THREADS: u32 = 384;
 /// Threads of a sparse-prefill CTA (4 cp.async producer + 8 consumer warps).
@@ -405,6 +424,8 @@ impl KernelSpec {
             KernelFamily::SparseDecode { heads, .. } => {
                 if self.wg_kernel(heads) {
                     "sparse_decode_wg.cu.tera"
+                } else if self.decode_f8_kernel(heads) {
+                    "sparse_decode_f8.cu.tera"
                 } else {
                     "sparse_decode.cu.tera"
                 }
@@ -438,6 +459,8 @@ impl KernelSpec {
             KernelFamily::SparseDecode { heads, .. } => {
                 if self.wg_kernel(heads) {
                     DECODE_WG_BLOCK_THREADS
+                } else if self.decode_f8_kernel(heads) {
+                    DECODE_F8_BLOCK_THREADS
                 } else {
                     DECODE_BLOCK_THREADS
                 }
@@ -454,6 +477,9 @@ impl KernelSpec {
         match self.family {
             KernelFamily::TopK { .. } | KernelFamily::TopkSplit { .. } | KernelFamily::TopkCluster { .. } => {
                 4 * self.topk_smem_words()
+            }
+            KernelFamily::SparseDecode { heads, topk, .. } if self.decode_f8_kernel(heads) => {
+                decode_f8_smem_bytes(topk)
             }
             KernelFamily::SparseDecode { heads, .. } => self.sparse_mla_smem_bytes(heads, 576),
             KernelFamily::SparsePrefill { heads, d_qk, .. } => self.sparse_mla_smem_bytes(heads, d_qk),
@@ -540,6 +566,16 @@ impl KernelSpec {
     /// Whether a sparse MLA family of `heads` heads is the warp-group (wgmma) kernel.
     pub fn wg_kernel(&self, heads: u32) -> bool {
         self.sparse_mla_head_tile(heads) == Some(WG_HEAD_TILE)
+    }
+
+    /// Decode with 16-head tiles on sm_90a reads the raw FP8 records (bulk copies,
+    /// e4m3 converted inside the mma fragments) instead of dequantizing into a bf16
+    /// tile: the dequant pass's loads and shared-memory stores were the limit there
+    /// (BENCHMARKS.md).
+    pub fn decode_f8_kernel(&self, heads: u32) -> bool {
+        matches!(self.family, KernelFamily::SparseDecode { .. })
+            && self.target == Target::Sm90a
+            && self.sparse_mla_head_tile(heads) == Some(16)
     }
 
     fn sparse_mla_smem_bytes(&self, heads: u32, d_qk: u32) -> u32 {

@@ -531,7 +531,9 @@ fn launch_geometry_matches_the_device_code() {
             KernelFamily::SparseDecode { heads, .. } | KernelFamily::SparsePrefill { heads, .. } => {
                 let tile = spec.sparse_mla_head_tile(heads).unwrap();
                 let decode = matches!(spec.family, KernelFamily::SparseDecode { .. });
+                let f8 = spec.decode_f8_kernel(heads);
                 let family_header = match (decode, spec.wg_kernel(heads)) {
+                    (true, false) if f8 => "nsa/sparse_decode_f8.cuh",
                     (true, false) => "nsa/sparse_decode.cuh",
                     (true, true) => "nsa/sparse_decode_wg.cuh",
                     (false, false) => "nsa/sparse_prefill.cuh",
@@ -540,6 +542,9 @@ fn launch_geometry_matches_the_device_code() {
                 // The family header builds on the shared consumer header's constants (a
                 // warp-group kernel also on its mma.sync sibling's thread split).
                 let mut text = header("nsa/sparse_attend.cuh").unwrap().to_string();
+                if f8 {
+                    text = format!("{text}\n{}", header("nsa/sparse_decode.cuh").unwrap());
+                }
                 if spec.wg_kernel(heads) {
                     let sibling = if decode { "nsa/sparse_decode.cuh" } else { "nsa/sparse_prefill.cuh" };
                     text = format!(
@@ -553,7 +558,8 @@ fn launch_geometry_matches_the_device_code() {
                 assert_eq!(threads as i64, d["kThreads"], "{spec}");
                 assert_eq!(nsa_kernels::spec::DECODE_BLOCK_TOKENS as i64, d["kBlockTokens"], "{spec}");
                 assert!(spec.dynamic_smem_bytes() <= 227 * 1024, "{spec}: {} bytes", spec.dynamic_smem_bytes());
-                let args = if spec.wg_kernel(heads) { format!("<{heads}, ") } else { format!("<{heads}, {tile}, ") };
+                let args =
+                    if spec.wg_kernel(heads) || f8 { format!("<{heads}, ") } else { format!("<{heads}, {tile}, ") };
                 assert!(render(&spec).unwrap().source.contains(&args), "{spec}");
                 assert!(r_has_bounds(&spec, threads), "{spec}");
                 continue;

@@ -98,6 +98,12 @@ impl DecodePlan {
         Ok(DecodePlan::split(shape, gpu.target, head_tile, splits))
     }
 
+    /// The decode kernel this plan launches.
+    pub fn family(&self) -> KernelFamily {
+        let s = self.shape;
+        KernelFamily::SparseDecode { heads: s.heads, topk: s.topk, page_size: s.page_size }
+    }
+
     /// The plan with `splits` chosen by the caller (tests, benchmarks); 1 ≤ splits ≤
     /// the number of 64-token steps.
     pub fn with_splits(shape: DecodeShape, target: Target, splits: u32) -> Result<DecodePlan> {
@@ -326,7 +332,7 @@ pub fn sparse_decode(
     check_aligned("cache", &inputs.cache.data, 16, stream)?;
     check_aligned("out", out, 16, stream)?;
     check_aligned("workspace", workspace, 16, stream)?;
-    let decode = rt.kernel(KernelFamily::SparseDecode { heads: s.heads, topk: s.topk, page_size: s.page_size })?;
+    let decode = rt.kernel(plan.family())?;
     let num_slots = (inputs.cache.num_pages() * s.page_size as usize) as i64;
     let partials = s.rows() * plan.splits as usize * s.heads as usize;
     let (q, _g1) = inputs.q.device_ptr(stream);

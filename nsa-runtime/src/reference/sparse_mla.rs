@@ -1,8 +1,33 @@
 //! Sparse MLA attention on the CPU (spec §8.1): f64 math over the cache as the
-//! decode kernel dequantizes it (FlashMLA's decode rounding, spec §2.3).
+//! decode kernel dequantizes it (FlashMLA's decode rounding, spec §2.3, or the
+//! raw-record kernel's exact products).
 
-use super::kv_cache::{dequantize_fp8_token_with, f32_to_bf16};
+use super::fp8::e4m3_to_f32;
+use super::kv_cache::{dequantize_fp8_token_with, f32_to_bf16, fp8_scale};
 use nsa_kernels::layout::*;
+use nsa_kernels::{KernelFamily, KernelSpec};
+
+/// How a decode kernel turns a record's e4m3 values into the K/V rows it multiplies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DecodeDequant {
+    /// FlashMLA's decode rounding, `bf16(e4m3 · bf16(scale))` per value: the kernels
+    /// that dequantize into a bf16 K/V tile.
+    Bf16Rounded,
+    /// `e4m3 · bf16(scale)` exactly (12 significant bits, exact in f32): the
+    /// raw-record kernel, which applies the scale to the products instead of the
+    /// values. It differs from FlashMLA's by at most one bf16 rounding per value.
+    Exact,
+}
+
+impl DecodeDequant {
+    /// The rounding of the kernel `spec` names (a sparse-decode spec).
+    pub fn of(spec: &KernelSpec) -> DecodeDequant {
+        match spec.family {
+            KernelFamily::SparseDecode { heads, .. } if spec.decode_f8_kernel(heads) => DecodeDequant::Exact,
+            _ => DecodeDequant::Bf16Rounded,
+        }
+    }
+}
 
 /// An FP8-656 cache as the decode kernel addresses it: slot `page · page_size +
 /// offset` lives at byte `page · page_stride + offset · 656`.
@@ -11,6 +36,7 @@ pub struct PagedFp8<'a> {
     pub bytes: &'a [u8],
     pub page_size: usize,
     pub page_stride: usize,
+    pub dequant: DecodeDequant,
 }
 
 impl PagedFp8<'_> {
@@ -30,7 +56,10 @@ impl PagedFp8<'_> {
 
     /// The token at `slot` as f32 (576 values), dequantized like the decode kernel.
     pub fn token(&self, slot: usize) -> Vec<f32> {
-        decode_dequant(self.record(slot))
+        match self.dequant {
+            DecodeDequant::Bf16Rounded => decode_dequant(self.record(slot)),
+            DecodeDequant::Exact => exact_dequant(self.record(slot)),
+        }
     }
 }
 
@@ -50,6 +79,17 @@ pub fn decode_scale(scale: f32) -> f32 {
 /// (the product is exact in f32, so this is one bf16 rounding), rope copied.
 pub fn decode_dequant(record: &[u8]) -> Vec<f32> {
     dequantize_fp8_token_with(record, decode_scale).iter().map(|v| v.to_f32()).collect()
+}
+
+/// One 656-byte record as the raw-record kernel sees it: `e4m3 · decode_scale`
+/// without rounding, rope copied.
+pub fn exact_dequant(record: &[u8]) -> Vec<f32> {
+    let nope = (0..KV_LORA_RANK).map(|d| e4m3_to_f32(record[d]) * decode_scale(fp8_scale(record, d / FP8_TILE)));
+    let rope = (0..ROPE_DIM).map(|r| {
+        let at = FP8_ROPE_OFFSET + 2 * r;
+        f32::from_bits((u16::from_le_bytes([record[at], record[at + 1]]) as u32) << 16)
+    });
+    nope.chain(rope).collect()
 }
 
 /// The valid slots of one index row: the first `len` entries, skipping −1 and

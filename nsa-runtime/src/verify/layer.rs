@@ -32,7 +32,7 @@ use crate::ops::Rows;
 use crate::reference::fp8::f32_to_e4m3_satfinite;
 use crate::reference::indexer::{index_k_at, logit_and_spread};
 use crate::reference::kv_cache::{dequantize_fp8_token, quantize_fp8_token, store_bf16, store_fp8, store_indexer_k};
-use crate::reference::sparse_mla::{attend, PagedFp8};
+use crate::reference::sparse_mla::{attend, DecodeDequant, PagedFp8};
 use crate::reference::topk::check_row;
 use crate::runtime::Runtime;
 use crate::testdata;
@@ -41,6 +41,7 @@ use cudarc::driver::CudaSlice;
 use half::bf16;
 use nsa_kernels::layout::*;
 use nsa_kernels::spec::indexer_wg_kernel;
+use nsa_kernels::KernelSpec;
 use nsa_kernels::{KvCacheFormat, NsaConfig};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
@@ -581,6 +582,10 @@ pub fn run(rt: &Runtime, case: &LayerCase) -> Result<LayerReport> {
         bytes: &ref_fp8,
         page_size: case.model.page_size as usize,
         page_stride: case.model.page_size as usize * FP8_TOKEN_BYTES,
+        dequant: match &d.attention {
+            AttentionStage::Decode(p) => DecodeDequant::of(&KernelSpec::new(p.family(), p.target)),
+            _ => DecodeDequant::Bf16Rounded,
+        },
     };
     let key_row = |slot: usize| -> Vec<f32> {
         match &d.attention {

@@ -7,13 +7,13 @@ use super::attention::{compare, index_row, reference_rows, sample_rows, GpuAtten
 use super::{download, upload, Check};
 use crate::ops::sparse_decode::{self, DecodePlan, DecodeShape, Fp8PagedCache, SparseDecodeInputs};
 use crate::reference::kv_cache::quantize_fp8_token;
-use crate::reference::sparse_mla::{attend, valid_slots, PagedFp8};
+use crate::reference::sparse_mla::{attend, valid_slots, DecodeDequant, PagedFp8};
 use crate::runtime::Runtime;
 use crate::testdata;
 use crate::Result;
 use half::bf16;
 use nsa_kernels::layout::*;
-use nsa_kernels::{KernelFamily, KernelSpec};
+use nsa_kernels::KernelSpec;
 use rand::Rng;
 
 /// One decode test case.
@@ -123,7 +123,8 @@ pub fn run(rt: &Runtime, case: &DecodeCase) -> Result<Check> {
     let out = download(stream, &d_out, rows * heads * KV_LORA_RANK)?;
     let lse = download(stream, &d_lse, rows * heads)?;
 
-    let cache = PagedFp8 { bytes: &bytes, page_size: page, page_stride: stride };
+    let spec = KernelSpec::new(plan.family(), rt.target());
+    let cache = PagedFp8 { bytes: &bytes, page_size: page, page_stride: stride, dequant: DecodeDequant::of(&spec) };
     let picked: Vec<usize> = sample_rows(rows, case.check_rows);
     let want = reference_rows(&picked, |r| {
         let len = lengths.as_ref().map_or(k, |l| l[r].clamp(0, k as i32) as usize);
@@ -136,11 +137,7 @@ pub fn run(rt: &Runtime, case: &DecodeCase) -> Result<Check> {
     });
     let gpu = GpuAttention { heads, out: &out, lse: &lse, max_logits: None };
     let (mismatches, first) = compare(&gpu, &picked, &want);
-    let id = KernelSpec::new(
-        KernelFamily::SparseDecode { heads: s.heads, topk: s.topk, page_size: s.page_size },
-        rt.target(),
-    )
-    .id();
+    let id = spec.id();
     Ok(Check {
         kernel: id,
         case: format!(

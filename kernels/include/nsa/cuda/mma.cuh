@@ -40,6 +40,15 @@ NSA_DEVICE void mma_bf16(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// d += a (16x16 f16, row) * b (16x8 f16, col), f32 accumulate.
+NSA_DEVICE void mma_f16(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
 // d += a (16x32 e4m3, row) * b (32x8 e4m3, col), f32 accumulate (sm_89+).
 NSA_DEVICE void mma_e4m3(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
   asm volatile(
@@ -47,6 +56,11 @@ NSA_DEVICE void mma_e4m3(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
       "{%0, %1, %2, %3};"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// 4 bytes global -> shared without a register (cp.async.ca; 4-byte alignment only).
+NSA_DEVICE void cp_async_4(u32 dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(dst), "l"(src) : "memory");
 }
 
 // 16 bytes from global memory through the non-coherent path, prefetching 256 B into
@@ -130,6 +144,47 @@ NSA_DEVICE u32 pack_bf16x2(float lo, float hi) {
   u32 r;
   asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
   return r;
+}
+
+// Two f32 -> packed f16x2 (lo in bits 0..15), round to nearest even.
+NSA_DEVICE u32 pack_f16x2(float lo, float hi) {
+  u32 r;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+
+// Two e4m3 bytes (low byte -> low half) -> f16x2, exactly (sm_89+).
+NSA_DEVICE u32 e4m3x2_to_f16x2(u32 pair) {
+  u32 h;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h) : "h"((u16)pair));
+  return h;
+}
+
+NSA_DEVICE u32 mul_f16x2(u32 a, u32 b) {
+  u32 r;
+  asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+}
+
+// Bytes of {b, a} (a: 0..3, b: 4..7) picked by the selector's nibbles.
+NSA_DEVICE u32 byte_perm(u32 a, u32 b, u32 selector) {
+  u32 r;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(selector));
+  return r;
+}
+
+NSA_DEVICE u32 lds_u32(u32 addr) {
+  u32 v;
+  asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(addr));
+  return v;
+}
+
+NSA_DEVICE Vec16 lds_v4(u32 addr) {
+  Vec16 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.w[0]), "=r"(v.w[1]), "=r"(v.w[2]), "=r"(v.w[3])
+               : "r"(addr));
+  return v;
 }
 
 // Named barriers (ids 1..15) between warp groups: `sync` waits until `n` threads
