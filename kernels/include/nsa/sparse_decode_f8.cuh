@@ -23,7 +23,7 @@ using namespace attend;
 using decode::kTokenBytes;
 using decode::Params;
 constexpr int kStages = 4;
-constexpr int kThreads = kConsumerThreads + 32;  // 8 consumer warps + the copy warp
+constexpr int kThreads = kConsumerThreads + 64;  // 8 consumer warps + 2 copy warps
 constexpr u32 kStageBytes = kBlockTokens * kTokenBytes;
 constexpr u32 kScalesOffset = 512;
 constexpr u32 kRopeOffset = 528;
@@ -64,6 +64,8 @@ NSA_DEVICE float q_factor(float max_abs) {
   return u32_as_f32((u32)(f + 127) << 23);
 }
 
+NSA_DEVICE u64 shfl_u64(u64 v, u32 src) { return __shfl_sync(0xffffffffu, v, (int)src); }
+
 // Index entry `pos` of the CTA's range as a slot, or -1 when it is past the row's
 // valid prefix, is -1, or is rejected (counted in `status`: outside the cache).
 NSA_DEVICE i32 checked_slot(const Params& p, i32 s, i64 at, bool live, bool report, u32* status) {
@@ -75,50 +77,58 @@ NSA_DEVICE i32 checked_slot(const Params& p, i32 s, i64 at, bool live, bool repo
   return s;
 }
 
-// The copy warp. It first copies the CTA's index range into shared memory (4-byte
-// async copies: one round trip). Stage s % kStages of step s then gets the records
-// of its 64 tokens (lane and lane + 32); invalid tokens are not copied, their flag
-// is 0 and their scales are zeroed (stale bytes elsewhere in the slot are finite:
-// the ring starts zeroed and only ever holds records this CTA read).
+// The copy warps: warp 0 moves tokens 0..31 of every 64-token step with bulk
+// copies (one per record), warp 1 tokens 32..63 with 16-byte cp.async (a whole
+// record per 41 lanes): the bulk-copy engine alone moved only ~19 GB/s per SM of
+// 656-byte records on the H200 (BENCHMARKS.md), the load/store unit takes the rest.
+// Each warp first copies its index entries into shared memory (4-byte async
+// copies: one round trip). Invalid tokens are not copied, their flag is 0 and their
+// scales are zeroed (stale bytes elsewhere in the slot are finite: the ring starts
+// zeroed and only ever holds records this CTA read).
 template <int kTopk, int kPage>
 NSA_DEVICE void copy_records(const Params& p, u32 base, u8* smem, i64 row, i32 first, i32 last, i32 steps,
                              bool report, u32* status) {
   typedef Smem<kTopk> L;
   const u32 lane = lane_id();
-  const i32* src = p.indices + row * kTopk + first;
-  for (i32 i = (i32)lane; i < steps * kBlockTokens; i += 32) mma::cp_async_4(base + L::kIdx + i * 4, src + i);
+  const u32 cw = thread_x() / 32 - kConsumerWarps;  // 0: bulk copies, 1: cp.async
+  const u32 token = cw * 32 + lane;
+  for (i32 step = 0; step < steps; ++step) {
+    const i32 at = step * kBlockTokens + (i32)token;
+    mma::cp_async_4(base + L::kIdx + at * 4, p.indices + row * kTopk + first + at);
+  }
   mma::cp_async_commit();
   mma::cp_async_wait<0>();
   __syncwarp();
   const i32* idx = reinterpret_cast<const i32*>(smem + L::kIdx);
   for (i32 step = 0; step < steps; ++step) {
     const u32 stage = (u32)step % kStages;
+    const u32 full = base + L::kFull + stage * 8;
     if (step >= kStages) bulk::mbar_wait(base + L::kEmpty + stage * 8, ((u32)step / kStages - 1) & 1);
     const u32 ring = base + L::kRing + stage * kStageBytes;
-    i32 slot[2];
-    u32 valid = 0;
-    bool any_invalid = false;
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const i32 at = step * kBlockTokens + (i32)(lane + 32 * i);
-      slot[i] = checked_slot(p, idx[at], row * kTopk + first + at, first + at < last, report, status);
-      const bool v = slot[i] >= 0;
-      smem[L::kValid + stage * kBlockTokens + lane + 32 * i] = v ? 1 : 0;
-      if (!v) mma::sts_v4(ring + (lane + 32 * i) * kTokenBytes + kScalesOffset, Vec16{{0u, 0u, 0u, 0u}});
-      const u32 hits = __ballot_sync(0xffffffffu, v);
-      valid += popc_u32(hits);
-      any_invalid = any_invalid || hits != 0xffffffffu;
-    }
-    // The zeroed scales are generic-proxy writes into a slot a later copy may fill.
-    if (any_invalid) mma::fence_proxy_async();
-    __syncwarp();
-    if (lane == 0) bulk::mbar_arrive_expect_tx(base + L::kFull + stage * 8, valid * kTokenBytes);
-    __syncwarp();
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      if (slot[i] >= 0)
-        bulk::copy_g2s(ring + (lane + 32 * i) * kTokenBytes, decode::record<kPage>(p, slot[i]), kTokenBytes,
-                       base + L::kFull + stage * 8);
+    const i32 at = step * kBlockTokens + (i32)token;
+    const i32 slot = checked_slot(p, idx[at], row * kTopk + first + at, first + at < last, report, status);
+    const bool valid = slot >= 0;
+    smem[L::kValid + stage * kBlockTokens + token] = valid ? 1 : 0;
+    if (!valid) mma::sts_v4(ring + token * kTokenBytes + kScalesOffset, Vec16{{0u, 0u, 0u, 0u}});
+    const u32 hits = __ballot_sync(0xffffffffu, valid);
+    const u8* rec = decode::record<kPage>(p, valid ? slot : 0);
+    if (cw == 0) {
+      // The zeroed scales are generic-proxy writes into a slot a later copy may fill.
+      if (hits != 0xffffffffu) mma::fence_proxy_async();
+      __syncwarp();
+      if (lane == 0) bulk::mbar_arrive_expect_tx(full, popc_u32(hits) * kTokenBytes);
+      __syncwarp();
+      if (valid) bulk::copy_g2s(ring + token * kTokenBytes, rec, kTokenBytes, full);
+    } else {
+      // Chunk c = 32 k + lane of the warp's 32 records: record c / 41, chunk c % 41.
+#pragma unroll 4
+      for (u32 k = 0; k < kTokenBytes / 16; ++k) {
+        const u32 c = k * 32 + lane, r = c / (kTokenBytes / 16), chunk = c % (kTokenBytes / 16);
+        const u64 src = shfl_u64((u64)rec, r);
+        if ((hits >> r) & 1u)
+          mma::cp_async_16_cg(ring + (32 + r) * kTokenBytes + chunk * 16, reinterpret_cast<const u8*>(src) + chunk * 16);
+      }
+      bulk::mbar_arrive_on_cp_async(full);
     }
   }
 }
@@ -438,7 +448,7 @@ NSA_DEVICE void sparse_decode(const Params& p, u32* status) {
   mma::fence_proxy_async();
   if (thread_x() == 0) {
     for (int s = 0; s < kStages; ++s) {
-      bulk::mbar_init(base + Layout::kFull + s * 8, 1);
+      bulk::mbar_init(base + Layout::kFull + s * 8, 1 + 32);  // the bulk warp's expect_tx, the cp.async lanes
       bulk::mbar_init(base + Layout::kEmpty + s * 8, kConsumerWarps);
     }
     bulk::mbar_init_fence();

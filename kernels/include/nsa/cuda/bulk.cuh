@@ -46,5 +46,11 @@ NSA_DEVICE void copy_g2s(u32 dst, const void* src, u32 bytes, u32 bar) {
                : "memory");
 }
 
+// Arrives on `bar` once all of this thread's earlier cp.async copies have landed
+// (the barrier's arrival count includes this arrival).
+NSA_DEVICE void mbar_arrive_on_cp_async(u32 bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
+}
+
 }  // namespace bulk
 }  // namespace nsa

@@ -63,6 +63,11 @@ NSA_DEVICE void cp_async_4(u32 dst, const void* src) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(dst), "l"(src) : "memory");
 }
 
+// 16 bytes global -> shared, cached in L2 only, no prefetch hint.
+NSA_DEVICE void cp_async_16_cg(u32 dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
+}
+
 // 16 bytes from global memory through the non-coherent path, prefetching 256 B into
 // L2 (gathered KV rows are 656 B: the neighbouring chunks come along), only when
 // `pred`; zeros otherwise (no branch: the result is always defined, so gathered rows
