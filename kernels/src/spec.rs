@@ -161,8 +161,8 @@ pub fn wg_smem_bytes(d_qk: u32) -> u32 {
 pub const DECODE_BLOCK_TOKENS: u32 = 64;
 /// Threads of a sparse-decode CTA (8 producer + 8 consumer warps).
 const DECODE_BLOCK_THREADS: u32 = 512;
-/// Threads of a raw-record decode CTA (8 consumer warps + 2 copy warps).
-const DECODE_F8_BLOCK_THREADS: u32 = 320;
+/// Threads of a raw-record decode CTA (8 consumer warps + 5 copy warps).
+const DECODE_F8_BLOCK_THREADS: u32 = 416;
 /// Stages of the raw-record decode kernel's ring (64 records of 656 bytes each).
 const DECODE_F8_STAGES: u32 = 4;
 

@@ -23,7 +23,13 @@ using namespace attend;
 using decode::kTokenBytes;
 using decode::Params;
 constexpr int kStages = 4;
-constexpr int kThreads = kConsumerThreads + 64;  // 8 consumer warps + 2 copy warps
+// Copy warps: one issues bulk copies for tokens 0..31 of a step, kCpWarps split
+// tokens 32..63 with cp.async. Each cp.async warp's address stream is a latency
+// chain: on the H200, b128 h16 took 96.0 us with one such warp, 115.8 with two,
+// 82.8 with four (BENCHMARKS.md).
+constexpr int kCpWarps = 4;
+constexpr int kCpTokens = 32 / kCpWarps;  // tokens per cp.async warp
+constexpr int kThreads = kConsumerThreads + 32 * (1 + kCpWarps);
 constexpr u32 kStageBytes = kBlockTokens * kTokenBytes;
 constexpr u32 kScalesOffset = 512;
 constexpr u32 kRopeOffset = 528;
@@ -78,8 +84,8 @@ NSA_DEVICE i32 checked_slot(const Params& p, i32 s, i64 at, bool live, bool repo
 }
 
 // The copy warps: warp 0 moves tokens 0..31 of every 64-token step with bulk
-// copies (one per record), warp 1 tokens 32..63 with 16-byte cp.async (a whole
-// record per 41 lanes): the bulk-copy engine alone moved only ~19 GB/s per SM of
+// copies (one per record), the others tokens 32..63 with 16-byte cp.async (a
+// whole record per 41 lanes): the bulk-copy engine alone moved only ~19 GB/s per SM of
 // 656-byte records on the H200 (BENCHMARKS.md), the load/store unit takes the rest.
 // Each warp first copies its index entries into shared memory (4-byte async
 // copies: one round trip). Invalid tokens are not copied, their flag is 0 and their
@@ -90,8 +96,13 @@ NSA_DEVICE void copy_records(const Params& p, u32 base, u8* smem, i64 row, i32 f
                              bool report, u32* status) {
   typedef Smem<kTopk> L;
   const u32 lane = lane_id();
-  const u32 cw = thread_x() / 32 - kConsumerWarps;  // 0: bulk copies, 1: cp.async
-  const u32 token = cw * 32 + lane;
+  const u32 cw = thread_x() / 32 - kConsumerWarps;  // 0: bulk copies, 1..: cp.async
+  // cp.async warps: lanes past kCpTokens repeat the first lanes' tokens (their
+  // slots feed the shuffles) and write nothing.
+  const u32 first_token = cw == 0 ? 0u : 32u + (cw - 1) * kCpTokens;
+  const bool owner = cw == 0 || lane < (u32)kCpTokens;
+  const u32 token = first_token + (cw == 0 ? lane : lane % kCpTokens);
+  report = report && owner;
   for (i32 step = 0; step < steps; ++step) {
     const i32 at = step * kBlockTokens + (i32)token;
     mma::cp_async_4(base + L::kIdx + at * 4, p.indices + row * kTopk + first + at);
@@ -108,9 +119,11 @@ NSA_DEVICE void copy_records(const Params& p, u32 base, u8* smem, i64 row, i32 f
     const i32 at = step * kBlockTokens + (i32)token;
     const i32 slot = checked_slot(p, idx[at], row * kTopk + first + at, first + at < last, report, status);
     const bool valid = slot >= 0;
-    smem[L::kValid + stage * kBlockTokens + token] = valid ? 1 : 0;
-    if (!valid) mma::sts_v4(ring + token * kTokenBytes + kScalesOffset, Vec16{{0u, 0u, 0u, 0u}});
-    const u32 hits = __ballot_sync(0xffffffffu, valid);
+    if (owner) {
+      smem[L::kValid + stage * kBlockTokens + token] = valid ? 1 : 0;
+      if (!valid) mma::sts_v4(ring + token * kTokenBytes + kScalesOffset, Vec16{{0u, 0u, 0u, 0u}});
+    }
+    const u32 hits = __ballot_sync(0xffffffffu, valid && owner);
     const u8* rec = decode::record<kPage>(p, valid ? slot : 0);
     if (cw == 0) {
       // The zeroed scales are generic-proxy writes into a slot a later copy may fill.
@@ -120,13 +133,15 @@ NSA_DEVICE void copy_records(const Params& p, u32 base, u8* smem, i64 row, i32 f
       __syncwarp();
       if (valid) bulk::copy_g2s(ring + token * kTokenBytes, rec, kTokenBytes, full);
     } else {
-      // Chunk c = 32 k + lane of the warp's 32 records: record c / 41, chunk c % 41.
+      // Chunk c = 32 k + lane of the warp's records: record c / 41, chunk c % 41.
+      constexpr u32 kChunks = kTokenBytes / 16, kIters = (kCpTokens * kChunks + 31) / 32;
 #pragma unroll 4
-      for (u32 k = 0; k < kTokenBytes / 16; ++k) {
-        const u32 c = k * 32 + lane, r = c / (kTokenBytes / 16), chunk = c % (kTokenBytes / 16);
-        const u64 src = shfl_u64((u64)rec, r);
-        if ((hits >> r) & 1u)
-          mma::cp_async_16_cg(ring + (32 + r) * kTokenBytes + chunk * 16, reinterpret_cast<const u8*>(src) + chunk * 16);
+      for (u32 k = 0; k < kIters; ++k) {
+        const u32 c = k * 32 + lane, r = c / kChunks, chunk = c % kChunks;
+        const u64 src = shfl_u64((u64)rec, r % kCpTokens);
+        if (r < (u32)kCpTokens && ((hits >> r) & 1u))
+          mma::cp_async_16_cg(ring + (first_token + r) * kTokenBytes + chunk * 16,
+                              reinterpret_cast<const u8*>(src) + chunk * 16);
       }
       bulk::mbar_arrive_on_cp_async(full);
     }
@@ -448,7 +463,7 @@ NSA_DEVICE void sparse_decode(const Params& p, u32* status) {
   mma::fence_proxy_async();
   if (thread_x() == 0) {
     for (int s = 0; s < kStages; ++s) {
-      bulk::mbar_init(base + Layout::kFull + s * 8, 1 + 32);  // the bulk warp's expect_tx, the cp.async lanes
+      bulk::mbar_init(base + Layout::kFull + s * 8, 1 + 32 * kCpWarps);  // the bulk warp's expect_tx, the cp.async lanes
       bulk::mbar_init(base + Layout::kEmpty + s * 8, kConsumerWarps);
     }
     bulk::mbar_init_fence();
