@@ -837,6 +837,13 @@ mod tests {
             assert_eq!(sparse_prefill_head_tile(heads, Target::Sm90a), prefill90, "prefill h{heads} sm_90a");
             assert_eq!(sparse_mla_head_tile(heads, Target::Sm100a), any100, "decode h{heads} sm_100a");
             assert_eq!(sparse_prefill_head_tile(heads, Target::Sm100a), any100, "prefill h{heads} sm_100a");
+            // The raw-record decode kernel: exactly the 16-head tiles on sm_90a.
+            let decode =
+                |target| KernelSpec::new(KernelFamily::SparseDecode { heads, topk: 2048, page_size: 64 }, target);
+            assert_eq!(decode(Target::Sm90a).decode_f8_kernel(heads), decode90 == Some(16), "h{heads}");
+            assert!(!decode(Target::Sm100a).decode_f8_kernel(heads), "h{heads} sm_100a");
+            let prefill = KernelSpec::new(KernelFamily::SparsePrefill { heads, topk: 2048, d_qk: 576 }, Target::Sm90a);
+            assert!(!prefill.decode_f8_kernel(heads), "prefill h{heads}");
         }
     }
 }

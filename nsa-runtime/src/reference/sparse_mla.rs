@@ -223,4 +223,22 @@ mod tests {
         let a: Vec<f32> = dequantize_fp8_token(&rec).iter().map(|v| v.to_f32()).collect();
         assert_eq!(decode_dequant(&rec), a);
     }
+
+    #[test]
+    fn exact_dequant_is_the_unrounded_decode_value() {
+        // amax 3.3 → scale 3.3/448, not a bf16 value: the products need rounding.
+        let nope: Vec<bf16> = (0..KV_LORA_RANK).map(|i| bf16::from_f32(3.3 * ((i % 13) as f32 - 6.0) / 6.0)).collect();
+        let rope: Vec<bf16> = (0..ROPE_DIM).map(|i| bf16::from_f32(0.5 * i as f32)).collect();
+        let rec = quantize_fp8_token(&nope, &rope);
+        let (exact, rounded) = (exact_dequant(&rec), decode_dequant(&rec));
+        let mut differ = 0;
+        for d in 0..KV_LORA_RANK {
+            let want = e4m3_to_f32(rec[d]) as f64 * decode_scale(fp8_scale(&rec, d / FP8_TILE)) as f64;
+            assert_eq!(exact[d] as f64, want, "dim {d}: the product is exact in f32");
+            assert_eq!(rounded[d], f32_to_bf16(exact[d]).to_f32(), "dim {d}: FlashMLA rounds it once");
+            differ += usize::from(rounded[d] != exact[d]);
+        }
+        assert!(differ > 0, "the case must exercise the rounding");
+        assert_eq!(exact[KV_LORA_RANK..], rounded[KV_LORA_RANK..], "rope copied");
+    }
 }
