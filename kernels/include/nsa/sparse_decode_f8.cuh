@@ -1,7 +1,7 @@
 // Sparse MLA decode over the FP8-656 cache for 16-head tiles (sm_90a): the
-// consumers read the raw records. One producer warp copies each chosen token's
-// whole 656-byte record into a ring of kStages 64-token stages with bulk async
-// copies (no load instructions, no dequant pass, no bf16 K/V tile); the 8 consumer
+// consumers read the raw records. Copy warps move each chosen token's whole
+// 656-byte record into a ring of kStages 64-token stages (bulk copies and
+// cp.async; no register loads, no dequant pass, no bf16 K/V tile); the 8 consumer
 // warps convert e4m3 to f16 inside their mma fragments. The per-tile scales never
 // touch the e4m3 values:
 //   Q K^T: per dims quarter, f16 mma of (Q * 2^e) with the raw e4m3 tile, then
@@ -84,9 +84,10 @@ NSA_DEVICE i32 checked_slot(const Params& p, i32 s, i64 at, bool live, bool repo
 }
 
 // The copy warps: warp 0 moves tokens 0..31 of every 64-token step with bulk
-// copies (one per record), the others tokens 32..63 with 16-byte cp.async (a
-// whole record per 41 lanes): the bulk-copy engine alone moved only ~19 GB/s per SM of
-// 656-byte records on the H200 (BENCHMARKS.md), the load/store unit takes the rest.
+// copies (one per record), the others tokens 32..63 with 16-byte cp.async (41
+// chunks per record, consecutive lanes on consecutive chunks). The bulk-copy
+// engine alone moved only ~19 GB/s per SM of 656-byte records on the H200
+// (BENCHMARKS.md); the load/store unit takes the rest.
 // Each warp first copies its index entries into shared memory (4-byte async
 // copies: one round trip). Invalid tokens are not copied, their flag is 0 and their
 // scales are zeroed (stale bytes elsewhere in the slot are finite: the ring starts

@@ -40,7 +40,7 @@ pub struct DecodePlan {
     /// The GPU generation the plan's kernel variant is for.
     pub target: Target,
     /// Heads per CTA: 64 on sm_90a for a multiple of 64 heads (the warp-group
-    /// kernel), else 16 or 32 (the mma.sync kernel).
+    /// kernel), else 16 (on sm_90a the raw-record kernel) or 32 (the mma.sync kernel).
     pub head_tile: u32,
     /// KV splits per query row; 1 writes the output directly (no combine).
     pub splits: u32,
