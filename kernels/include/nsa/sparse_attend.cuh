@@ -47,6 +47,34 @@ struct Rows {
 constexpr int kQuarters = 4;
 constexpr int kPartStride = kBlockTokens + 8;  // floats per partial-S row
 
+// The split-K meeting point: a warp's partial S of 4 n8 tiles goes to the padded
+// partial rows (`mine`: its dims quarter's row 0 at column tok_base + 2t); after a
+// consumer barrier, `s` gets the full S of rows g, g + 8 at `sum_at` (quarter 0's
+// row 0 at column tok0 + 2t), summed over the quarters.
+NSA_DEVICE void meet_quarters(float* mine, const float* sum_at, const float (&ps)[4][4], u32 g, float (&s)[4]) {
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      Vec8 v;
+      v.w[0] = f32_as_u32(ps[j][2 * h]);
+      v.w[1] = f32_as_u32(ps[j][2 * h + 1]);
+      *reinterpret_cast<Vec8*>(mine + (g + 8 * h) * kPartStride + j * 8) = v;
+    }
+  }
+  mma::bar_sync(kBarConsumers, kConsumerThreads);
+  s[0] = s[1] = s[2] = s[3] = 0.0f;
+#pragma unroll
+  for (int q = 0; q < kQuarters; ++q) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const Vec8 v = *reinterpret_cast<const Vec8*>(sum_at + (q * 16 + g + 8 * h) * kPartStride);
+      s[2 * h] += u32_as_f32(v.w[0]);
+      s[2 * h + 1] += u32_as_f32(v.w[1]);
+    }
+  }
+}
+
 // Shared memory: Q [kHT][kDqk], K/V x2 [64][kDqk], P [kHT][64] (padded rows),
 // per-warp row partials (max, then sums), token validity flags, and for 16-head
 // tiles the partial S of each dims quarter.
@@ -298,31 +326,12 @@ struct Consumer {
         mma::mma_bf16(ps[j + 1], qf[ks], b[2], b[3]);
       }
     }
+    static_assert(kTiles == 4, "meet_quarters takes 4 n8 tiles");
     const u32 warp = mw + nw * kMW;  // kMW == 1: the warp index
     float* part = reinterpret_cast<float*>(smem + L::kPart);
     float* mine = part + (warp % kQuarters) * 16 * kPartStride + (warp / kQuarters) * kSplitTokens + 2 * t;
-#pragma unroll
-    for (int j = 0; j < kTiles; ++j) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        Vec8 v;
-        v.w[0] = f32_as_u32(ps[j][2 * h]);
-        v.w[1] = f32_as_u32(ps[j][2 * h + 1]);
-        *reinterpret_cast<Vec8*>(mine + (g + 8 * h) * kPartStride + j * 8) = v;
-      }
-    }
-    mma::bar_sync(kBarConsumers, kConsumerThreads);
     const float* sum_at = part + tok0 + 2 * t;
-    s0[0] = s0[1] = s0[2] = s0[3] = 0.0f;
-#pragma unroll
-    for (int q = 0; q < kQuarters; ++q) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const Vec8 v = *reinterpret_cast<const Vec8*>(sum_at + (q * 16 + g + 8 * h) * kPartStride);
-        s0[2 * h] += u32_as_f32(v.w[0]);
-        s0[2 * h + 1] += u32_as_f32(v.w[1]);
-      }
-    }
+    meet_quarters(mine, sum_at, ps, g, s0);
   }
 
   // Full row sums of rows g and g + 8 (across the quad, then across the warps

@@ -78,8 +78,7 @@ NSA_DEVICE void issue_gather(const Params& p, i32 slot, u32 part, Gather& g) {
 // (e4m3 uses only the top 3 mantissa bits), and f16 bits shifted right by 3 are the
 // bf16 bits of the same significand with the exponent 112 lower; the sign moves back.
 NSA_DEVICE u32 e4m3x2_to_bf16x2_rebased(u32 pair) {
-  u32 h;
-  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h) : "h"((u16)pair));
+  const u32 h = e4m3x2_to_f16x2(pair);
   return ((h & 0x7fff7fffu) >> 3) | (h & 0x80008000u);
 }
 

@@ -113,10 +113,16 @@ NSA_DEVICE u16 f32x2_to_e4m3x2(float lo, float hi) {
   return r;
 }
 
+// The two e4m3fn bytes of `pair`'s low half (low byte -> low half) -> f16x2, exactly.
+NSA_DEVICE u32 e4m3x2_to_f16x2(u32 pair) {
+  u32 h;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h) : "h"((u16)pair));
+  return h;
+}
+
 // Two e4m3fn bytes -> two f32 (exact, through f16x2).
 NSA_DEVICE void e4m3x2_to_f32x2(u16 v, float& lo, float& hi) {
-  u32 h2;
-  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"(v));
+  const u32 h2 = e4m3x2_to_f16x2(v);
   asm("cvt.f32.f16 %0, %1;" : "=f"(lo) : "h"((u16)(h2 & 0xffffu)));
   asm("cvt.f32.f16 %0, %1;" : "=f"(hi) : "h"((u16)(h2 >> 16)));
 }

@@ -63,7 +63,8 @@ NSA_DEVICE void cp_async_4(u32 dst, const void* src) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(dst), "l"(src) : "memory");
 }
 
-// 16 bytes global -> shared, cached in L2 only, no prefetch hint.
+// 16 bytes global -> shared, cached in L2 only, without cp_async_16's 256-byte L2
+// prefetch hint (a 656-byte record's last chunks would pull in its neighbour's bytes).
 NSA_DEVICE void cp_async_16_cg(u32 dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
 }
@@ -156,13 +157,6 @@ NSA_DEVICE u32 pack_f16x2(float lo, float hi) {
   u32 r;
   asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
   return r;
-}
-
-// Two e4m3 bytes (low byte -> low half) -> f16x2, exactly (sm_89+).
-NSA_DEVICE u32 e4m3x2_to_f16x2(u32 pair) {
-  u32 h;
-  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h) : "h"((u16)pair));
-  return h;
 }
 
 NSA_DEVICE u32 mul_f16x2(u32 a, u32 b) {
