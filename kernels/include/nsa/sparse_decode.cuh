@@ -123,41 +123,58 @@ NSA_DEVICE Vec16 dequant8(u32 w0, u32 w1, const TileScale& ts) {
   return o;
 }
 
-// Writes a gathered token share into K/V buffer `kbuf`. An invalid token was
-// gathered as zeros (scale included), so it dequantizes to exact zeros and masked
-// keys can never inject NaN through 0 * garbage. `Tile::offset(token, chunk)`: the
-// byte offset of a 16-byte chunk in the consumer's tile layout.
-template <class Tile, bool kTwoStep>
-NSA_DEVICE void store_nope(const Gather& g, const TileScale& ts, u32 kbuf, u32 token, u32 part) {
+// Where a producer's dequantized 16-byte chunks and validity flags go: this CTA's
+// K/V buffer `kbuf` and its flags.
+struct LocalSink {
+  typedef u32 Addr;
+  u32 kbuf;
+  u8* flags;
+  NSA_DEVICE Addr at(u32 offset) const { return kbuf + offset; }
+  NSA_DEVICE void put(Addr a, const Vec16& v) const { mma::sts_v4(a, v); }
+  NSA_DEVICE void flag(u32 token, bool valid) const { flags[token] = valid ? 1 : 0; }
+};
+
+// Writes a gathered token share through `sink`. An invalid token was gathered as
+// zeros (scale included), so it dequantizes to exact zeros and masked keys can
+// never inject NaN through 0 * garbage. `Tile::offset(token, chunk)`: the byte
+// offset of a 16-byte chunk in the consumer's tile layout.
+template <class Tile, bool kTwoStep, class Sink>
+NSA_DEVICE void store_nope(const Gather& g, const TileScale& ts, const Sink& sink, u32 token, u32 part) {
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
-    mma::sts_v4(kbuf + Tile::offset(token, part * 16 + 2 * i), dequant8<kTwoStep>(g.nope[i].w[0], g.nope[i].w[1], ts));
-    mma::sts_v4(kbuf + Tile::offset(token, part * 16 + 2 * i + 1), dequant8<kTwoStep>(g.nope[i].w[2], g.nope[i].w[3], ts));
+    sink.put(sink.at(Tile::offset(token, part * 16 + 2 * i)), dequant8<kTwoStep>(g.nope[i].w[0], g.nope[i].w[1], ts));
+    sink.put(sink.at(Tile::offset(token, part * 16 + 2 * i + 1)), dequant8<kTwoStep>(g.nope[i].w[2], g.nope[i].w[3], ts));
   }
 }
 
-template <class Tile>
-NSA_DEVICE void store_gather(const Gather& g, u32 kbuf, u8* valid_flags, u32 token, u32 part) {
+template <class Tile, class Sink>
+NSA_DEVICE void store_gather(const Gather& g, const Sink& sink, u32 token, u32 part) {
   const TileScale ts = tile_scale(g.scale);
   // Uniform per thread (one tile): the common case pays one multiply per pair.
   if (ts.second == 0u)
-    store_nope<Tile, false>(g, ts, kbuf, token, part);
+    store_nope<Tile, false>(g, ts, sink, token, part);
   else
-    store_nope<Tile, true>(g, ts, kbuf, token, part);
+    store_nope<Tile, true>(g, ts, sink, token, part);
 #pragma unroll
-  for (int i = 0; i < 2; ++i) mma::sts_v4(kbuf + Tile::offset(token, 64 + part * 2 + i), g.rope[i]);
-  if (part == 0) valid_flags[token] = g.valid ? 1 : 0;
+  for (int i = 0; i < 2; ++i) sink.put(sink.at(Tile::offset(token, 64 + part * 2 + i)), g.rope[i]);
+  if (part == 0) sink.flag(token, g.valid);
 }
 
 // Out of line: the rare error path must not take registers from the hot loop.
 __noinline__ __device__ void report_rejected_slot(u32* status, i64 index) { report_bad_entry(status, index); }
 
-// The slot of index position `pos` of `row`, or -1 when it is past the row's valid
-// prefix, is -1, or is rejected (counted in `status`: outside the cache).
+// The index entry at position `pos` of `row`, or -1 past the row's valid prefix:
+// loaded steps before its use and checked then (`checked_slot`), so that no load
+// latency sits between a load and a branch on its value.
 template <int kTopk>
-NSA_DEVICE i32 slot_at(const Params& p, i64 row, i32 pos, i32 valid_len, bool report, u32* status) {
-  if (pos >= valid_len) return -1;
-  const i32 s = p.indices[row * kTopk + pos];
+NSA_DEVICE i32 raw_slot(const Params& p, i64 row, i32 pos, i32 valid_len) {
+  return mma::ldg_nc_s32_or(p.indices + row * kTopk + pos, pos < valid_len, -1);
+}
+
+// A raw entry as a slot: -1 stays -1; an entry outside the cache is rejected
+// (-1, counted in `status` when `report`).
+template <int kTopk>
+NSA_DEVICE i32 checked_slot(const Params& p, i32 s, i64 row, i32 pos, bool report, u32* status) {
   if (s == -1) return -1;
   if (s < -1 || (i64)s >= p.num_slots) {
     if (report) report_rejected_slot(status, row * kTopk + pos);
@@ -165,6 +182,9 @@ NSA_DEVICE i32 slot_at(const Params& p, i64 row, i32 pos, i32 valid_len, bool re
   }
   return s;
 }
+
+// A raw entry for an L2 prefetch: any entry outside the cache is skipped.
+NSA_DEVICE i32 quiet_slot(const Params& p, i32 s) { return s >= 0 && (i64)s < p.num_slots ? s : -1; }
 
 // Pulls the lines of `slot`'s record that producer thread `part` will load into
 // L2, a step before its register loads: HBM stays busy while the producers
@@ -182,8 +202,9 @@ NSA_DEVICE void prefetch_record(const Params& p, i32 slot, u32 part) {
 // rows of kDepth (1 or 2) steps in flight in registers. Each step they prefetch
 // the rows of step + kDepth + 1 into L2, dequantize the oldest gathered step into
 // the buffer the consumers released, publish it, and load step + kDepth's rows
-// into the freed registers. Slot indices are read two steps before their use, so
-// no index load latency sits in the loop. `Tile`: the consumers' tile layout
+// into the freed registers. Index entries are loaded a step before their L2
+// prefetch and two before their gather, and checked only at the gather, so no
+// index load latency sits in the loop. `Tile`: the consumers' tile layout
 // (offsets and kTileBytes); kAsyncProxy: the consumers read with wgmma, so the
 // stores are fenced for the async proxy before the buffer is published;
 // kBarThreads: the CTA's threads.
@@ -197,23 +218,24 @@ NSA_DEVICE void produce(const Params& p, u32 k_base, u8* valid_flags, i64 row, i
   const u32 token = ptid / kPartsPerToken, part = ptid % kPartsPerToken;
   static_assert(kPartsPerToken * kStride == kBarThreads - kConsumerThreads, "every token share has a thread");
   report = report && part == 0;
-  auto slot = [&](i32 step, int share) -> i32 {
-    const i32 pos = first + step * kBlockTokens + (i32)(token + share * kStride);
-    return step < steps ? slot_at<kTopk>(p, row, pos, last, report, status) : -1;
+  auto pos_of = [&](i32 step, int share) { return first + step * kBlockTokens + (i32)(token + share * kStride); };
+  auto raw = [&](i32 step, int share) { return raw_slot<kTopk>(p, row, pos_of(step, share), last); };
+  auto slot = [&](i32 s, i32 step, int share) {
+    return checked_slot<kTopk>(p, s, row, pos_of(step, share), report, status);
   };
   // Fully unrolled constant indices: ptxas keeps the gathers in registers.
   Gather g[kDepth][kShares];
-  i32 next[kShares], after[kShares];  // slots of steps + kDepth and + kDepth + 1
+  i32 next[kShares], after[kShares];  // raw entries of steps + kDepth and + kDepth + 1
 #pragma unroll
   for (int d = 0; d < kDepth; ++d) {
 #pragma unroll
-    for (int sh = 0; sh < kShares; ++sh) issue_gather<kPage>(p, slot(d, sh), part, g[d][sh]);
+    for (int sh = 0; sh < kShares; ++sh) issue_gather<kPage>(p, slot(raw(d, sh), d, sh), part, g[d][sh]);
   }
 #pragma unroll
   for (int sh = 0; sh < kShares; ++sh) {
-    next[sh] = slot(kDepth, sh);
-    after[sh] = slot(kDepth + 1, sh);
-    prefetch_record<kPage>(p, next[sh], part);
+    next[sh] = raw(kDepth, sh);
+    after[sh] = raw(kDepth + 1, sh);
+    prefetch_record<kPage>(p, quiet_slot(p, next[sh]), part);
   }
   for (i32 base = 0; base < steps; base += kDepth) {
 #pragma unroll
@@ -224,19 +246,19 @@ NSA_DEVICE void produce(const Params& p, u32 k_base, u8* valid_flags, i64 row, i
       i32 later[kShares];
 #pragma unroll
       for (int sh = 0; sh < kShares; ++sh) {
-        later[sh] = slot(step + kDepth + 2, sh);
-        prefetch_record<kPage>(p, after[sh], part);
+        later[sh] = raw(step + kDepth + 2, sh);
+        prefetch_record<kPage>(p, quiet_slot(p, after[sh]), part);
       }
       if (step >= 2) mma::bar_sync(kBarEmpty + buf, kBarThreads);
       const u32 kbuf = k_base + buf * Tile::kTileBytes;
 #pragma unroll
       for (int sh = 0; sh < kShares; ++sh)
-        store_gather<Tile>(g[d][sh], kbuf, valid_flags + buf * kBlockTokens, token + sh * kStride, part);
+        store_gather<Tile>(g[d][sh], LocalSink{kbuf, valid_flags + buf * kBlockTokens}, token + sh * kStride, part);
       if (kAsyncProxy) mma::fence_proxy_async();
       mma::bar_arrive(kBarFull + buf, kBarThreads);
 #pragma unroll
       for (int sh = 0; sh < kShares; ++sh) {
-        if (step + kDepth < steps) issue_gather<kPage>(p, next[sh], part, g[d][sh]);
+        if (step + kDepth < steps) issue_gather<kPage>(p, slot(next[sh], step + kDepth, sh), part, g[d][sh]);
         next[sh] = after[sh];
         after[sh] = later[sh];
       }

@@ -92,6 +92,16 @@ NSA_DEVICE float ldg_nc_f32_if(const float* p, bool pred) {
   return v;
 }
 
+// *p through the non-coherent path when `pred`, else `fallback` (no branch: a
+// value loaded steps before its use stays in flight).
+NSA_DEVICE i32 ldg_nc_s32_or(const i32* p, bool pred, i32 fallback) {
+  i32 v;
+  asm volatile("{\n.reg .pred q;\nsetp.ne.b32 q, %2, 0;\nmov.b32 %0, %3;\n@q ld.global.nc.s32 %0, [%1];\n}"
+               : "=r"(v)
+               : "l"(p), "r"((int)pred), "r"(fallback));
+  return v;
+}
+
 // Starts pulling the 128-byte line at `p` into L2 (no register, no completion).
 NSA_DEVICE void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 
