@@ -180,8 +180,6 @@ pub fn decode_f8_smem_bytes(topk: u32) -> u32 {
         + topk * 4
 }
 
-/// The cluster-paired warp-group decode kernel's full and empty mbarriers (two each).
-const DECODE_WG_PAIR_MBARRIER_BYTES: u32 = 32;
 /// Threads of a warp-group decode CTA (two consumer groups, one producer group).
 const DECODE_WG_BLOCK_THREADS: u32 = 384;
 /// Threads of a sparse-prefill CTA (4 cp.async producer + 8 consumer warps).
@@ -483,9 +481,6 @@ impl KernelSpec {
             KernelFamily::SparseDecode { heads, topk, .. } if self.decode_f8_kernel(heads) => {
                 decode_f8_smem_bytes(topk)
             }
-            KernelFamily::SparseDecode { heads, .. } if self.decode_wg_pair(heads) => {
-                wg_smem_bytes(576) + DECODE_WG_PAIR_MBARRIER_BYTES
-            }
             KernelFamily::SparseDecode { heads, .. } => self.sparse_mla_smem_bytes(heads, 576),
             KernelFamily::SparsePrefill { heads, d_qk, .. } => self.sparse_mla_smem_bytes(heads, d_qk),
             KernelFamily::IndexerLogits { heads, .. } if indexer_wg_kernel(heads, self.target) => INDEXER_WG_SMEM_BYTES,
@@ -583,16 +578,6 @@ impl KernelSpec {
             && self.sparse_mla_head_tile(heads) == Some(16)
     }
 
-    /// Warp-group decode with an even number of 64-head tiles runs each pair of
-    /// tiles of a (row, split) as a cluster of two CTAs, each dequantizing half of
-    /// every step's tokens into both (sparse_decode_wg.cuh): the dequantizing
-    /// producer was the limit of the unpaired kernel (BENCHMARKS.md).
-    pub fn decode_wg_pair(&self, heads: u32) -> bool {
-        matches!(self.family, KernelFamily::SparseDecode { .. })
-            && self.wg_kernel(heads)
-            && (heads / WG_HEAD_TILE) % 2 == 0
-    }
-
     fn sparse_mla_smem_bytes(&self, heads: u32, d_qk: u32) -> u32 {
         match self.sparse_mla_head_tile(heads) {
             Some(WG_HEAD_TILE) => wg_smem_bytes(d_qk),
@@ -667,7 +652,6 @@ impl KernelSpec {
         if let KernelFamily::SparseDecode { heads, topk, page_size } = self.family {
             self.sparse_mla_context(&mut ctx, heads, topk, 576);
             ctx.insert("page_size".into(), json!(page_size));
-            ctx.insert("cluster_pair".into(), json!(self.decode_wg_pair(heads)));
         }
         if let KernelFamily::SparseDecodeCombine { heads } = self.family {
             ctx.insert("heads".into(), json!(heads));
@@ -858,9 +842,6 @@ mod tests {
                 |target| KernelSpec::new(KernelFamily::SparseDecode { heads, topk: 2048, page_size: 64 }, target);
             assert_eq!(decode(Target::Sm90a).decode_f8_kernel(heads), decode90 == Some(16), "h{heads}");
             assert!(!decode(Target::Sm100a).decode_f8_kernel(heads), "h{heads} sm_100a");
-            // The cluster pair: two 64-head warp-group tiles per (row, split).
-            assert_eq!(decode(Target::Sm90a).decode_wg_pair(heads), heads == 128, "pair h{heads}");
-            assert!(!decode(Target::Sm100a).decode_wg_pair(heads), "pair h{heads} sm_100a");
             let prefill = KernelSpec::new(KernelFamily::SparsePrefill { heads, topk: 2048, d_qk: 576 }, Target::Sm90a);
             assert!(!prefill.decode_f8_kernel(heads), "prefill h{heads}");
         }

@@ -125,27 +125,17 @@ NSA_DEVICE void scale_rows(float (&o)[128], float a0, float a1) {
   }
 }
 
-// How the consumer groups take a filled K/V buffer and give it back: by default
-// attend's full/empty named barriers, shared with the CTA's own producers (a
-// cluster pair passes mbarriers instead, sparse_decode_wg.cuh). Every thread of a
-// group calls both, uniformly.
-template <int kThreads>
-struct NamedHandoff {
-  NSA_DEVICE void wait_full(u32 buf, i32 /*step*/) const { mma::bar_sync(kBarFull + buf, kThreads); }
-  NSA_DEVICE void release(u32 buf) const { mma::bar_arrive(kBarEmpty + buf, kThreads); }
-};
-
 // WG0: scores, softmax, the left half of the output.
-template <int kDqk, int kThreads, class Handoff>
-NSA_DEVICE void run_wg0(u8* smem, u32 base, i32 steps, float c_scale, const Handoff& hand, const Lane& ln,
-                        float (&o)[128], float (&m_run)[2], float (&l_run)[2]) {
+template <int kDqk, int kThreads>
+NSA_DEVICE void run_wg0(u8* smem, u32 base, i32 steps, float c_scale, const Lane& ln, float (&o)[128],
+                        float (&m_run)[2], float (&l_run)[2]) {
   typedef Smem<kDqk> L;
   const u64 q_desc = k_major(base + L::kQ);
   float* alpha_s = reinterpret_cast<float*>(smem + L::kAlpha);
   for (i32 step = 0; step < steps; ++step) {
     const u32 buf = step & 1;
     const u32 kbuf = base + L::kK + buf * Tile<kDqk>::kTileBytes;
-    hand.wait_full(buf, step);
+    mma::bar_sync(kBarFull + buf, kThreads);
 
     float s[32];
 #pragma unroll
@@ -163,7 +153,7 @@ NSA_DEVICE void run_wg0(u8* smem, u32 base, i32 steps, float c_scale, const Hand
     if (step >= 1) {
       wg::wait<1>();
       wg::pin(o);
-      if (step + 1 < steps) hand.release(buf ^ 1);
+      if (step + 1 < steps) mma::bar_arrive(kBarEmpty + (buf ^ 1), kThreads);
     }
     wg::wait<0>();
     wg::pin(s);
@@ -233,15 +223,15 @@ NSA_DEVICE void run_wg0(u8* smem, u32 base, i32 steps, float c_scale, const Hand
 }
 
 // WG1: the right half of the output, from WG0's P and rescale factors.
-template <int kDqk, int kThreads, class Handoff>
-NSA_DEVICE void run_wg1(u8* smem, u32 base, i32 steps, const Handoff& hand, const Lane& ln, float (&o)[128]) {
+template <int kDqk, int kThreads>
+NSA_DEVICE void run_wg1(u8* smem, u32 base, i32 steps, const Lane& ln, float (&o)[128]) {
   typedef Smem<kDqk> L;
   const float* alpha_s = reinterpret_cast<const float*>(smem + L::kAlpha);
   const u64 p_desc = p_major(base + L::kP);
   for (i32 step = 0; step < steps; ++step) {
     const u32 buf = step & 1;
     const u32 vbuf = base + L::kK + buf * Tile<kDqk>::kTileBytes + kVHalfBytes;
-    hand.wait_full(buf, step);
+    mma::bar_sync(kBarFull + buf, kThreads);
     mma::bar_sync(kBarPReady, kConsumerThreads);
     scale_rows(o, alpha_s[ln.r0], alpha_s[ln.r0 + 8]);
     const u64 v_desc = mn_major_v(vbuf);
@@ -252,7 +242,7 @@ NSA_DEVICE void run_wg1(u8* smem, u32 base, i32 steps, const Handoff& hand, cons
     wg::wait<0>();
     wg::pin(o);
     if (step + 1 < steps) mma::bar_arrive(kBarPFree, kConsumerThreads);
-    if (step + 2 < steps) hand.release(buf);
+    if (step + 2 < steps) mma::bar_arrive(kBarEmpty + buf, kThreads);
   }
 }
 
@@ -260,7 +250,7 @@ NSA_DEVICE void run_wg1(u8* smem, u32 base, i32 steps, const Handoff& hand, cons
 // `run` sets the group's register budget, consumes `steps` buffers and leaves this
 // thread's output columns in `o` and its rows' final max (log2 domain) and sum in
 // `m` and `l`, the same in both groups.
-template <int kDqk, int kThreads, int kLaunchRegs, int kRegsWg0, int kRegsWg1, class Handoff = NamedHandoff<kThreads>>
+template <int kDqk, int kThreads, int kLaunchRegs, int kRegsWg0, int kRegsWg1>
 struct Consumers {
   u32 group;  // 0 or 1: output columns 256 group ..
   Lane ln;
@@ -274,13 +264,13 @@ struct Consumers {
     l[0] = l[1] = 0.0f;
   }
 
-  NSA_DEVICE void run(u8* smem, u32 base, i32 steps, float c_scale, const Handoff& hand = Handoff()) {
+  NSA_DEVICE void run(u8* smem, u32 base, i32 steps, float c_scale) {
     typedef Smem<kDqk> L;
     float* row_max = reinterpret_cast<float*>(smem + L::kRowMax);
     float* row_sum = reinterpret_cast<float*>(smem + L::kRowSum);
     if (group == 0) {
       wg::regs_set<kLaunchRegs, kRegsWg0>();
-      run_wg0<kDqk, kThreads>(smem, base, steps, c_scale, hand, ln, o, m, l);
+      run_wg0<kDqk, kThreads>(smem, base, steps, c_scale, ln, o, m, l);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         l[h] += shfl_xor(l[h], 1);
@@ -293,7 +283,7 @@ struct Consumers {
       mma::bar_arrive(kBarFinal, kConsumerThreads);
     } else {
       wg::regs_set<kLaunchRegs, kRegsWg1>();
-      run_wg1<kDqk, kThreads>(smem, base, steps, hand, ln, o);
+      run_wg1<kDqk, kThreads>(smem, base, steps, ln, o);
       mma::bar_sync(kBarFinal, kConsumerThreads);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
