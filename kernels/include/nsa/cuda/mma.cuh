@@ -84,14 +84,6 @@ NSA_DEVICE Vec16 ldg_nc_v4_if(const void* p, bool pred) {
   return v;
 }
 
-NSA_DEVICE float ldg_nc_f32_if(const float* p, bool pred) {
-  float v;
-  asm volatile("{\n.reg .pred q;\nsetp.ne.b32 q, %2, 0;\nmov.b32 %0, 0;\n@q ld.global.nc.f32 %0, [%1];\n}"
-               : "=f"(v)
-               : "l"(p), "r"((int)pred));
-  return v;
-}
-
 // *p through the non-coherent path when `pred`, else `fallback` (no branch: a
 // value loaded steps before its use stays in flight).
 NSA_DEVICE i32 ldg_nc_s32_or(const i32* p, bool pred, i32 fallback) {
