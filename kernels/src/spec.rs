@@ -314,8 +314,12 @@ pub const TOPK_CLUSTER_SLICE_CACHE: u32 = 16_384;
 /// Cluster sizes the cluster top-k kernel is built for (8: the portable maximum).
 pub const TOPK_CLUSTER_SIZES: [u32; 3] = [2, 4, 8];
 /// Threshold-bin candidates (index + key) kept in shared memory before falling back
-/// to re-reading the row.
+/// to re-reading the row (latency layout: the rest of its shared memory is row cache).
 const TOPK_CANDIDATES: u32 = 4096;
+/// The throughput layout's candidates, which are also its sample filter's list: its
+/// 512-run sample keeps ~3.8K of a 32K-key row with k 2048 (the list must hold 4/3
+/// of that), and two blocks of 8264 + 2 × 6144 words still share an SM.
+const TOPK_CANDIDATES_THROUGHPUT: u32 = 6144;
 /// gfx942 has 64 KiB of LDS per block: histogram plus half the candidates.
 const TOPK_CANDIDATES_GFX942: u32 = 2048;
 /// Keys per row of the split path's list: the sample threshold keeps about
@@ -526,9 +530,10 @@ impl KernelSpec {
 
     /// Candidate capacity of the top-k kernels' histogram path.
     pub fn topk_candidates(&self) -> u32 {
-        match self.target {
-            Target::Gfx942 => TOPK_CANDIDATES_GFX942,
-            Target::Sm90a | Target::Sm100a => TOPK_CANDIDATES,
+        match (self.family, self.target) {
+            (_, Target::Gfx942) => TOPK_CANDIDATES_GFX942,
+            (KernelFamily::TopK { layout: TopkLayout::Throughput, .. }, _) => TOPK_CANDIDATES_THROUGHPUT,
+            _ => TOPK_CANDIDATES,
         }
     }
 
@@ -610,16 +615,16 @@ impl KernelSpec {
         if matches!(self.family, KernelFamily::IndexerKStore | KernelFamily::IndexerKGather) {
             ctx.insert("tokens_per_lane_group".into(), json!(INDEXER_TOKENS_PER_LANE_GROUP));
         }
-        if let KernelFamily::TopK { k, transform, deterministic, layout } = self.family {
+        if let KernelFamily::TopK { k, transform, deterministic, .. } = self.family {
             ctx.insert("k".into(), json!(k));
             ctx.insert("transform".into(), json!(transform.tag()));
             ctx.insert("transform_enum".into(), json!(transform.device_enum()));
             ctx.insert("deterministic".into(), json!(deterministic));
             ctx.insert("candidate_capacity".into(), json!(self.topk_candidates()));
             ctx.insert("row_cache_capacity".into(), json!(self.topk_row_cache()));
-            // The sample filter pays off where one block reads its row alone (H200,
-            // BENCHMARKS.md); with two rows per SM the histogram path measured faster.
-            ctx.insert("sample_filter".into(), json!(layout == TopkLayout::Latency));
+            // The sample filter, then the histogram path where it declines, in both
+            // layouts (H200, BENCHMARKS.md: 2048 × 32K throughput 209.5 -> 171.5 µs).
+            ctx.insert("sample_filter".into(), json!(true));
             ctx.insert("smem_words".into(), json!(self.topk_smem_words()));
             ctx.insert("min_blocks_per_sm".into(), json!(self.topk_min_blocks_per_sm()));
         }

@@ -5,9 +5,11 @@
 // Keys are the scores mapped to order-preserving u32 (NaN maps to 0, below -inf, so
 // a NaN is never chosen ahead of any number). Three ways to a row's top k:
 // - Sample filter (unordered rows, one block per row): a strided sample gives a
-//   threshold a little below the k-th largest, one pass keeps the keys at or above
-//   it, and a radix cut of that short list places the top k. It declines (writes
-//   nothing) when the list holds fewer than k keys or overflows.
+//   threshold a little below the k-th largest, one pass lists the positions at or
+//   above it (a float compare per key; the few listed keys are gathered after), and
+//   a radix cut of that short list places the top k. It declines (writes nothing)
+//   when the row is too long for its list, or when the list holds fewer than k keys
+//   or overflows.
 // - Histogram path: round 0 histograms 13 bits of every key and finds the bin
 //   holding the k-th largest; rounds 1 and 2 refine that bin (11 and 8 more bits)
 //   over a shared-memory candidate list, or, when the bin holds more keys than the
@@ -335,6 +337,30 @@ NSA_DEVICE u32 isqrt_ceil(u32 v) {
 // The float whose order_key is `key` (key != 0; 0 is NaN's key).
 NSA_DEVICE float key_value(u32 key) { return u32_as_f32((key & 0x80000000u) ? (key & 0x7fffffffu) : ~key); }
 
+NSA_DEVICE constexpr u32 pow2_floor(u32 v) { return v < 2u ? v : 2u * pow2_floor(v / 2u); }
+
+// The sample filter's sample: kSectors runs of kRun adjacent keys (a power of two
+// of them: the run starts then cost a shift, not a 64-bit division).
+template <int kCap>
+struct Sample {
+  static constexpr u32 kRun = 8;
+  static constexpr u32 kSectors = pow2_floor((kCap < 8192 ? kCap : 8192) / kRun);
+  // Runs count as single draws (adjacent scores may move together): e runs are
+  // expected at or above the K-th largest of n; rank e + 4·sqrt(e) + 4 runs is four
+  // standard deviations and 4 above that.
+  template <int K>
+  static NSA_DEVICE u32 runs(i32 n) {
+    const u32 e = (u32)(((u64)kSectors * (u64)K + (u64)n - 1) / (u64)n);
+    const u32 r = e + 4u * isqrt_ceil(e) + 4u;
+    return r < kSectors ? r : kSectors;
+  }
+  // Keys the filter is expected to keep from an n-key row.
+  template <int K>
+  static NSA_DEVICE u64 expected_kept(i32 n) {
+    return (u64)runs<K>(n) * (u64)n / kSectors;
+  }
+};
+
 // Sample filter: a sample of kSectors runs of 8 adjacent keys (one 32-byte sector
 // each, spread evenly over the row: a strided sample of single keys would make DRAM
 // fetch nearly the whole row) gives a threshold `lo` a little below the K-th largest
@@ -343,11 +369,17 @@ NSA_DEVICE float key_value(u32 key) { return u32_as_f32((key & 0x80000000u) ? (k
 // is scratch.
 template <int K, int kBlockThreads, int kCap>
 NSA_DEVICE u32 sample_threshold(const float* src, i32 n, u32* hist, u32* sm, u32* keys) {
-  constexpr u32 kRun = 8;
-  constexpr u32 kSectors = (kCap < 8192 ? kCap : 8192) / kRun;
+  constexpr u32 kRun = Sample<kCap>::kRun;
+  constexpr u32 kSectors = Sample<kCap>::kSectors;
   static_assert(kSectors * kRun % kBlockThreads == 0, "every thread loads the same count");
   constexpr u32 kPerThread = kSectors * kRun / kBlockThreads;
-  constexpr u32 kInFlight = kPerThread < 8 ? kPerThread : 8;  // loads issued together
+  // Loads issued together: up to 8, dividing kPerThread.
+  constexpr u32 kInFlight = kPerThread % 8 == 0   ? 8
+                            : kPerThread % 6 == 0 ? 6
+                            : kPerThread % 4 == 0 ? 4
+                            : kPerThread % 2 == 0 ? 2
+                                                  : 1;
+  static_assert(kPerThread % kInFlight == 0 && kPerThread >= kInFlight, "whole batches of loads");
 #pragma unroll
   for (u32 it0 = 0; it0 < kPerThread; it0 += kInFlight) {
     float v[kInFlight];
@@ -360,38 +392,43 @@ NSA_DEVICE u32 sample_threshold(const float* src, i32 n, u32* hist, u32* sm, u32
     for (u32 it = 0; it < kInFlight; ++it) keys[(it0 + it) * kBlockThreads + thread_x()] = order_key(v[it]);
   }
   sync_block();
-  // Runs count as single draws (adjacent scores may move together): e runs are
-  // expected at or above the K-th largest; rank e + 4·sqrt(e) + 4 runs is four
-  // standard deviations and 4 above that.
-  const u32 e = (u32)(((u64)kSectors * (u64)K + (u64)n - 1) / (u64)n);
-  const u32 runs = e + 4u * isqrt_ceil(e) + 4u;
-  const u32 rank = runs < kSectors ? runs * kRun : kSectors * kRun;
+  const u32 rank = Sample<kCap>::template runs<K>(n) * kRun;
   i64 thr;
   u32 ties;
-  // Two rounds place the cut within 2^-24 of the key range: close enough for `lo`.
-  list_cut<kBlockThreads, 2>(keys, kSectors * kRun, rank, hist, sm, thr, ties);
+  // One round (13 bits below the sample's common prefix) puts `lo` at the floor of
+  // the bin holding the rank-th key: a bin's worth of extra keys at most, cheaper
+  // than a second round (measured: 1 × 128K split 22.0 -> 19.3 µs).
+  list_cut<kBlockThreads, 1>(keys, kSectors * kRun, rank, hist, sm, thr, ties);
   return (u32)(ties > 0 ? thr : thr + 1);
 }
 
-// Appends every key >= lo (every key when lo is 0) of src[begin, begin + len) with
-// its position to the list (sm[kCands] counts past kCap; entries past it are
-// dropped). The body goes in batches of kUnroll float4 per thread with one list
-// reservation per warp and batch.
-template <int kBlockThreads, int kCap>
-NSA_DEVICE void filter_pass(const float* src, i32 begin, i32 len, u32 lo, u32* sm, u32* fidx, u32* fkey) {
-  constexpr int kUnroll = 4;
+// The float bound equivalent to `key >= lo` (lo != 0) as a float compare: below
+// -inf's key every number passes; above +inf's the bound is NaN and none does. The
+// one difference, -0.0 passing a bound of +0.0, only lengthens the list, and a cut
+// of any list holding the row's top K is exact. NaN never passes.
+NSA_DEVICE float keep_bound(u32 lo) {
+  constexpr u32 kNegInfKey = 0x007fffffu;
+  return key_value(lo > kNegInfKey ? lo : kNegInfKey);
+}
+
+// Lists every position of src[begin, begin + len) at or above the bound `lo` (every
+// key when lo is 0), up to kCap (sm[kCands] counts past it; entries past it are
+// dropped); fkey is filled in by fill_keys. The body goes in batches of kUnroll
+// float4 per thread: one float compare per key, one list reservation per warp and
+// batch, and a loop over the thread's hits only (about 3% of keys).
+template <int kBlockThreads, int kCap, int kUnroll>
+NSA_DEVICE void filter_pass(const float* src, i32 begin, i32 len, u32 lo, u32* sm, u32* fidx) {
   const u32 tid = thread_x();
-  // key >= lo, compared as floats (NaN fails; +0 and -0 are equal floats but not keys).
-  const bool all = lo == 0u;
-  const float lo_value = all ? 0.0f : key_value(lo);
-  auto keep = [&](float v) { return all || v > lo_value || (v == lo_value && order_key(v) >= lo); };
+  if (lo == 0u) {  // the whole row fits the list
+    for (i32 i = (i32)tid; i < len && i < kCap; i += kBlockThreads) fidx[i] = (u32)(begin + i);
+    if (tid == 0) sm[kCands] = (u32)len;
+    return;
+  }
+  const float bound = keep_bound(lo);
   auto append_one = [&](i32 i, float v) {
-    const bool hit = keep(v);
+    const bool hit = v >= bound;
     const u32 c = warp_append(&sm[kCands], hit);
-    if (hit && c < (u32)kCap) {
-      fidx[c] = (u32)(begin + i);
-      fkey[c] = order_key(v);
-    }
+    if (hit && c < (u32)kCap) fidx[c] = (u32)(begin + i);
   };
   const float* row = src + begin;
   const i32 to_align = (i32)(((16u - ((u32)(u64)row & 15u)) & 15u) / 4u);
@@ -399,49 +436,68 @@ NSA_DEVICE void filter_pass(const float* src, i32 begin, i32 len, u32 lo, u32* s
   for (i32 i = (i32)tid; i < head; i += kBlockThreads) append_one(i, row[i]);
   const F4* body = reinterpret_cast<const F4*>(row + head);
   const i32 vecs = (len - head) / 4;
+  const float nan = u32_as_f32(0x7fffffffu);
   for (i32 base = 0; base < vecs; base += kUnroll * kBlockThreads) {  // same trip count in every warp
     F4 v[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const i32 j = base + u * kBlockThreads + (i32)tid;
-      v[u] = j < vecs ? body[j] : F4{};
+      v[u] = j < vecs ? body[j] : F4{{nan, nan, nan, nan}};
     }
-    u32 mask = 0;
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const bool in = base + u * kBlockThreads + (i32)tid < vecs;
-#pragma unroll
-      for (int e = 0; e < 4; ++e) mask |= (in && keep(v[u].v[e]) ? 1u : 0u) << (4 * u + e);
-    }
-    u32 slot = warp_reserve(&sm[kCands], popc_u32(mask));
+    u32 hits = 0;
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        if (mask & (1u << (4 * u + e))) {
-          if (slot < (u32)kCap) {
-            fidx[slot] = (u32)(begin + head + 4 * (base + u * kBlockThreads + (i32)tid) + e);
-            fkey[slot] = order_key(v[u].v[e]);
-          }
-          ++slot;
-        }
-      }
+      for (int e = 0; e < 4; ++e) hits |= (v[u].v[e] >= bound ? 1u : 0u) << (4 * u + e);
+    }
+    u32 slot = warp_reserve(&sm[kCands], popc_u32(hits));
+    const i32 first = begin + head + 4 * (base + (i32)tid);
+    for (; hits != 0u; hits &= hits - 1u, ++slot) {
+      const u32 b = popc_u32((hits & (0u - hits)) - 1u);  // lowest set bit
+      if (slot < (u32)kCap) fidx[slot] = (u32)(first + 4 * (i32)(b / 4u) * kBlockThreads + (i32)(b % 4u));
     }
   }
   for (i32 i = head + 4 * vecs + (i32)tid; i < len; i += kBlockThreads) append_one(i, row[i]);
 }
 
-// filter_pass compiled apart (the split kernel's registers are tight).
-template <int kBlockThreads, int kCap>
-NSA_NOINLINE void filter_chunk(const float* src, i32 begin, i32 len, u32 lo, u32* sm, u32* fidx, u32* fkey) {
-  filter_pass<kBlockThreads, kCap>(src, begin, len, lo, sm, fidx, fkey);
+// fkey[c] = the key at position fidx[c] of src, for the first `kept` entries: a
+// gather of the few listed keys (mostly L2 hits), after the pass that listed them,
+// which then carries no key per hit. PAGED slots are looked up only for the winners,
+// at placement: looking them up (or prefetching them) here for the whole list
+// measured slower (BENCHMARKS.md, session 12).
+template <int kBlockThreads>
+NSA_DEVICE void fill_keys(const float* src, u32 kept, const u32* fidx, u32* fkey) {
+  constexpr u32 kBatch = 4;  // loads in flight per thread
+  for (u32 c0 = thread_x(); c0 < kept; c0 += kBatch * kBlockThreads) {
+    float v[kBatch];
+#pragma unroll
+    for (u32 b = 0; b < kBatch; ++b) {
+      const u32 c = c0 + b * kBlockThreads;
+      v[b] = c < kept ? src[fidx[c]] : 0.0f;
+    }
+#pragma unroll
+    for (u32 b = 0; b < kBatch; ++b) {
+      const u32 c = c0 + b * kBlockThreads;
+      if (c < kept) fkey[c] = order_key(v[b]);
+    }
+  }
+}
+
+// The filter pass and the gather of the listed keys; the list is complete on return.
+template <int kBlockThreads, int kCap, int kUnroll>
+NSA_DEVICE void list_at_or_above(const float* src, i32 begin, i32 len, u32 lo, u32* sm, u32* fidx, u32* fkey) {
+  filter_pass<kBlockThreads, kCap, kUnroll>(src, begin, len, lo, sm, fidx);
+  sync_block();
+  const u32 listed = sm[kCands];
+  fill_keys<kBlockThreads>(src, listed < (u32)kCap ? listed : (u32)kCap, fidx, fkey);
+  sync_block();
 }
 
 // Zeroes the list and placement counters, takes the sample threshold of the n-key
 // row (none when n <= kCap: every key is kept) and lists the keys of
-// src[begin, begin + len) at or above it; the list is complete on return. kApart:
-// the pass compiled apart (register-tight callers).
-template <int K, int kBlockThreads, int kCap, bool kApart>
+// src[begin, begin + len) at or above it; the list is complete on return. kUnroll:
+// float4 per thread in flight in the pass.
+template <int K, int kBlockThreads, int kCap, int kUnroll>
 NSA_DEVICE void keep_above_sample(const float* src, i32 n, i32 begin, i32 len, u32* hist, u32* sm, u32* fidx,
                                   u32* fkey) {
   if (thread_x() == 0) {
@@ -451,12 +507,15 @@ NSA_DEVICE void keep_above_sample(const float* src, i32 n, i32 begin, i32 len, u
   }
   const u32 lo = n > kCap ? sample_threshold<K, kBlockThreads, kCap>(src, n, hist, sm, fkey) : 0u;
   sync_block();
-  if constexpr (kApart) {
-    filter_chunk<kBlockThreads, kCap>(src, begin, len, lo, sm, fidx, fkey);
-  } else {
-    filter_pass<kBlockThreads, kCap>(src, begin, len, lo, sm, fidx, fkey);
-  }
-  sync_block();
+  list_at_or_above<kBlockThreads, kCap, kUnroll>(src, begin, len, lo, sm, fidx, fkey);
+}
+
+// keep_above_sample for the split kernel, compiled apart: its registers are tight
+// (it spills otherwise), and its short chunks gain nothing from 8 float4 in flight.
+template <int K, int kBlockThreads, int kCap>
+NSA_NOINLINE void keep_above_sample_apart(const float* src, i32 n, i32 begin, i32 len, u32* hist, u32* sm, u32* fidx,
+                                          u32* fkey) {
+  keep_above_sample<K, kBlockThreads, kCap, 4>(src, n, begin, len, hist, sm, fidx, fkey);
 }
 
 // Places the top K of the `kept` listed keys (K <= kept); sm[kWinners] and sm[kTies]
@@ -480,13 +539,15 @@ NSA_DEVICE void cut_and_place(const Params& p, i32 row, i32 trow, i32* out, cons
 }
 
 // The sample filter over one block's row (non-deterministic rows of n > K). Returns
-// false, having written nothing, when fewer than K keys are kept (a sample that sat
-// high) or more than kCap (heavy ties near the threshold); the caller then runs the
-// histogram path.
-template <int K, int kTransform, int kBlockThreads, int kCap>
+// false, having written nothing, when the row is too long for the list (more than
+// 3/4 of it expected kept: the pass would likely be wasted), when fewer than K keys
+// are kept (a sample that sat high) or more than kCap (heavy ties near the
+// threshold); the caller then runs the histogram path.
+template <int K, int kTransform, int kBlockThreads, int kCap, int kUnroll>
 NSA_DEVICE bool filter_select(const Params& p, i32 row, i32 trow, i32* out, const float* src, i32 n, u32* hist,
                                 u32* sm, u32* fidx, u32* fkey) {
-  keep_above_sample<K, kBlockThreads, kCap, false>(src, n, 0, n, hist, sm, fidx, fkey);
+  if (Sample<kCap>::template expected_kept<K>(n) > (u64)kCap * 3u / 4u) return false;
+  keep_above_sample<K, kBlockThreads, kCap, kUnroll>(src, n, 0, n, hist, sm, fidx, fkey);
   const u32 kept = sm[kCands];
   sync_block();  // every thread has read kCands before anyone resets it
   if (kept < (u32)K || kept > (u32)kCap) return false;  // fewer than K, or some dropped
@@ -546,8 +607,11 @@ NSA_DEVICE void select_row(const Params& p, u32* status, i32 row) {
   // The sample filter keeps its list in the candidate lists and the row cache.
   constexpr int kFilterCap = (2 * kCandCap + kCacheCap) / 2;
   if constexpr (kFilter && !kDeterministic && kFilterCap >= 2 * K) {
-    if (filter_select<K, kTransform, kBlockThreads, kFilterCap>(p, row, trow, out, src, n, hist, sm, cand_idx,
-                                                                 cand_idx + kFilterCap)) {
+    // 8 float4 in flight per thread; half-size blocks (two per SM, same register cap)
+    // spill with 8.
+    constexpr int kUnroll = kBlockThreads >= 1024 ? 8 : 4;
+    if (filter_select<K, kTransform, kBlockThreads, kFilterCap, kUnroll>(p, row, trow, out, src, n, hist, sm, cand_idx,
+                                                                          cand_idx + kFilterCap)) {
       return;
     }
   }
@@ -718,7 +782,7 @@ NSA_DEVICE void split_select(const Params& p, const Split& split, u32* status) {
   const i32 begin = chunk * split.chunk;
   const i32 len = n - begin < split.chunk ? n - begin : split.chunk;
   const float* src = p.scores + (i64)row * p.row_stride + ext.s0;
-  keep_above_sample<K, kBlockThreads, kCap, true>(src, n, begin, len, hist, sm, fidx, fkey);
+  keep_above_sample_apart<K, kBlockThreads, kCap>(src, n, begin, len, hist, sm, fidx, fkey);
 
   // Reserve room in the row's list (one atomic per block) and copy the chunk's keys.
   u32* state = split.state + (i64)row * kStateWords;
@@ -740,6 +804,11 @@ NSA_DEVICE void split_select(const Params& p, const Split& split, u32* status) {
 
   fence_device();
   const u32 kept = *(volatile u32*)&state[kStateCands];
+  sync_block();  // every thread has read the count
+  if (tid == 0) {  // the row's other blocks are done with its state words: reset them now
+    state[kStateCands] = 0u;
+    state[kStateDone] = 0u;
+  }
   if (kept >= (u32)K && kept <= (u32)kCap) {  // at least K, none dropped
     constexpr u32 kBatch = 4;  // loads in flight per thread
     for (u32 c0 = 0; c0 < kept; c0 += kBatch * kBlockThreads) {
@@ -763,10 +832,6 @@ NSA_DEVICE void split_select(const Params& p, const Split& split, u32* status) {
     cut_and_place<K, kTransform, kBlockThreads>(p, row, ext.trow, p.out + (i64)row * K, fidx, fkey, kept, hist, sm);
   } else {
     whole_row();
-  }
-  if (tid == 0) {
-    state[kStateCands] = 0u;
-    state[kStateDone] = 0u;
   }
 }
 

@@ -175,13 +175,23 @@ pub fn choose_plan(
     // least SPLIT_MIN_CHUNK keys.
     let sms = sm_count as usize;
     if !deterministic && workspace && rows > 0 && 8 * rows <= sms && row_capacity >= SPLIT_MIN_ROW {
-        let blocks_per_row = 2 * sms / rows;
-        let chunk = row_capacity.div_ceil(blocks_per_row).next_multiple_of(1024).max(SPLIT_MIN_CHUNK);
-        let chunks = row_capacity.div_ceil(chunk);
-        return (TopkPlan::Split { chunk, chunks }, "few long rows: each row spread over many blocks, one launch");
+        return (
+            split_plan(rows, row_capacity, sm_count),
+            "few long rows: each row spread over many blocks, one launch",
+        );
     }
     let (layout, why) = choose_layout(rows, sm_count);
     (TopkPlan::Single(layout), why)
+}
+
+/// The split path's chunking for `rows` rows: split blocks are half size, two per
+/// SM, and each row gets its share of them (at least one), in chunks of at least
+/// SPLIT_MIN_CHUNK keys.
+pub fn split_plan(rows: usize, row_capacity: usize, sm_count: u32) -> TopkPlan {
+    let blocks_per_row = (2 * sm_count as usize / rows.max(1)).max(1);
+    let chunk = row_capacity.div_ceil(blocks_per_row).next_multiple_of(1024).max(SPLIT_MIN_CHUNK);
+    let chunks = row_capacity.div_ceil(chunk);
+    TopkPlan::Split { chunk, chunks }
 }
 
 /// Rows shorter than this stay in one block (the split path's per-block sample

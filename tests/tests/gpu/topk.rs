@@ -71,16 +71,16 @@ fn both_layouts_every_pattern() {
     assert_all(&checks);
 }
 
-/// The sample filter (latency layout, non-deterministic rows): lengths around its
-/// list capacity (24576 keys; shorter rows keep every key), rows whose raised values
-/// the sample over-counts (fewer than k kept: it declines), heavy ties (more than the
-/// list: it declines), and rows up to 1M keys. The throughput layout (histogram path
-/// only) runs the same rows as a cross-check.
+/// The sample filter (both layouts, non-deterministic rows): lengths around its list
+/// capacities (latency 24576 keys, throughput 6144; shorter rows keep every key),
+/// rows too long for the throughput list (it declines before the pass: 131072 and
+/// up), rows whose raised values the sample over-counts (fewer than k kept: it
+/// declines), heavy ties (more than the list: it declines), and rows up to 1M keys.
 #[test]
 fn sample_filter_and_its_fallbacks() {
     let rt = rt();
     let mut checks = Vec::new();
-    let lengths = vec![8192, 8193, 24_576, 24_577, 131_072, 262_144, 1 << 20, 4097];
+    let lengths = vec![6144, 6145, 8192, 8193, 24_576, 24_577, 32_768, 65_536, 131_072, 262_144, 1 << 20, 4097];
     let patterns = [
         ScorePattern::Strided,
         ScorePattern::Uniform,

@@ -273,8 +273,8 @@ enum BenchPath {
 fn topk_bench(rt: &Runtime, reps: usize) -> Result<Vec<TopkRow>> {
     use nsa_kernels::{TopkLayout, TopkTransform};
     use nsa_runtime::ops::topk::{
-        choose_plan, cluster_size, topk_cluster, topk_split, topk_with_layout, PageTable, TopkOutput, TopkPlan,
-        TopkScores, TopkWorkspace,
+        choose_plan, cluster_size, split_plan, topk_cluster, topk_split, topk_with_layout, PageTable, TopkOutput,
+        TopkPlan, TopkScores, TopkWorkspace,
     };
     let stream = rt.gpu().stream().clone();
     let k = 2048u32;
@@ -296,15 +296,13 @@ fn topk_bench(rt: &Runtime, reps: usize) -> Result<Vec<TopkRow>> {
         let input = TopkScores { scores: &sv, row_stride: n, row_capacity: n, lengths: &lv, row_starts: None };
         let sms = rt.gpu().caps().sm_count;
         let chosen = choose_plan(rows, n, sms, false, true).0;
-        // Every plan that applies: both single-block layouts, the split path where
-        // the plan takes it, the cluster path where the target has clusters.
+        // Every plan: both single-block layouts, the split path (with the chunks the
+        // plan would give it), the cluster path where the target has clusters.
         let mut plans = vec![
             BenchPath::Plan(TopkPlan::Single(TopkLayout::Latency)),
             BenchPath::Plan(TopkPlan::Single(TopkLayout::Throughput)),
         ];
-        if let TopkPlan::Split { .. } = chosen {
-            plans.push(BenchPath::Plan(chosen));
-        }
+        plans.push(BenchPath::Plan(split_plan(rows, n, sms)));
         if rt.target().has_clusters() {
             plans.push(BenchPath::Cluster(cluster_size(rows, n, sms)));
         }
@@ -335,7 +333,7 @@ fn topk_bench(rt: &Runtime, reps: usize) -> Result<Vec<TopkRow>> {
                 layout: match plan {
                     BenchPath::Plan(TopkPlan::Single(TopkLayout::Latency)) => "latency".into(),
                     BenchPath::Plan(TopkPlan::Single(TopkLayout::Throughput)) => "throughput".into(),
-                    BenchPath::Plan(TopkPlan::Split { .. }) => "split".into(),
+                    BenchPath::Plan(TopkPlan::Split { chunks, .. }) => format!("split{chunks}"),
                     BenchPath::Cluster(c) => format!("cluster{c}"),
                 },
                 chosen: plan == BenchPath::Plan(chosen),
