@@ -301,17 +301,12 @@ const INDEXER_TOKENS_PER_LANE_GROUP: u32 = 2;
 /// Threads per top-k block (one block per row).
 const TOPK_BLOCK_THREADS: u32 = 1024;
 /// Shared words of the top-k kernel besides candidates and row cache: the 8192-bin
-/// round-0 histogram and 71 scalars, rounded up (`kFixedWords` in topk.cuh;
-/// static_assert there).
+/// round-0 histogram and 72 scalars (`kFixedWords` in topk.cuh; static_assert
+/// there).
 const TOPK_FIXED_WORDS: u32 = 8192 + 72;
-/// Shared words of the cluster top-k kernel besides its slice cache: local and
-/// cluster-summed 4096-bin histograms and 75 scalars (`kClusterFixedWords` in
-/// topk_cluster.cuh; static_assert there).
-const TOPK_CLUSTER_FIXED_WORDS: u32 = 2 * 4096 + 75;
-/// Keys of its slice each cluster CTA keeps in shared memory: 64 KiB, so two
-/// 512-thread CTAs share an SM and a 128K-key row fits a cluster of 8.
-pub const TOPK_CLUSTER_SLICE_CACHE: u32 = 16_384;
 /// Cluster sizes the cluster top-k kernel is built for (8: the portable maximum).
+/// Its CTAs are latency-layout blocks (1024 threads, one per SM, the same shared
+/// memory), so CTA 0 can fall back to that layout's histogram path.
 pub const TOPK_CLUSTER_SIZES: [u32; 3] = [2, 4, 8];
 /// Threshold-bin candidates (index + key) kept in shared memory before falling back
 /// to re-reading the row (latency layout: the rest of its shared memory is row cache).
@@ -455,11 +450,13 @@ impl KernelSpec {
     /// Threads per block the kernel is compiled for (`__launch_bounds__`) and launched with.
     pub fn block_threads(&self) -> u32 {
         match self.family {
-            KernelFamily::TopK { layout: TopkLayout::Latency, .. } => TOPK_BLOCK_THREADS,
+            KernelFamily::TopK { layout: TopkLayout::Latency, .. } | KernelFamily::TopkCluster { .. } => {
+                TOPK_BLOCK_THREADS
+            }
             KernelFamily::TopK { layout: TopkLayout::Throughput, .. } => TOPK_BLOCK_THREADS / 2,
             KernelFamily::IndexTransform { .. } => TRANSFORM_BLOCK_THREADS,
             KernelFamily::MetadataReplay { .. } => METADATA_BLOCK_THREADS,
-            KernelFamily::TopkSplit { .. } | KernelFamily::TopkCluster { .. } => TOPK_BLOCK_THREADS / 2,
+            KernelFamily::TopkSplit { .. } => TOPK_BLOCK_THREADS / 2,
             KernelFamily::SparseDecode { heads, .. } => {
                 if self.wg_kernel(heads) {
                     DECODE_WG_BLOCK_THREADS
@@ -504,7 +501,6 @@ impl KernelSpec {
     fn topk_smem_words(&self) -> u32 {
         match self.family {
             KernelFamily::TopkSplit { .. } => TOPK_FIXED_WORDS + 2 * self.topk_split_list(),
-            KernelFamily::TopkCluster { .. } => TOPK_CLUSTER_FIXED_WORDS + TOPK_CLUSTER_SLICE_CACHE,
             _ => TOPK_FIXED_WORDS + 2 * self.topk_candidates() + self.topk_row_cache(),
         }
     }
@@ -644,7 +640,8 @@ impl KernelSpec {
             ctx.insert("transform".into(), json!(transform.tag()));
             ctx.insert("transform_enum".into(), json!(transform.device_enum()));
             ctx.insert("cluster".into(), json!(cluster));
-            ctx.insert("slice_cache_capacity".into(), json!(TOPK_CLUSTER_SLICE_CACHE));
+            ctx.insert("candidate_capacity".into(), json!(self.topk_candidates()));
+            ctx.insert("row_cache_capacity".into(), json!(self.topk_row_cache()));
             ctx.insert("smem_words".into(), json!(self.topk_smem_words()));
             ctx.insert("min_blocks_per_sm".into(), json!(self.topk_min_blocks_per_sm()));
         }

@@ -69,8 +69,9 @@ NSA_DEVICE constexpr int round_shift(int round) { return round == 0 ? 19 : round
 NSA_DEVICE constexpr int round_width(int round) { return round == 0 ? 13 : round == 1 ? 11 : 8; }
 NSA_DEVICE constexpr u32 round_mask(int round) { return (1u << round_width(round)) - 1u; }
 
-// Scalars kept in shared memory after the scan scratch.
-enum Slot { kThrBin = kScanScratch, kAbove, kWinners, kTies, kCands, kBase, kLast, kScalarWords };
+// Scalars kept in shared memory after the scan scratch (kJoined: the cluster
+// kernel's joined list length).
+enum Slot { kThrBin = kScanScratch, kAbove, kWinners, kTies, kCands, kBase, kLast, kJoined, kScalarWords };
 
 struct alignas(16) F4 {
   float v[4];

@@ -1,14 +1,13 @@
 // Exact top-k with each row spread over a cluster of kCluster CTAs (sm_90+), one
-// launch, the row read from HBM once.
+// launch: the sample filter of topk.cuh with the row's pass split over the CTAs.
 //
-// CTA c of the cluster owns slice c of the row and keeps its keys in shared
-// memory (a slice longer than the cache is re-read instead: exact, slower). Each
-// radix round every CTA histograms its slice, the cluster sums the histograms
-// through distributed shared memory (CTA c sums bins c, c + C, ... and writes the
-// sums into every CTA), and every CTA finds the same threshold bin in its copy.
-// Rounds of 12, 12 and 8 bits end with an exact threshold key; the winners (keys
-// above it, and the first r keys equal to it) are then placed after the winners
-// of lower-ranked CTAs. The same key order, NaN rule and output as topk.cuh.
+// Every CTA draws the same sample (so finds the same threshold) and lists the keys
+// of its slice of the row at or above it. The CTAs' lists are joined in CTA 0's
+// shared memory through distributed shared memory (DSMEM), and CTA 0 cuts and
+// places the top k. When the joined list holds fewer than k keys or more than the
+// list takes, or the row is too long for the list, CTA 0 runs the histogram path
+// over the whole row instead: exact either way. Same key order, NaN rule and
+// output as topk.cuh.
 #pragma once
 #include "nsa/cuda/cluster.cuh"
 #include "nsa/topk.cuh"
@@ -16,151 +15,79 @@
 namespace nsa {
 namespace topk {
 
-// Radix rounds over the 32-bit key: bits [20, 32), [8, 20), [0, 8).
-constexpr int kClusterBins = 4096;
-constexpr int kClusterRounds = 3;
-NSA_DEVICE constexpr int cluster_shift(int round) { return round == 0 ? 20 : round == 1 ? 8 : 0; }
-NSA_DEVICE constexpr int cluster_width(int round) { return round == 2 ? 8 : 12; }
-
-// Shared words beyond the key cache: local and cluster-summed histograms, scalars.
-constexpr int kClusterFixedWords = 2 * kClusterBins + kScalarWords + 4;
-// Scalars after the Slot words: this CTA's first winner slot and first tie (from the
-// counts of lower-ranked CTAs, kept in their kWinners / kTies), and its cursors.
-enum ClusterSlot { kWinBase = kScalarWords, kTieBase, kWinCursor, kTieCursor };
-
-// Sums bins [0, bins) of every CTA's `hist` into every CTA's `merged`: CTA c adds
-// up bins c, c + C, ... (strided, so each CTA gets a share even of small rounds).
-template <int kBlockThreads, int kCluster>
-NSA_DEVICE void cluster_sum_bins(const u32* hist, u32* merged, int bins, u32 rank) {
-  const u32 hist_addr = cluster::local_addr(hist);
-  const u32 merged_addr = cluster::local_addr(merged);
-  for (int b = (int)rank + (int)thread_x() * kCluster; b < bins; b += kBlockThreads * kCluster) {
-    u32 sum = 0;
-#pragma unroll
-    for (int c = 0; c < kCluster; ++c) sum += cluster::load(cluster::map(hist_addr + 4u * (u32)b, (u32)c));
-#pragma unroll
-    for (int c = 0; c < kCluster; ++c) cluster::store(cluster::map(merged_addr + 4u * (u32)b, (u32)c), sum);
+// Every CTA's list length, summed (sm[kJoined]) and summed over the lower-ranked
+// CTAs (sm[kBase]), read from each CTA's sm[kCands] by one warp.
+template <int kCluster>
+NSA_DEVICE void join_counts(u32* sm, u32 rank) {
+  static_assert(kCluster <= kWarpSize, "one lane per CTA");
+  if (thread_x() >= kWarpSize) return;
+  const u32 lane = lane_id();
+  const u32 count = lane < (u32)kCluster ? cluster::load(cluster::map(cluster::local_addr(&sm[kCands]), lane)) : 0u;
+  const u32 incl = warp_inclusive_scan(count);
+  const u32 total = __shfl_sync(0xffffffffu, incl, kWarpSize - 1);
+  const u32 base = __shfl_sync(0xffffffffu, incl - count, rank);
+  if (lane == 0) {
+    sm[kJoined] = total;
+    sm[kBase] = base;
   }
 }
 
-template <int K, int kTransform, int kBlockThreads, int kCluster, int kCacheCap, int kSmemWords>
+template <int K, int kTransform, int kBlockThreads, int kCluster, int kCandCap, int kCacheCap, int kSmemWords>
 NSA_DEVICE void cluster_select(const Params& p, u32* status) {
-  static_assert(kClusterFixedWords + kCacheCap <= kSmemWords, "launch provides kSmemWords of shared memory");
-  static_assert(kClusterBins % kBlockThreads == 0, "bins split evenly over threads");
+  static_assert(kFixedWords + 2 * kCandCap + kCacheCap <= kSmemWords, "launch provides kSmemWords of shared memory");
   extern NSA_SHARED u32 smem[];
+  // The layout of select_row (topk.cuh): CTA 0 may run its histogram path.
+  constexpr int kCap = (2 * kCandCap + kCacheCap) / 2;
   u32* hist = smem;
-  u32* merged = hist + kClusterBins;
-  u32* sm = merged + kClusterBins;
-  u32* cache = sm + (kClusterFixedWords - 2 * kClusterBins);
+  u32* sm = hist + kBins;
+  u32* fidx = sm + kScalarWords;
+  u32* fkey = fidx + kCap;
 
   const u32 rank = cluster::rank();
-  const i32 row = (i32)(block_x() / (u32)kCluster);
   const u32 tid = thread_x();
-  i32* out = p.out + (i64)row * K;
+  const i32 row = (i32)(block_x() / (u32)kCluster);
   const RowExtent ext = row_extent<kTransform>(p, row);
-  const i32 s0 = ext.s0, n = ext.n, trow = ext.trow;
-  // These exits are uniform over the cluster (one row), before any cluster barrier.
-  if (!ext.ok) {
-    if (rank == 0) {
-      if (tid == 0) report_bad_entry(status, row);
-      for (int k = tid; k < K; k += kBlockThreads) out[k] = -1;
-    }
-    return;
-  }
-  if (n <= K) {
-    if (rank == 0) {
-      for (int k = tid; k < K; k += kBlockThreads) out[k] = k < n ? emit<kTransform>(p, row, trow, k) : -1;
-    }
+  const i32 n = ext.n;
+  auto whole_row = [&] {
+    if (rank == 0) histogram_row<K, kTransform, kBlockThreads, kCandCap, kCacheCap, kSmemWords>(p, status, row);
+  };
+  // These exits are uniform over the cluster (one row), before any cluster barrier:
+  // rejected and short rows, and rows too long for the list.
+  if (!ext.ok || n <= K || Sample<kCap>::template expected_kept<K>(n) > (u64)kCap * 3u / 4u) {
+    whole_row();
     return;
   }
 
   // Slices are multiples of 4 long, so every slice of an aligned row is aligned.
   const i32 slice = ((n + kCluster - 1) / kCluster + 3) & ~3;
   const i32 begin = (i32)rank * slice < n ? (i32)rank * slice : n;
-  const i32 count = n - begin < slice ? n - begin : slice;
-  const float* src = p.scores + (i64)row * p.row_stride + s0 + begin;
-  const bool cached = count <= kCacheCap;
+  const i32 len = n - begin < slice ? n - begin : slice;
+  const float* src = p.scores + (i64)row * p.row_stride + ext.s0;
+  keep_above_sample<K, kBlockThreads, kCap, 8>(src, n, begin, len, hist, sm, fidx, fkey);
+  const u32 mine = sm[kCands];
+  cluster::sync();  // every CTA's list and count are final
 
-  // Round 0 over every key (filling the cache); later rounds over the keys whose
-  // higher bits match the threshold prefix so far.
-  u32 prefix = 0;
-  u32 r = (u32)K;  // still to take at or below the prefix
-  i64 thr = -1;
-#pragma unroll 1
-  for (int round = 0; round < kClusterRounds; ++round) {
-    const int shift = cluster_shift(round);
-    const u32 mask = (1u << cluster_width(round)) - 1u;
-    const int bins = 1 << cluster_width(round);
-    for (int b = tid; b < bins; b += kBlockThreads) hist[b] = 0u;
-    sync_block();
-    if (round == 0) {
-      scan_global<kBlockThreads>(src, count, [&](i32 i, u32 key) {
-        atomic_add_ret(&hist[key >> shift], 1u);
-        if (cached) cache[i] = key;
-      });
-    } else {
-      const int up = cluster_shift(round - 1);
-      for_each_key<kBlockThreads>(cached, cache, src, count, [&](i32, u32 key) {
-        if ((key >> up) == prefix) atomic_add_ret(&hist[(key >> shift) & mask], 1u);
-      });
-    }
-    cluster::sync();  // every CTA's histogram is complete
-    cluster_sum_bins<kBlockThreads, kCluster>(hist, merged, bins, rank);
-    cluster::sync();  // every CTA holds the cluster's sums
-    find_threshold<kBlockThreads, kClusterBins>(merged, bins, r, sm);
-    const u32 bin = sm[kThrBin];
-    r -= sm[kAbove];
-    prefix = (prefix << cluster_width(round)) | bin;
-    if (merged[bin] == r) {  // the whole bin is taken
-      thr = ((i64)prefix << shift) - 1;
-      r = 0;
-      break;
-    }
-    if (round == kClusterRounds - 1) thr = (i64)prefix;
-  }
-
-  // Count this slice's winners and ties, then place them after those of the
-  // lower-ranked CTAs: winners from slot 0 up, the first r ties from K - r.
-  if (tid == 0) {
-    sm[kWinners] = 0u;
-    sm[kTies] = 0u;
-    sm[kWinCursor] = 0u;
-    sm[kTieCursor] = 0u;
-  }
+  join_counts<kCluster>(sm, rank);
   sync_block();
-  u32 wins = 0, ties = 0;
-  for_each_key<kBlockThreads>(cached, cache, src, count, [&](i32, u32 key) {
-    wins += (i64)key > thr;
-    ties += (i64)key == thr;
-  });
-  wins = __reduce_add_sync(0xffffffffu, wins);
-  ties = __reduce_add_sync(0xffffffffu, ties);
-  if (lane_id() == 0) {
-    if (wins) atomic_add_ret(&sm[kWinners], wins);
-    if (ties) atomic_add_ret(&sm[kTies], ties);
-  }
-  cluster::sync();  // every CTA's counts are final
-  if (tid == 0) {
-    u32 win_base = 0, tie_base = 0;
-    for (u32 c = 0; c < rank; ++c) {
-      win_base += cluster::load(cluster::map(cluster::local_addr(&sm[kWinners]), c));
-      tie_base += cluster::load(cluster::map(cluster::local_addr(&sm[kTies]), c));
+  const u32 joined = sm[kJoined];
+  const u32 base = sm[kBase];
+  // At least K keys and none dropped (no CTA's list can then have overflowed).
+  const bool fits = joined >= (u32)K && joined <= (u32)kCap;
+  if (fits && rank != 0) {  // CTA 0's own entries are already in place
+    const u32 idx0 = cluster::map(cluster::local_addr(fidx), 0);
+    const u32 key0 = cluster::map(cluster::local_addr(fkey), 0);
+    for (u32 c = tid; c < mine; c += kBlockThreads) {
+      cluster::store(idx0 + 4u * (base + c), fidx[c]);
+      cluster::store(key0 + 4u * (base + c), fkey[c]);
     }
-    sm[kWinBase] = win_base;
-    sm[kTieBase] = tie_base;
   }
-  sync_block();
-  const u32 win_base = sm[kWinBase];
-  const u32 tie_base = sm[kTieBase];
-  for_each_key<kBlockThreads>(cached, cache, src, count, [&](i32 i, u32 key) {
-    if ((i64)key > thr) {
-      out[win_base + atomic_add_ret(&sm[kWinCursor], 1u)] = emit<kTransform>(p, row, trow, begin + i);
-    } else if ((i64)key == thr) {
-      const u32 t = tie_base + atomic_add_ret(&sm[kTieCursor], 1u);
-      if (t < r) out[(u32)K - r + t] = emit<kTransform>(p, row, trow, begin + i);
-    }
-  });
-  cluster::sync();  // no CTA leaves while another may still read its counts
+  cluster::sync();  // CTA 0 holds the joined list; no CTA touches another's memory after this
+  if (rank != 0) return;
+  if (fits) {
+    cut_and_place<K, kTransform, kBlockThreads>(p, row, ext.trow, p.out + (i64)row * K, fidx, fkey, joined, hist, sm);
+  } else {
+    whole_row();
+  }
 }
 
 }  // namespace topk

@@ -93,7 +93,8 @@ impl WorkspaceNeeds {
 }
 
 /// Rows the split top-k path may take ([`crate::ops::topk::choose_plan`] splits only
-/// batches this small; larger ones never need the workspace).
+/// batches this small, and only on targets without thread-block clusters; larger
+/// ones never need the workspace).
 const TOPK_SPLIT_MAX_ROWS: usize = 16;
 
 /// The host-side decisions of one step.
@@ -223,7 +224,7 @@ fn assemble(
     let needs = WorkspaceNeeds {
         logits: (chunk_max * logits_stride).max(topk),
         indices: rows * topk,
-        topk_split_rows: if rows <= TOPK_SPLIT_MAX_ROWS { rows } else { 0 },
+        topk_split_rows: if rows <= TOPK_SPLIT_MAX_ROWS && !target.has_clusters() { rows } else { 0 },
         decode_partials: match &attention {
             AttentionStage::Decode(p) => p.workspace_floats(),
             _ => 0,

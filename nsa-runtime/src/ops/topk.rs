@@ -6,7 +6,7 @@ use crate::runtime::Runtime;
 use crate::Result;
 use cudarc::driver::CudaSlice;
 use cudarc::driver::{CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr, PushKernelArg};
-use nsa_kernels::spec::{TOPK_CLUSTER_SIZES, TOPK_CLUSTER_SLICE_CACHE};
+use nsa_kernels::spec::TOPK_CLUSTER_SIZES;
 use nsa_kernels::{KernelFamily, KernelSpec, Target, TopkLayout, TopkTransform};
 
 /// Scores and per-row extents: row b's candidates are
@@ -145,36 +145,40 @@ pub enum TopkPlan {
     Single(TopkLayout),
     /// Few long rows: each row spread over `chunks` blocks of `chunk` scores, one launch.
     Split { chunk: usize, chunks: usize },
+    /// Few long rows: each row over a cluster of `size` CTAs (sm_90+), one launch.
+    Cluster { size: u32 },
 }
 
-/// Cluster size for `rows` rows of up to `row_capacity` scores on `sm_count` SMs:
-/// the smallest whose slices fit a CTA's key cache, raised while the clusters
-/// would leave SMs idle; at most 8 (longer slices are re-read, still exact).
-pub fn cluster_size(rows: usize, row_capacity: usize, sm_count: u32) -> u32 {
-    let fits = |c: u32| row_capacity.div_ceil(c as usize) <= TOPK_CLUSTER_SLICE_CACHE as usize;
-    let busy = |c: u32| rows * c as usize >= sm_count as usize;
-    let largest = TOPK_CLUSTER_SIZES[TOPK_CLUSTER_SIZES.len() - 1];
-    TOPK_CLUSTER_SIZES.into_iter().find(|&c| fits(c) && busy(c)).unwrap_or(largest)
+/// Cluster size for `rows` rows on `sm_count` SMs: the largest whose clusters all
+/// run at once (one CTA per SM), at least the smallest.
+pub fn cluster_size(rows: usize, sm_count: u32) -> u32 {
+    let at_once = |c: u32| rows * c as usize <= sm_count as usize;
+    TOPK_CLUSTER_SIZES.into_iter().rev().find(|&c| at_once(c)).unwrap_or(TOPK_CLUSTER_SIZES[0])
 }
 
 /// The plan for `rows` rows of up to `row_capacity` scores on `sm_count` SMs, and
-/// why. Pure, so a server can log it and tests can pin it. The split path needs a
-/// [`TopkWorkspace`] and is unordered, so deterministic calls never take it. The
-/// cluster path ([`topk_cluster`]) is never chosen: on the H200 it measured slower
-/// than these plans at every benchmarked shape (BENCHMARKS.md).
+/// why. Pure, so a server can log it and tests can pin it. The cluster path needs a
+/// target with thread-block `clusters`, the split path a [`TopkWorkspace`]; both are
+/// unordered, so deterministic calls never take them.
 pub fn choose_plan(
     rows: usize,
     row_capacity: usize,
     sm_count: u32,
     deterministic: bool,
     workspace: bool,
+    clusters: bool,
 ) -> (TopkPlan, &'static str) {
-    // Measured on H200 (BENCHMARKS.md): split wins at 1 row × 128K (23 vs 41 µs) and
-    // loses at 64 rows (45 vs 42 µs), so only rows ≤ SMs / 8 take it. Split blocks
-    // are half size, two per SM: each row gets its share of them, in chunks of at
-    // least SPLIT_MIN_CHUNK keys.
+    // Measured on H200 (BENCHMARKS.md, session 12), 1 row × 128K: cluster of 8
+    // 18.3 µs, split 19.0, one block 22.2; at 64 rows one block per row wins (23.9
+    // against 26.6 for clusters of 2 and 31.7 split). So only rows ≤ SMs / 8 are
+    // spread, over a cluster where the target has them.
     let sms = sm_count as usize;
-    if !deterministic && workspace && rows > 0 && 8 * rows <= sms && row_capacity >= SPLIT_MIN_ROW {
+    let few_long = !deterministic && rows > 0 && 8 * rows <= sms && row_capacity >= SPLIT_MIN_ROW;
+    if few_long && clusters {
+        let size = cluster_size(rows, sm_count);
+        return (TopkPlan::Cluster { size }, "few long rows: each row over a cluster of CTAs, one launch");
+    }
+    if few_long && workspace {
         return (
             split_plan(rows, row_capacity, sm_count),
             "few long rows: each row spread over many blocks, one launch",
@@ -278,8 +282,11 @@ pub fn topk(
 ) -> Result<()> {
     let rows = scores.lengths.len();
     let fits = workspace.as_ref().is_some_and(|w| rows <= w.rows);
-    let (plan, _) = choose_plan(rows, scores.row_capacity, rt.gpu().caps().sm_count, deterministic, fits);
+    let sms = rt.gpu().caps().sm_count;
+    let clusters = rt.target().has_clusters();
+    let (plan, _) = choose_plan(rows, scores.row_capacity, sms, deterministic, fits, clusters);
     match (plan, workspace) {
+        (TopkPlan::Cluster { size }, _) => topk_cluster(rt, k, size, scores, output, out),
         (TopkPlan::Split { chunk, chunks }, Some(ws)) => topk_split(rt, k, chunk, chunks, scores, output, out, ws),
         (TopkPlan::Single(layout), _) => topk_with_layout(rt, k, deterministic, layout, scores, output, out),
         (TopkPlan::Split { .. }, None) => unreachable!("choose_plan splits only when a workspace fits"),
@@ -542,37 +549,35 @@ mod tests {
 
     #[test]
     fn plan_table() {
-        let split = |rows, cap| matches!(choose_plan(rows, cap, 132, false, true).0, TopkPlan::Split { .. });
+        let split = |rows, cap| matches!(choose_plan(rows, cap, 132, false, true, false).0, TopkPlan::Split { .. });
         assert!(split(1, 131_072));
         assert!(split(16, 131_072));
         assert!(!split(17, 131_072), "64-row batches measured faster unsplit");
         assert!(!split(1, 8192), "short rows stay in one block");
-        assert_eq!(choose_plan(16, 131_072, 132, false, true).0, TopkPlan::Split { chunk: 8192, chunks: 16 });
-        assert_eq!(choose_plan(1, 131_072, 132, false, true).0, TopkPlan::Split { chunk: 1024, chunks: 128 });
-        assert!(!matches!(choose_plan(1, 131_072, 132, true, true).0, TopkPlan::Split { .. }), "deterministic");
-        assert!(!matches!(choose_plan(1, 131_072, 132, false, false).0, TopkPlan::Split { .. }), "no workspace");
-        match choose_plan(1, 131_072, 132, false, true).0 {
+        assert_eq!(choose_plan(16, 131_072, 132, false, true, false).0, TopkPlan::Split { chunk: 8192, chunks: 16 });
+        assert_eq!(choose_plan(1, 131_072, 132, false, true, false).0, TopkPlan::Split { chunk: 1024, chunks: 128 });
+        assert!(!matches!(choose_plan(1, 131_072, 132, true, true, false).0, TopkPlan::Split { .. }), "deterministic");
+        assert!(!matches!(choose_plan(1, 131_072, 132, false, false, false).0, TopkPlan::Split { .. }), "no workspace");
+        match choose_plan(1, 131_072, 132, false, true, false).0 {
             TopkPlan::Split { chunk, chunks } => assert!(chunk * chunks >= 131_072 && chunk % 1024 == 0),
             other => panic!("{other:?}"),
         }
-        assert_eq!(choose_plan(2048, 32_768, 132, false, true).0, TopkPlan::Single(TopkLayout::Throughput));
+        assert_eq!(choose_plan(2048, 32_768, 132, false, true, false).0, TopkPlan::Single(TopkLayout::Throughput));
+        // With clusters, few long rows take them (no workspace needed); the rest as above.
+        let with = |rows, cap, det| choose_plan(rows, cap, 132, det, false, true).0;
+        assert_eq!(with(1, 131_072, false), TopkPlan::Cluster { size: 8 });
+        assert_eq!(with(16, 131_072, false), TopkPlan::Cluster { size: 8 });
+        assert_eq!(with(17, 131_072, false), TopkPlan::Single(TopkLayout::Latency));
+        assert_eq!(with(64, 131_072, false), TopkPlan::Single(TopkLayout::Latency));
+        assert_eq!(with(1, 8192, false), TopkPlan::Single(TopkLayout::Latency), "short rows stay in one block");
+        assert_eq!(with(1, 131_072, true), TopkPlan::Single(TopkLayout::Latency), "deterministic");
+        assert_eq!(with(2048, 32_768, false), TopkPlan::Single(TopkLayout::Throughput));
     }
 
     #[test]
     fn cluster_size_table() {
-        for (rows, cap, want) in [
-            (2048, 32_768, 2),
-            (2048, 32_769, 4),
-            (2048, 65_537, 8),
-            (66, 16_384, 2),
-            (65, 16_384, 4),
-            (33, 16_384, 4),
-            (32, 16_384, 8),
-            (1, 131_072, 8),
-            (64, 131_072, 8),
-            (1, 1 << 20, 8),
-        ] {
-            assert_eq!(cluster_size(rows, cap, 132), want, "{rows} × {cap}");
+        for (rows, want) in [(1, 8), (16, 8), (17, 4), (33, 4), (34, 2), (64, 2), (66, 2), (67, 2), (2048, 2)] {
+            assert_eq!(cluster_size(rows, 132), want, "{rows} rows");
         }
     }
 

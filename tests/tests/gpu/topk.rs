@@ -124,9 +124,10 @@ fn split_path_every_transform_every_pattern() {
 fn cluster_path_every_size_transform_and_pattern() {
     let rt = rt();
     let mut checks = Vec::new();
-    // Slice boundaries of every cluster size: 16384 cached keys per CTA.
+    // Around the list capacity (24576: shorter rows keep every key) and slice
+    // boundaries of every cluster size.
     let mut lengths = edge_lengths(2048);
-    lengths.extend([32_768, 32_769, 65_536, 65_537, 131_072, 131_073, 2049 + 7 * 4]);
+    lengths.extend([24_576, 24_577, 32_768, 32_769, 65_536, 65_537, 131_072, 131_073, 2049 + 7 * 4]);
     let mut seed = 700;
     for cluster in [2, 4, 8] {
         for transform in TopkTransform::ALL {
@@ -144,12 +145,22 @@ fn cluster_path_every_size_transform_and_pattern() {
         c.path = TopkPath::Cluster(8);
         checks.push(run(&rt, &c).unwrap());
     }
-    // Slices past the cache are re-read from global memory each round.
-    for (i, pattern) in
-        [ScorePattern::Gaussian, ScorePattern::FewDistinct, ScorePattern::NonFinite].into_iter().enumerate()
+    // Long rows: 1M keys (filtered), 2.2M (too long for the list: CTA 0 runs the
+    // histogram path), heavy ties (the joined list overflows: the same), and rows
+    // whose raised values the sample over-counts (fewer than k kept: the same).
+    for (i, pattern) in [
+        ScorePattern::Gaussian,
+        ScorePattern::FewDistinct,
+        ScorePattern::NonFinite,
+        ScorePattern::Strided,
+        ScorePattern::Uniform,
+    ]
+    .into_iter()
+    .enumerate()
     {
-        let mut c = case(2048, TopkTransform::Plain, false, pattern, vec![1 << 20, (1 << 20) + 13, 3], 40 + i as u64);
-        c.path = TopkPath::Cluster(8);
+        let lengths = vec![1 << 20, (1 << 20) + 13, 3, 2_200_000, 262_144];
+        let mut c = case(2048, TopkTransform::ALL[i % 3], false, pattern, lengths, 40 + i as u64);
+        c.path = TopkPath::Cluster([2, 4, 8][i % 3]);
         checks.push(run(&rt, &c).unwrap());
     }
     assert_all(&checks);

@@ -264,12 +264,6 @@ fn jit(rt: &Runtime) -> Result<(Vec<JitRow>, f64, usize, f64)> {
 /// Top-k of f32 rows (Gaussian scores, every row full length) for each transform.
 /// A benchmarked top-k path: a plan `choose_plan` can return, or the cluster path
 /// (measured beside them, never chosen).
-#[derive(Clone, Copy, PartialEq)]
-enum BenchPath {
-    Plan(nsa_runtime::ops::topk::TopkPlan),
-    Cluster(u32),
-}
-
 fn topk_bench(rt: &Runtime, reps: usize) -> Result<Vec<TopkRow>> {
     use nsa_kernels::{TopkLayout, TopkTransform};
     use nsa_runtime::ops::topk::{
@@ -295,16 +289,17 @@ fn topk_bench(rt: &Runtime, reps: usize) -> Result<Vec<TopkRow>> {
         let (sv, lv, tv, ov) = (d_scores.slice(0..), d_lengths.slice(0..), d_table.slice(0..), d_offsets.slice(0..));
         let input = TopkScores { scores: &sv, row_stride: n, row_capacity: n, lengths: &lv, row_starts: None };
         let sms = rt.gpu().caps().sm_count;
-        let chosen = choose_plan(rows, n, sms, false, true).0;
+        let clusters = rt.target().has_clusters();
+        let chosen = choose_plan(rows, n, sms, false, true, clusters).0;
         // Every plan: both single-block layouts, the split path (with the chunks the
         // plan would give it), the cluster path where the target has clusters.
         let mut plans = vec![
-            BenchPath::Plan(TopkPlan::Single(TopkLayout::Latency)),
-            BenchPath::Plan(TopkPlan::Single(TopkLayout::Throughput)),
+            TopkPlan::Single(TopkLayout::Latency),
+            TopkPlan::Single(TopkLayout::Throughput),
+            split_plan(rows, n, sms),
         ];
-        plans.push(BenchPath::Plan(split_plan(rows, n, sms)));
-        if rt.target().has_clusters() {
-            plans.push(BenchPath::Cluster(cluster_size(rows, n, sms)));
+        if clusters {
+            plans.push(TopkPlan::Cluster { size: cluster_size(rows, sms) });
         }
         let mut ws = TopkWorkspace::new(rt, rows)?;
         for (transform, plan) in TopkTransform::ALL.into_iter().flat_map(|t| plans.iter().map(move |&p| (t, p))) {
@@ -316,13 +311,13 @@ fn topk_bench(rt: &Runtime, reps: usize) -> Result<Vec<TopkRow>> {
                 }
             };
             let us = time_us(&stream, reps, || match plan {
-                BenchPath::Plan(TopkPlan::Single(layout)) => {
+                TopkPlan::Single(layout) => {
                     topk_with_layout(rt, k, false, layout, &input, &output, &mut d_out.slice_mut(0..))
                 }
-                BenchPath::Plan(TopkPlan::Split { chunk, chunks }) => {
+                TopkPlan::Split { chunk, chunks } => {
                     topk_split(rt, k, chunk, chunks, &input, &output, &mut d_out.slice_mut(0..), &mut ws)
                 }
-                BenchPath::Cluster(c) => topk_cluster(rt, k, c, &input, &output, &mut d_out.slice_mut(0..)),
+                TopkPlan::Cluster { size } => topk_cluster(rt, k, size, &input, &output, &mut d_out.slice_mut(0..)),
             })?;
             let bytes = (rows * n * 4) as f64;
             let row = TopkRow {
@@ -331,12 +326,12 @@ fn topk_bench(rt: &Runtime, reps: usize) -> Result<Vec<TopkRow>> {
                 k,
                 transform: transform.tag(),
                 layout: match plan {
-                    BenchPath::Plan(TopkPlan::Single(TopkLayout::Latency)) => "latency".into(),
-                    BenchPath::Plan(TopkPlan::Single(TopkLayout::Throughput)) => "throughput".into(),
-                    BenchPath::Plan(TopkPlan::Split { chunks, .. }) => format!("split{chunks}"),
-                    BenchPath::Cluster(c) => format!("cluster{c}"),
+                    TopkPlan::Single(TopkLayout::Latency) => "latency".into(),
+                    TopkPlan::Single(TopkLayout::Throughput) => "throughput".into(),
+                    TopkPlan::Split { chunks, .. } => format!("split{chunks}"),
+                    TopkPlan::Cluster { size } => format!("cluster{size}"),
                 },
-                chosen: plan == BenchPath::Plan(chosen),
+                chosen: plan == chosen,
                 us,
                 gbps: bytes / us / 1e3,
                 roofline_us: bytes / copy_gbps / 1e3,
