@@ -269,7 +269,8 @@ pub fn choose_layout(rows: usize, sm_count: u32) -> (TopkLayout, &'static str) {
 
 /// Exact top-`k` of every row into `out` (`[rows, k]`, −1 padded, valid entries
 /// first). `deterministic`: ties go to the lowest positions and each row is sorted.
-/// The plan follows [`choose_plan`]; the split path (few long rows) is only taken
+/// The plan follows [`choose_plan`]: few long rows go over thread-block clusters
+/// where the target has them, otherwise over the split path, which is only taken
 /// with a `workspace` large enough for the batch.
 pub fn topk(
     rt: &Runtime,
