@@ -618,9 +618,6 @@ impl KernelSpec {
             ctx.insert("deterministic".into(), json!(deterministic));
             ctx.insert("candidate_capacity".into(), json!(self.topk_candidates()));
             ctx.insert("row_cache_capacity".into(), json!(self.topk_row_cache()));
-            // The sample filter, then the histogram path where it declines, in both
-            // layouts (H200, BENCHMARKS.md: 2048 × 32K throughput 209.5 -> 171.5 µs).
-            ctx.insert("sample_filter".into(), json!(true));
             ctx.insert("smem_words".into(), json!(self.topk_smem_words()));
             ctx.insert("min_blocks_per_sm".into(), json!(self.topk_min_blocks_per_sm()));
         }

@@ -374,13 +374,8 @@ NSA_DEVICE u32 sample_threshold(const float* src, i32 n, u32* hist, u32* sm, u32
   constexpr u32 kSectors = Sample<kCap>::kSectors;
   static_assert(kSectors * kRun % kBlockThreads == 0, "every thread loads the same count");
   constexpr u32 kPerThread = kSectors * kRun / kBlockThreads;
-  // Loads issued together: up to 8, dividing kPerThread.
-  constexpr u32 kInFlight = kPerThread % 8 == 0   ? 8
-                            : kPerThread % 6 == 0 ? 6
-                            : kPerThread % 4 == 0 ? 4
-                            : kPerThread % 2 == 0 ? 2
-                                                  : 1;
-  static_assert(kPerThread % kInFlight == 0 && kPerThread >= kInFlight, "whole batches of loads");
+  constexpr u32 kInFlight = kPerThread < 8 ? kPerThread : 8;  // loads issued together
+  static_assert(kPerThread % kInFlight == 0, "whole batches of loads (powers of two)");
 #pragma unroll
   for (u32 it0 = 0; it0 < kPerThread; it0 += kInFlight) {
     float v[kInFlight];
@@ -732,12 +727,10 @@ NSA_DEVICE void select_row(const Params& p, u32* status, i32 row) {
   }
 }
 
-// One block per row; kFilter: the sample filter first (where the spec enables it).
-template <int K, int kTransform, bool kDeterministic, int kBlockThreads, int kCandCap, int kCacheCap, int kSmemWords,
-          bool kFilter>
+// One block per row (the sample filter first, for unordered rows).
+template <int K, int kTransform, bool kDeterministic, int kBlockThreads, int kCandCap, int kCacheCap, int kSmemWords>
 NSA_DEVICE void select(const Params& p, u32* status) {
-  select_row<K, kTransform, kDeterministic, kBlockThreads, kCandCap, kCacheCap, kSmemWords, kFilter>(p, status,
-                                                                                                     (i32)block_x());
+  select_row<K, kTransform, kDeterministic, kBlockThreads, kCandCap, kCacheCap, kSmemWords>(p, status, (i32)block_x());
 }
 
 

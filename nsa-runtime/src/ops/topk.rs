@@ -173,7 +173,7 @@ pub fn choose_plan(
     // against 26.6 for clusters of 2 and 31.7 split). So only rows ≤ SMs / 8 are
     // spread, over a cluster where the target has them.
     let sms = sm_count as usize;
-    let few_long = !deterministic && rows > 0 && 8 * rows <= sms && row_capacity >= SPLIT_MIN_ROW;
+    let few_long = !deterministic && rows > 0 && 8 * rows <= sms && row_capacity >= SPREAD_MIN_ROW;
     if few_long && clusters {
         let size = cluster_size(rows, sm_count);
         return (TopkPlan::Cluster { size }, "few long rows: each row over a cluster of CTAs, one launch");
@@ -198,9 +198,9 @@ pub fn split_plan(rows: usize, row_capacity: usize, sm_count: u32) -> TopkPlan {
     TopkPlan::Split { chunk, chunks }
 }
 
-/// Rows shorter than this stay in one block (the split path's per-block sample
-/// would cost more than the row).
-const SPLIT_MIN_ROW: usize = 16_384;
+/// Rows shorter than this stay in one block (spreading a row over a cluster or split
+/// blocks: the per-block sample would cost more than the row).
+const SPREAD_MIN_ROW: usize = 16_384;
 /// Keys per split block at least: below this the per-block sample dominates.
 const SPLIT_MIN_CHUNK: usize = 1024;
 
