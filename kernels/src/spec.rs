@@ -324,10 +324,16 @@ const TOPK_SPLIT_LIST: u32 = 8192;
 /// gfx942 (64 KiB of LDS): the histogram plus a 2048-key list, so with k 2048
 /// long rows overflow it and take the histogram path.
 const TOPK_SPLIT_LIST_GFX942: u32 = 2048;
-/// Top-k rows up to this many keys are cached in shared memory (read from HBM once).
-/// The sample filter keeps its list in the candidate lists plus this cache: up to
-/// (2 × 4096 + 40960) / 2 = 24576 keys.
-const TOPK_ROW_CACHE_NVIDIA: u32 = 40960;
+/// The cluster kernel's CTAs cache rows up to this many keys in shared memory for
+/// CTA 0's histogram path; the joined sample-filter list takes the candidate lists
+/// plus this cache: up to (2 × 4096 + 40960) / 2 = 24576 keys (rows to ~1M keys).
+const TOPK_ROW_CACHE_CLUSTER: u32 = 40960;
+/// The latency layout's row cache: its filter list holds (2 × 4096 + 8192) / 2 = 8192
+/// keys (rows up to 256K keys with k 2048), and its 96 KiB of shared memory leave the
+/// SM ~128 KiB of L1, which the gather of the listed keys hits (H200, BENCHMARKS.md
+/// session 13: 64 × 128K 23.5 -> 21.3 µs against the 224 KiB layout with a
+/// 24576-key list).
+const TOPK_ROW_CACHE_LATENCY: u32 = 8192;
 /// Threads per block of the elementwise index transform.
 const TRANSFORM_BLOCK_THREADS: u32 = 256;
 /// Threads per block of the metadata replay kernel (every block scans the batch;
@@ -492,7 +498,10 @@ impl KernelSpec {
     fn topk_row_cache(&self) -> u32 {
         match (self.family, self.target) {
             (KernelFamily::TopK { layout: TopkLayout::Throughput, .. } | KernelFamily::TopkSplit { .. }, _) => 0,
-            (_, Target::Sm90a | Target::Sm100a) => TOPK_ROW_CACHE_NVIDIA,
+            (KernelFamily::TopK { layout: TopkLayout::Latency, .. }, Target::Sm90a | Target::Sm100a) => {
+                TOPK_ROW_CACHE_LATENCY
+            }
+            (_, Target::Sm90a | Target::Sm100a) => TOPK_ROW_CACHE_CLUSTER,
             // 64 KiB of LDS: histogram and candidates only.
             (_, Target::Gfx942) => 0,
         }

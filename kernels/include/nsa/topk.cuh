@@ -274,42 +274,58 @@ NSA_DEVICE void overflow_select(const Params& p, i32 row, i32 trow, i32* out, bo
 // Shared-memory words the kernel needs beyond the candidate list and row cache.
 constexpr int kFixedWords = kBins + kScalarWords;
 
+// Radix widths of list_cut's rounds (32 bits in all): 2048 bins, which a block
+// clears and scans in far fewer steps than the histogram path's 8192 (H200,
+// BENCHMARKS.md session 13: 2048 x 32K 163.9 -> 153.4 us in the phase harness).
+NSA_DEVICE constexpr int list_width(int round) { return round < 2 ? 11 : 10; }
+constexpr int kListBins = 1 << 11;
+
 // Exact cut of the r-th largest key of keys[0, c) (1 <= r <= c): the top r are the
-// keys above `thr` plus `ties` of the keys equal to it. Radix rounds of up to 13, 11
-// and 8 bits start at the highest bit in which the keys differ, so a list whose keys
+// keys above `thr` plus `ties` of the keys equal to it. Radix rounds of up to 11, 11
+// and 10 bits start at the highest bit in which the keys differ, so a list whose keys
 // share their top bits (the sample filter's) spreads over the bins instead of piling
 // its atomics onto a few. With kMaxRounds < 3 the cut may stop early, as a lower
-// bound: the keys above `thr` (ties 0) then include the top r.
+// bound: the keys above `thr` (ties 0) then include the top r. Each round has its own
+// histogram (hist: kMaxRounds * kListBins words), all cleared up front with the
+// common-bits reduction, so a round needs no clearing barrier and no closing one.
 template <int kBlockThreads, int kMaxRounds = kRounds>
 NSA_DEVICE void list_cut(const u32* keys, u32 c, u32 r, u32* hist, u32* sm, i64& thr, u32& ties) {
+  static_assert(kMaxRounds * kListBins <= kBins, "the rounds' histograms fit the kernel's histogram words");
+  constexpr int kWarps = kBlockThreads / kWarpSize;
   const u32 tid = thread_x();
   const u32 first = keys[0];
   u32 diff = 0;
   for (u32 i = tid; i < c; i += kBlockThreads) diff |= keys[i] ^ first;
-  diff = block_reduce<kBlockThreads>(diff, sm, [](u32 a, u32 b) { return a | b; });
+#pragma unroll
+  for (int m = kWarpSize / 2; m > 0; m /= 2) diff |= f32_as_u32(shfl_xor(u32_as_f32(diff), m));
+  if (lane_id() == 0) sm[tid / kWarpSize] = diff;
+  for (int b = tid; b < kMaxRounds * kListBins; b += kBlockThreads) hist[b] = 0u;
+  sync_block();
+  diff = 0;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) diff |= sm[w];
   int hi = 32 - clz_u32(diff);  // bits [hi, 32) are common to every key
+  // The per-warp words are read above; without a round's barrier before the caller
+  // reuses them, wait here (hi is the same in every thread).
+  if (hi == 0) sync_block();
   u64 prefix = (u64)first >> hi;
-  constexpr int kWidths[kRounds] = {13, 11, 8};
 #pragma unroll
   for (int round = 0; round < kMaxRounds; ++round) {
     if (hi == 0) break;
-    const int shift = hi > kWidths[round] ? hi - kWidths[round] : 0;
+    const int shift = hi > list_width(round) ? hi - list_width(round) : 0;
     const int width = hi - shift;
     const u32 mask = (1u << width) - 1u;
-    for (int b = tid; b < (1 << width); b += kBlockThreads) hist[b] = 0u;
-    sync_block();
+    u32* h = hist + round * kListBins;
     for (u32 i = tid; i < c; i += kBlockThreads) {
       const u32 key = keys[i];
-      if (((u64)key >> hi) == prefix) atomic_add_ret(&hist[(key >> shift) & mask], 1u);
+      if (((u64)key >> hi) == prefix) atomic_add_ret(&h[(key >> shift) & mask], 1u);
     }
     sync_block();
-    find_threshold<kBlockThreads>(hist, 1 << width, r, sm);
+    find_threshold<kBlockThreads, kListBins>(h, 1 << width, r, sm);
     const u32 bin = sm[kThrBin];
     r -= sm[kAbove];
     prefix = (prefix << width) | bin;
-    const u32 here = hist[bin];
-    sync_block();
-    if (here == r) {  // the whole bin is taken
+    if (h[bin] == r) {  // the whole bin is taken
       thr = (i64)(prefix << shift) - 1;
       ties = 0;
       return;
@@ -391,7 +407,7 @@ NSA_DEVICE u32 sample_threshold(const float* src, i32 n, u32* hist, u32* sm, u32
   const u32 rank = Sample<kCap>::template runs<K>(n) * kRun;
   i64 thr;
   u32 ties;
-  // One round (13 bits below the sample's common prefix) puts `lo` at the floor of
+  // One round (11 bits below the sample's common prefix) puts `lo` at the floor of
   // the bin holding the rank-th key: a bin's worth of extra keys at most, cheaper
   // than a second round (measured: 1 × 128K split 22.0 -> 19.3 µs).
   list_cut<kBlockThreads, 1>(keys, kSectors * kRun, rank, hist, sm, thr, ties);
@@ -463,7 +479,7 @@ NSA_DEVICE void filter_pass(const float* src, i32 begin, i32 len, u32 lo, u32* s
 // measured slower (BENCHMARKS.md, session 12).
 template <int kBlockThreads>
 NSA_DEVICE void fill_keys(const float* src, u32 kept, const u32* fidx, u32* fkey) {
-  constexpr u32 kBatch = 4;  // loads in flight per thread
+  constexpr u32 kBatch = 8;  // loads in flight per thread: one round trip for most lists
   for (u32 c0 = thread_x(); c0 < kept; c0 += kBatch * kBlockThreads) {
     float v[kBatch];
 #pragma unroll
@@ -489,18 +505,14 @@ NSA_DEVICE void list_at_or_above(const float* src, i32 begin, i32 len, u32 lo, u
   sync_block();
 }
 
-// Zeroes the list and placement counters, takes the sample threshold of the n-key
-// row (none when n <= kCap: every key is kept) and lists the keys of
-// src[begin, begin + len) at or above it; the list is complete on return. kUnroll:
-// float4 per thread in flight in the pass.
+// Zeroes the list counter, takes the sample threshold of the n-key row (none when
+// n <= kCap: every key is kept) and lists the keys of src[begin, begin + len) at or
+// above it; the list is complete on return. kUnroll: float4 per thread in flight in
+// the pass.
 template <int K, int kBlockThreads, int kCap, int kUnroll>
 NSA_DEVICE void keep_above_sample(const float* src, i32 n, i32 begin, i32 len, u32* hist, u32* sm, u32* fidx,
                                   u32* fkey) {
-  if (thread_x() == 0) {
-    sm[kCands] = 0u;
-    sm[kWinners] = 0u;
-    sm[kTies] = 0u;
-  }
+  if (thread_x() == 0) sm[kCands] = 0u;
   const u32 lo = n > kCap ? sample_threshold<K, kBlockThreads, kCap>(src, n, hist, sm, fkey) : 0u;
   sync_block();
   list_at_or_above<kBlockThreads, kCap, kUnroll>(src, begin, len, lo, sm, fidx, fkey);
@@ -514,23 +526,34 @@ NSA_NOINLINE void keep_above_sample_apart(const float* src, i32 n, i32 begin, i3
   keep_above_sample<K, kBlockThreads, kCap, 4>(src, n, begin, len, hist, sm, fidx, fkey);
 }
 
-// Places the top K of the `kept` listed keys (K <= kept); sm[kWinners] and sm[kTies]
-// must be zero.
+// Places the top K of the `kept` listed keys (K <= kept < 2^16). Every thread counts
+// the winners and ties among its entries, one block scan gives it their output
+// slots, and a second sweep writes them: no shared-memory atomic per batch, which a
+// block's warps would contend for (BENCHMARKS.md, session 13).
 template <int K, int kTransform, int kBlockThreads>
 NSA_DEVICE void cut_and_place(const Params& p, i32 row, i32 trow, i32* out, const u32* fidx, const u32* fkey, u32 kept,
                               u32* hist, u32* sm) {
   i64 thr;
   u32 ties;
   list_cut<kBlockThreads>(fkey, kept, (u32)K, hist, sm, thr, ties);
-  // Most listed keys win: one slot reservation per warp, not one atomic per key.
-  for (u32 c = thread_x(); c < kept; c += kBlockThreads) {
-    const u32 key = fkey[c];
-    const bool win = (i64)key > thr;
-    const bool tie = (i64)key == thr;
-    const u32 w = warp_append(&sm[kWinners], win);
-    const u32 t = warp_append(&sm[kTies], tie);
-    if (win) out[w] = emit<kTransform>(p, row, trow, (i32)fidx[c]);
-    if (tie && t < ties) out[(u32)K - ties + t] = emit<kTransform>(p, row, trow, (i32)fidx[c]);
+  const u32 tid = thread_x();
+  u32 counts = 0;  // winners | ties << 16
+  for (u32 c = tid; c < kept; c += kBlockThreads) {
+    const i64 key = fkey[c];
+    counts += key > thr ? 1u : key == thr ? 1u << 16 : 0u;
+  }
+  u32 total;
+  const u32 before = block_exclusive_scan<kBlockThreads>(counts, sm, total);
+  u32 w = before & 0xffffu;
+  u32 t = before >> 16;
+  for (u32 c = tid; c < kept; c += kBlockThreads) {
+    const i64 key = fkey[c];
+    if (key > thr) {
+      out[w++] = emit<kTransform>(p, row, trow, (i32)fidx[c]);
+    } else if (key == thr) {
+      if (t < ties) out[(u32)K - ties + t] = emit<kTransform>(p, row, trow, (i32)fidx[c]);
+      ++t;
+    }
   }
 }
 
@@ -603,9 +626,10 @@ NSA_DEVICE void select_row(const Params& p, u32* status, i32 row) {
   // The sample filter keeps its list in the candidate lists and the row cache.
   constexpr int kFilterCap = (2 * kCandCap + kCacheCap) / 2;
   if constexpr (kFilter && !kDeterministic && kFilterCap >= 2 * K) {
-    // 8 float4 in flight per thread; half-size blocks (two per SM, same register cap)
-    // spill with 8.
-    constexpr int kUnroll = kBlockThreads >= 1024 ? 8 : 4;
+    // 8 float4 in flight per thread, in both layouts (H200, BENCHMARKS.md session 13:
+    // 2048 x 32K 153.4 -> 144.0 us against 4 in the phase harness); 6 for PAGED in
+    // half-size blocks, which spills at 8 under their 64-register cap.
+    constexpr int kUnroll = kTransform == kPaged && kBlockThreads < 1024 ? 6 : 8;
     if (filter_select<K, kTransform, kBlockThreads, kFilterCap, kUnroll>(p, row, trow, out, src, n, hist, sm, cand_idx,
                                                                           cand_idx + kFilterCap)) {
       return;
