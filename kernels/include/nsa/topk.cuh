@@ -383,9 +383,9 @@ struct Sample {
 // fetch nearly the whole row) gives a threshold `lo` a little below the K-th largest
 // of an n-key row (n > kCap). Every key >= lo is kept; when between K and kCap are,
 // the top K of the row are exactly the top K of the kept ones. `keys` (kCap words)
-// is scratch.
-template <int K, int kBlockThreads, int kCap>
-NSA_DEVICE u32 sample_threshold(const float* src, i32 n, u32* hist, u32* sm, u32* keys) {
+// is scratch. load_sample fills keys[0, kSectors * kRun) with the sample's keys.
+template <int kBlockThreads, int kCap>
+NSA_DEVICE void load_sample(const float* src, i32 n, u32* keys) {
   constexpr u32 kRun = Sample<kCap>::kRun;
   constexpr u32 kSectors = Sample<kCap>::kSectors;
   static_assert(kSectors * kRun % kBlockThreads == 0, "every thread loads the same count");
@@ -404,6 +404,14 @@ NSA_DEVICE u32 sample_threshold(const float* src, i32 n, u32* hist, u32* sm, u32
     for (u32 it = 0; it < kInFlight; ++it) keys[(it0 + it) * kBlockThreads + thread_x()] = order_key(v[it]);
   }
   sync_block();
+}
+
+// The threshold `lo` of the row's sample (in keys).
+template <int K, int kBlockThreads, int kCap>
+NSA_DEVICE u32 sample_threshold(const float* src, i32 n, u32* hist, u32* sm, u32* keys) {
+  constexpr u32 kRun = Sample<kCap>::kRun;
+  constexpr u32 kSectors = Sample<kCap>::kSectors;
+  load_sample<kBlockThreads, kCap>(src, n, keys);
   const u32 rank = Sample<kCap>::template runs<K>(n) * kRun;
   i64 thr;
   u32 ties;
@@ -526,16 +534,15 @@ NSA_NOINLINE void keep_above_sample_apart(const float* src, i32 n, i32 begin, i3
   keep_above_sample<K, kBlockThreads, kCap, 4>(src, n, begin, len, hist, sm, fidx, fkey);
 }
 
-// Places the top K of the `kept` listed keys (K <= kept < 2^16). Every thread counts
-// the winners and ties among its entries, one block scan gives it their output
-// slots, and a second sweep writes them: no shared-memory atomic per batch, which a
-// block's warps would contend for (BENCHMARKS.md, session 13).
+// Writes the listed keys above `thr` and the first `ties` keys equal to it (K in
+// all; kept < 2^16) to out. Every thread counts the winners and ties among its
+// entries, one block scan gives each its slots, their positions are staged in `stage`
+// (K words of shared memory, free once every thread has passed the scan), and one
+// coalesced pass writes them out: the stores are whole lines and a PAGED row's
+// page-table reads are all issued together (BENCHMARKS.md, session 13).
 template <int K, int kTransform, int kBlockThreads>
-NSA_DEVICE void cut_and_place(const Params& p, i32 row, i32 trow, i32* out, const u32* fidx, const u32* fkey, u32 kept,
-                              u32* hist, u32* sm) {
-  i64 thr;
-  u32 ties;
-  list_cut<kBlockThreads>(fkey, kept, (u32)K, hist, sm, thr, ties);
+NSA_DEVICE void place_listed(const Params& p, i32 row, i32 trow, i32* out, const u32* fidx, const u32* fkey, u32 kept,
+                             i64 thr, u32 ties, u32* stage, u32* sm) {
   const u32 tid = thread_x();
   u32 counts = 0;  // winners | ties << 16
   for (u32 c = tid; c < kept; c += kBlockThreads) {
@@ -549,12 +556,37 @@ NSA_DEVICE void cut_and_place(const Params& p, i32 row, i32 trow, i32* out, cons
   for (u32 c = tid; c < kept; c += kBlockThreads) {
     const i64 key = fkey[c];
     if (key > thr) {
-      out[w++] = emit<kTransform>(p, row, trow, (i32)fidx[c]);
+      stage[w++] = fidx[c];
     } else if (key == thr) {
-      if (t < ties) out[(u32)K - ties + t] = emit<kTransform>(p, row, trow, (i32)fidx[c]);
+      if (t < ties) stage[(u32)K - ties + t] = fidx[c];
       ++t;
     }
   }
+  sync_block();
+  constexpr u32 kPer = ((u32)K + kBlockThreads - 1) / kBlockThreads;
+  i32 v[kPer];
+#pragma unroll
+  for (u32 j = 0; j < kPer; ++j) {
+    const u32 k = tid + j * kBlockThreads;
+    v[j] = k < (u32)K ? emit<kTransform>(p, row, trow, (i32)stage[k]) : 0;
+  }
+#pragma unroll
+  for (u32 j = 0; j < kPer; ++j) {
+    const u32 k = tid + j * kBlockThreads;
+    if (k < (u32)K) out[k] = v[j];
+  }
+}
+
+// Places the top K of the `kept` listed keys (K <= kept < 2^16); the cut's histogram
+// words then stage the chosen positions.
+template <int K, int kTransform, int kBlockThreads>
+NSA_DEVICE void cut_and_place(const Params& p, i32 row, i32 trow, i32* out, const u32* fidx, const u32* fkey, u32 kept,
+                              u32* hist, u32* sm) {
+  static_assert(K <= kBins, "the chosen positions fit the histogram words");
+  i64 thr;
+  u32 ties;
+  list_cut<kBlockThreads>(fkey, kept, (u32)K, hist, sm, thr, ties);
+  place_listed<K, kTransform, kBlockThreads>(p, row, trow, out, fidx, fkey, kept, thr, ties, hist, sm);
 }
 
 // The sample filter over one block's row (non-deterministic rows of n > K). Returns

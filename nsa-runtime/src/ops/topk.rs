@@ -168,10 +168,11 @@ pub fn choose_plan(
     workspace: bool,
     clusters: bool,
 ) -> (TopkPlan, &'static str) {
-    // Measured on H200 (BENCHMARKS.md, session 12), 1 row × 128K: cluster of 8
-    // 18.3 µs, split 19.0, one block 22.2; at 64 rows one block per row wins (23.9
-    // against 26.6 for clusters of 2 and 31.7 split). So only rows ≤ SMs / 8 are
-    // spread, over a cluster where the target has them.
+    // Measured on H200 (BENCHMARKS.md, session 13), 1 row × 128K: cluster of 8
+    // 17.2 µs, split 16.6 (the two trade places between runs), one block 18.7; at
+    // 64 rows one block per row wins (20.1 against 25.7 for clusters of 2 and 29.2
+    // split). So only rows ≤ SMs / 8 are spread, over a cluster where the target
+    // has them (no workspace needed).
     let sms = sm_count as usize;
     let few_long = !deterministic && rows > 0 && 8 * rows <= sms && row_capacity >= SPREAD_MIN_ROW;
     if few_long && clusters {

@@ -261,7 +261,7 @@ fn jit(rt: &Runtime) -> Result<(Vec<JitRow>, f64, usize, f64)> {
     Ok((rows, disk_ms, specs.len(), hit_ns))
 }
 
-/// Top-k of f32 rows (Gaussian scores, every row full length) for each transform.
+/// Top-k of f32 rows (uniform [0, 1) scores, every row full length) for each transform.
 /// A benchmarked top-k path: a plan `choose_plan` can return, or the cluster path
 /// (measured beside them, never chosen).
 fn topk_bench(rt: &Runtime, reps: usize) -> Result<Vec<TopkRow>> {
