@@ -73,9 +73,10 @@ fn both_layouts_every_pattern() {
 
 /// The sample filter (both layouts, non-deterministic rows): lengths around its list
 /// capacities (latency 8192 keys, throughput 6144; shorter rows keep every key),
-/// rows too long for the throughput list (it declines before the pass: 131072 and
-/// up), rows whose raised values the sample over-counts (fewer than k kept: it
-/// declines), heavy ties (more than the list: it declines), and rows up to 1M keys.
+/// rows too long for the list (it declines before the pass: from 131072 keys in the
+/// throughput layout, 1M in the latency layout), rows whose raised values the sample
+/// over-counts (fewer than k kept: it declines), heavy ties (more than the list: it
+/// declines), and rows up to 1M keys.
 #[test]
 fn sample_filter_and_its_fallbacks() {
     let rt = rt();
