@@ -184,6 +184,26 @@ fn graph_bound_decisions_do_not_depend_on_lengths() {
     assert!(err.contains("`page_size`") && err.contains("eager"), "{err}");
 }
 
+/// The split top-k workspace is sized for exactly the top-k calls that take the split
+/// plan: few long rows on a target without thread-block clusters (≤ SMs / 8 rows of
+/// ≥ 16K keys, not deterministic); sm_90a spreads such rows over clusters instead.
+#[test]
+fn split_topk_workspace_follows_the_plan() {
+    let c = cfg(KvCacheFormat::Fp8, 64, 16);
+    let mi300 = LaunchTarget { target: Target::Gfx942, sm_count: 304 };
+    let split_rows = |c: &LayerConfig, rows, width, gpu| {
+        StepDecisions::for_graph(c, ForwardMode::Decode, rows, width, gpu).unwrap().needs.topk_split_rows
+    };
+    assert_eq!(split_rows(&c, 8, 131_072, H200), 0, "clusters: no workspace");
+    assert_eq!(split_rows(&c, 8, 131_072, mi300), 8);
+    assert_eq!(split_rows(&c, 38, 131_072, mi300), 38, "8 x 38 <= 304 SMs");
+    assert_eq!(split_rows(&c, 39, 131_072, mi300), 0, "too many rows to spread");
+    assert_eq!(split_rows(&c, 8, 8192, mi300), 0, "short rows stay in one block");
+    let mut det = c.clone();
+    det.deterministic_topk = true;
+    assert_eq!(split_rows(&det, 8, 131_072, mi300), 0, "deterministic rows are never split");
+}
+
 #[test]
 fn workspace_bytes_count_every_buffer() {
     use nsa_kernels::Target;

@@ -14,7 +14,7 @@ use crate::metadata::{Dispatch, ForwardMode, NsaMetadata, TransformMethod};
 use crate::ops::indexer::ragged_chunk_rows;
 use crate::ops::sparse_decode::{DecodePlan, DecodeShape};
 use crate::ops::sparse_prefill::{ragged_kv_elems, PrefillShape};
-use crate::ops::topk::TopkWorkspace;
+use crate::ops::topk::{choose_plan, TopkPlan, TopkWorkspace};
 use crate::ops::{invalid, LaunchTarget};
 use crate::runtime::Runtime;
 use crate::{Error, Result};
@@ -92,11 +92,6 @@ impl WorkspaceNeeds {
     }
 }
 
-/// Rows the split top-k path may take ([`crate::ops::topk::choose_plan`] splits only
-/// batches this small, and only on targets without thread-block clusters; larger
-/// ones never need the workspace).
-const TOPK_SPLIT_MAX_ROWS: usize = 16;
-
 /// The host-side decisions of one step.
 #[derive(Clone, Debug, PartialEq)]
 pub struct StepDecisions {
@@ -129,7 +124,7 @@ impl StepDecisions {
         let rows = md.num_tokens();
         let indexer = indexer_stage(cfg, md, num_keys, rows)?;
         let attention = attention_stage(cfg, md.mode, dispatch.transform, rows, gpu)?;
-        Ok(assemble(cfg, md.mode, rows, dispatch.transform, indexer, attention, num_keys, &dispatch.reason, gpu.target))
+        Ok(assemble(cfg, md.mode, rows, dispatch.transform, indexer, attention, num_keys, &dispatch.reason, gpu))
     }
 
     /// The decisions of a CUDA graph of `rows` query rows in `mode` that reads
@@ -153,7 +148,7 @@ impl StepDecisions {
         let indexer = IndexerStage::Paged { table_width: width.div_ceil(INDEXER_PAGE_TOKENS) };
         let attention = attention_stage(cfg, mode, TransformMethod::Paged, rows, gpu)?;
         let reason = format!("CUDA graph of {} rows ({}): PAGED, MLA", rows, mode.name());
-        Ok(assemble(cfg, mode, rows, TransformMethod::Paged, indexer, attention, 0, &reason, gpu.target))
+        Ok(assemble(cfg, mode, rows, TransformMethod::Paged, indexer, attention, 0, &reason, gpu))
     }
 
     /// Whether the step needs [`RaggedKeys`]: gathered indexer keys or a RAGGED
@@ -174,8 +169,9 @@ fn assemble(
     attention: AttentionStage,
     num_keys: usize,
     reason: &str,
-    target: Target,
+    gpu: LaunchTarget,
 ) -> StepDecisions {
+    let target = gpu.target;
     let model = &cfg.model;
     let topk = model.topk as usize;
     let mut explain = vec![format!("dispatch: {reason}")];
@@ -221,10 +217,22 @@ fn assemble(
         }
     });
     let chunk_max = chunks.iter().map(|c| c.len()).max().unwrap_or(0);
+    // The split top-k workspace: rows of the largest chunk whose top-k call takes the
+    // split plan (the same choice `ops::topk::topk` makes for it with a workspace).
+    let topk_capacity = match &indexer {
+        IndexerStage::Skip => topk,
+        IndexerStage::Paged { .. } => logits_stride,
+        IndexerStage::Gathered { num_keys, .. } => *num_keys,
+    };
+    let splits = |n: usize| {
+        let plan = choose_plan(n, topk_capacity, gpu.sm_count, cfg.deterministic_topk, true, target.has_clusters());
+        matches!(plan.0, TopkPlan::Split { .. })
+    };
+    let topk_split_rows = chunks.iter().map(|c| c.len()).filter(|&n| splits(n)).max().unwrap_or(0);
     let needs = WorkspaceNeeds {
         logits: (chunk_max * logits_stride).max(topk),
         indices: rows * topk,
-        topk_split_rows: if rows <= TOPK_SPLIT_MAX_ROWS && !target.has_clusters() { rows } else { 0 },
+        topk_split_rows,
         decode_partials: match &attention {
             AttentionStage::Decode(p) => p.workspace_floats(),
             _ => 0,
