@@ -301,8 +301,9 @@ const INDEXER_TOKENS_PER_LANE_GROUP: u32 = 2;
 /// Threads per top-k block (one block per row).
 const TOPK_BLOCK_THREADS: u32 = 1024;
 /// Shared words of the top-k kernel besides candidates and row cache: the 8192-bin
-/// round-0 histogram and 72 scalars (`kFixedWords` in topk.cuh; static_assert
-/// there).
+/// round-0 histogram (which the list cuts' three 2048-bin round histograms and the
+/// staged top-k positions reuse) and 72 scalars (`kFixedWords` in topk.cuh;
+/// static_asserts there).
 const TOPK_FIXED_WORDS: u32 = 8192 + 72;
 /// Cluster sizes the cluster top-k kernel is built for (8: the portable maximum).
 /// Its CTAs are latency-layout blocks (1024 threads, one per SM, the same shared

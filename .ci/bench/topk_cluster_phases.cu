@@ -1,0 +1,161 @@
+// Phase timing of the cluster top-k kernel (one row over a cluster of 8 CTAs), for
+// finding what limits it. Not part of the product; build and run on the GPU machine:
+//   nvcc -std=c++17 -O3 -arch=sm_90a -I kernels/include -o topk_cluster_phases .ci/bench/topk_cluster_phases.cu
+//   ./topk_cluster_phases
+// It compiles the product's cluster_select with its phase-mark hook defined (a block
+// barrier, then thread 0 records clock64 and %globaltimer), runs it on uniform
+// [0, 1) rows like `nsa bench --suite topk`, checks the chosen sets on the CPU and
+// prints each CTA's cycles per phase and its start and end against the cluster's
+// first start.
+#include "nsa/cuda/arch.cuh"
+
+#include <cstdint>
+
+__device__ long long* g_marks;  // [launch CTA][phase][clock64, globaltimer]
+constexpr int kMarks = 7;
+
+#define NSA_TOPK_CLUSTER_MARK(phase)                                               \
+  do {                                                                             \
+    nsa::sync_block();                                                             \
+    if (nsa::thread_x() == 0) {                                                    \
+      unsigned long long ns;                                                       \
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));                       \
+      long long* m = g_marks + ((long long)nsa::block_x() * kMarks + (phase)) * 2; \
+      m[0] = clock64();                                                            \
+      m[1] = (long long)ns;                                                        \
+    }                                                                              \
+  } while (0)
+
+#include "nsa/topk_cluster.cuh"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <vector>
+
+using namespace nsa;
+using namespace nsa::topk;
+
+#define CK(x)                                                                \
+  do {                                                                       \
+    cudaError_t e = (x);                                                     \
+    if (e != cudaSuccess) {                                                  \
+      printf("CUDA error %s at line %d\n", cudaGetErrorString(e), __LINE__); \
+      exit(1);                                                               \
+    }                                                                        \
+  } while (0)
+
+constexpr int K = 2048;
+constexpr int kThreads = 1024;
+constexpr int kCluster = 8;
+// The product's cluster layout (kernels/src/spec.rs): 4096 candidates, 40960-key row cache.
+constexpr int kCandCap = 4096;
+constexpr int kCacheCap = 40960;
+constexpr int kSmemWords = kFixedWords + 2 * kCandCap + kCacheCap;
+const char* const kPhaseNames[kMarks - 1] = {"sample", "list", "join", "cut", "stage", "write"};
+
+__global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1) marked(Params p, u32* status) {
+  cluster_select<K, kPlain, kThreads, kCluster, kCandCap, kCacheCap, kSmemWords>(p, status);
+}
+
+__global__ void fill_uniform(float* s, long long n, unsigned seed) {
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+    unsigned x = (unsigned)i * 2654435761u ^ seed;
+    x ^= x >> 16;
+    x *= 0x7feb352du;
+    x ^= x >> 15;
+    x *= 0x846ca68bu;
+    x ^= x >> 16;
+    s[i] = (x >> 8) * (1.0f / 16777216.0f);
+  }
+}
+
+int main() {
+  const int rows = 1, n = 131072, reps = 50;
+  float* scores;
+  int *lengths, *out;
+  u32* status;
+  long long* marks;
+  CK(cudaMalloc(&scores, (size_t)rows * n * 4));
+  fill_uniform<<<256, 256>>>(scores, (long long)rows * n, 4242u);
+  CK(cudaMalloc(&lengths, rows * 4));
+  std::vector<int> len(rows, n);
+  CK(cudaMemcpy(lengths, len.data(), rows * 4, cudaMemcpyHostToDevice));
+  CK(cudaMalloc(&out, (size_t)rows * K * 4));
+  CK(cudaMalloc(&status, 64));
+  CK(cudaMemset(status, 0, 64));
+  const int ctas = rows * kCluster;
+  CK(cudaMalloc(&marks, (size_t)ctas * kMarks * 2 * 8));
+  CK(cudaMemset(marks, 0, (size_t)ctas * kMarks * 2 * 8));
+  CK(cudaMemcpyToSymbol(g_marks, &marks, sizeof(marks)));
+  Params p{};
+  p.scores = scores;
+  p.lengths = lengths;
+  p.out = out;
+  p.row_stride = n;
+  p.rows = rows;
+  p.row_capacity = n;
+  const int smem = kSmemWords * 4;
+  CK(cudaFuncSetAttribute(marked, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  std::vector<double> cycles(kCluster * (kMarks - 1), 0.0), start_ns(kCluster, 0.0), end_ns(kCluster, 0.0);
+  std::vector<long long> m((size_t)ctas * kMarks * 2);
+  for (int i = 0; i < 3; ++i) marked<<<ctas, kThreads, smem>>>(p, status);
+  CK(cudaEventRecord(a));
+  for (int r = 0; r < reps; ++r) {
+    marked<<<ctas, kThreads, smem>>>(p, status);
+    CK(cudaMemcpy(m.data(), marks, m.size() * 8, cudaMemcpyDeviceToHost));
+    long long first = m[1];
+    for (int c = 0; c < kCluster; ++c) first = std::min(first, m[((size_t)c * kMarks) * 2 + 1]);
+    for (int c = 0; c < kCluster; ++c) {
+      const long long* mc = m.data() + (size_t)c * kMarks * 2;
+      for (int ph = 0; ph + 1 < kMarks; ++ph) cycles[c * (kMarks - 1) + ph] += (double)(mc[(ph + 1) * 2] - mc[ph * 2]);
+      start_ns[c] += (double)(mc[1] - first);
+      end_ns[c] += (double)(mc[(kMarks - 1) * 2 + 1] - first);
+    }
+  }
+  CK(cudaEventRecord(b));
+  CK(cudaEventSynchronize(b));
+  CK(cudaGetLastError());
+  float ms;
+  CK(cudaEventElapsedTime(&ms, a, b));
+  printf("marked cluster kernel, %d x %d, cluster %d: %.2f us per launch with a copy between (events)\n", rows, n,
+         kCluster, ms * 1000.f / reps);
+
+  // Check the last launch's set against the CPU.
+  std::vector<float> host((size_t)n);
+  std::vector<int> got(K);
+  CK(cudaMemcpy(host.data(), scores, (size_t)n * 4, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(got.data(), out, K * 4, cudaMemcpyDeviceToHost));
+  std::vector<float> sorted(host);
+  std::nth_element(sorted.begin(), sorted.begin() + (K - 1), sorted.end(), std::greater<float>());
+  const float kth = sorted[K - 1];
+  std::vector<char> seen(n, 0);
+  bool ok = true;
+  long above = 0, got_above = 0;
+  for (int i = 0; i < n; ++i) above += host[i] > kth;
+  for (int k = 0; k < K && ok; ++k) {
+    const int i = got[k];
+    ok = i >= 0 && i < n && !seen[i] && host[i] >= kth;
+    if (ok) seen[i] = 1, got_above += host[i] > kth;
+  }
+  printf("set %s\n", ok && got_above == above ? "correct" : "WRONG");
+
+  int clock_khz;
+  CK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, 0));
+  printf("cycles per phase (mean of %d launches; SM clock %d MHz), start and end in ns after the first CTA's start:\n",
+         reps, clock_khz / 1000);
+  printf("cta");
+  for (const char* name : kPhaseNames) printf(" %8s", name);
+  printf(" %8s %8s\n", "start", "end");
+  for (int c = 0; c < kCluster; ++c) {
+    printf("%3d", c);
+    for (int ph = 0; ph + 1 < kMarks; ++ph) printf(" %8.0f", cycles[c * (kMarks - 1) + ph] / reps);
+    printf(" %8.0f %8.0f\n", start_ns[c] / reps, end_ns[c] / reps);
+  }
+  return 0;
+}
