@@ -357,11 +357,10 @@ NSA_DEVICE float key_value(u32 key) { return u32_as_f32((key & 0x80000000u) ? (k
 NSA_DEVICE constexpr u32 pow2_floor(u32 v) { return v < 2u ? v : 2u * pow2_floor(v / 2u); }
 
 // The sample filter's sample: kSectors runs of kRun adjacent keys (a power of two
-// of them: the run starts then cost a shift, not a 64-bit division). Runs of 8 keys
-// are whole 32-byte sectors, so a row read only by its sample costs few sectors.
-template <int kCap, u32 kRunKeys = 8>
+// of them: the run starts then cost a shift, not a 64-bit division).
+template <int kCap>
 struct Sample {
-  static constexpr u32 kRun = kRunKeys;
+  static constexpr u32 kRun = 8;
   static constexpr u32 kSectors = pow2_floor((kCap < 8192 ? kCap : 8192) / kRun);
   // Runs count as single draws (adjacent scores may move together): e runs are
   // expected at or above the K-th largest of n; rank e + 4·sqrt(e) + 4 runs is four
@@ -381,10 +380,10 @@ struct Sample {
 
 // Fills keys[0, kSectors * kRun) with the keys of the row's sample: kSectors runs of
 // kRun adjacent scores (one 32-byte sector each), spread evenly over the row.
-template <int kBlockThreads, int kCap, u32 kRunKeys>
+template <int kBlockThreads, int kCap>
 NSA_DEVICE void load_sample(const float* src, i32 n, u32* keys) {
-  constexpr u32 kRun = Sample<kCap, kRunKeys>::kRun;
-  constexpr u32 kSectors = Sample<kCap, kRunKeys>::kSectors;
+  constexpr u32 kRun = Sample<kCap>::kRun;
+  constexpr u32 kSectors = Sample<kCap>::kSectors;
   static_assert(kSectors * kRun % kBlockThreads == 0, "every thread loads the same count");
   constexpr u32 kPerThread = kSectors * kRun / kBlockThreads;
   constexpr u32 kInFlight = kPerThread < 8 ? kPerThread : 8;  // loads issued together
@@ -408,17 +407,18 @@ NSA_DEVICE void load_sample(const float* src, i32 n, u32* keys) {
 // of an n-key row (n > kCap). Every key >= lo is kept; when between K and kCap are,
 // the top K of the row are exactly the top K of the kept ones. `keys` (kCap words)
 // is scratch.
-template <int K, int kBlockThreads, int kCap, u32 kRunKeys = 8>
+template <int K, int kBlockThreads, int kCap>
 NSA_DEVICE u32 sample_threshold(const float* src, i32 n, u32* hist, u32* sm, u32* keys) {
-  using S = Sample<kCap, kRunKeys>;
-  load_sample<kBlockThreads, kCap, kRunKeys>(src, n, keys);
-  const u32 rank = S::template runs<K>(n) * S::kRun;
+  constexpr u32 kRun = Sample<kCap>::kRun;
+  constexpr u32 kSectors = Sample<kCap>::kSectors;
+  load_sample<kBlockThreads, kCap>(src, n, keys);
+  const u32 rank = Sample<kCap>::template runs<K>(n) * kRun;
   i64 thr;
   u32 ties;
   // One round (11 bits below the sample's common prefix) puts `lo` at the floor of
   // the bin holding the rank-th key: a bin's worth of extra keys at most, cheaper
   // than a second round (measured: 1 × 128K split 22.0 -> 19.3 µs).
-  list_cut<kBlockThreads, 1>(keys, S::kSectors * S::kRun, rank, hist, sm, thr, ties);
+  list_cut<kBlockThreads, 1>(keys, kSectors * kRun, rank, hist, sm, thr, ties);
   return (u32)(ties > 0 ? thr : thr + 1);
 }
 
@@ -534,13 +534,15 @@ NSA_NOINLINE void keep_above_sample_apart(const float* src, i32 n, i32 begin, i3
   keep_above_sample<K, kBlockThreads, kCap, 4>(src, n, begin, len, hist, sm, fidx, fkey);
 }
 
-// Stages the positions of the listed keys above `thr` and of the first `ties` keys
-// equal to it (K in all; kept < 2^16) in `stage` (K words of shared memory, free
-// once every thread has passed the scan): every thread counts the winners and ties
-// among its entries and one block scan gives each its slots. The same list gives
-// the same staging in every block.
-template <int K, int kBlockThreads>
-NSA_DEVICE void stage_listed(const u32* fidx, const u32* fkey, u32 kept, i64 thr, u32 ties, u32* stage, u32* sm) {
+// Writes the listed keys above `thr` and the first `ties` keys equal to it (K in
+// all; kept < 2^16) to out. Every thread counts the winners and ties among its
+// entries, one block scan gives each its slots, their positions are staged in `stage`
+// (K words of shared memory, free once every thread has passed the scan), and one
+// coalesced pass writes them out: the stores are whole lines and a PAGED row's
+// page-table reads are all issued together (BENCHMARKS.md, session 13).
+template <int K, int kTransform, int kBlockThreads>
+NSA_DEVICE void place_listed(const Params& p, i32 row, i32 trow, i32* out, const u32* fidx, const u32* fkey, u32 kept,
+                             i64 thr, u32 ties, u32* stage, u32* sm) {
   const u32 tid = thread_x();
   u32 counts = 0;  // winners | ties << 16
   for (u32 c = tid; c < kept; c += kBlockThreads) {
@@ -561,35 +563,18 @@ NSA_DEVICE void stage_listed(const u32* fidx, const u32* fkey, u32 kept, i64 thr
     }
   }
   sync_block();
-}
-
-// Writes out[k] for the staged positions k in [k0, k1) in one coalesced pass: whole
-// lines, and a PAGED row's page-table reads all issued together.
-template <int K, int kTransform, int kBlockThreads>
-NSA_DEVICE void write_staged(const Params& p, i32 row, i32 trow, i32* out, const u32* stage, u32 k0, u32 k1) {
   constexpr u32 kPer = ((u32)K + kBlockThreads - 1) / kBlockThreads;
-  const u32 tid = thread_x();
   i32 v[kPer];
 #pragma unroll
   for (u32 j = 0; j < kPer; ++j) {
-    const u32 k = k0 + tid + j * kBlockThreads;
-    v[j] = k < k1 ? emit<kTransform>(p, row, trow, (i32)stage[k]) : 0;
+    const u32 k = tid + j * kBlockThreads;
+    v[j] = k < (u32)K ? emit<kTransform>(p, row, trow, (i32)stage[k]) : 0;
   }
 #pragma unroll
   for (u32 j = 0; j < kPer; ++j) {
-    const u32 k = k0 + tid + j * kBlockThreads;
-    if (k < k1) out[k] = v[j];
+    const u32 k = tid + j * kBlockThreads;
+    if (k < (u32)K) out[k] = v[j];
   }
-}
-
-// Writes the listed keys above `thr` and the first `ties` keys equal to it (K in
-// all) to out, staged first (BENCHMARKS.md, session 13: staging replaced contended
-// slot reservations and scattered stores).
-template <int K, int kTransform, int kBlockThreads>
-NSA_DEVICE void place_listed(const Params& p, i32 row, i32 trow, i32* out, const u32* fidx, const u32* fkey, u32 kept,
-                             i64 thr, u32 ties, u32* stage, u32* sm) {
-  stage_listed<K, kBlockThreads>(fidx, fkey, kept, thr, ties, stage, sm);
-  write_staged<K, kTransform, kBlockThreads>(p, row, trow, out, stage, 0u, (u32)K);
 }
 
 // Places the top K of the `kept` listed keys (K <= kept < 2^16); the cut's histogram

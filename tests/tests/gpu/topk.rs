@@ -125,13 +125,10 @@ fn split_path_every_transform_every_pattern() {
 fn cluster_path_every_size_transform_and_pattern() {
     let rt = rt();
     let mut checks = Vec::new();
-    // Around the joined list's capacity (20480) and each CTA's own list (4096): rows
-    // of up to 8192 / 16384 / 20480 keys keep every key with clusters of 2 / 4 / 8;
-    // around the slices held in registers (16384 keys per CTA: rows of 32K / 64K /
-    // 128K keys), and every slice boundary.
+    // Around the list capacity (24576: shorter rows keep every key) and slice
+    // boundaries of every cluster size.
     let mut lengths = edge_lengths(2048);
-    lengths.extend([8192, 8193, 16_384, 16_385, 20_480, 20_481, 24_577]);
-    lengths.extend([32_768, 32_769, 65_536, 65_537, 131_072, 131_073, 2049 + 7 * 4]);
+    lengths.extend([24_576, 24_577, 32_768, 32_769, 65_536, 65_537, 131_072, 131_073, 2049 + 7 * 4]);
     let mut seed = 700;
     for cluster in [2, 4, 8] {
         for transform in TopkTransform::ALL {
@@ -149,9 +146,9 @@ fn cluster_path_every_size_transform_and_pattern() {
         c.path = TopkPath::Cluster(8);
         checks.push(run(&rt, &c).unwrap());
     }
-    // Long rows: 1M and 2.2M keys (filtered, slices read from memory), heavy ties
-    // (the joined list overflows: CTA 0 runs the histogram path), and rows whose
-    // raised values the sample misses (longer lists).
+    // Long rows: 1M keys (filtered), 2.2M (too long for the list: CTA 0 runs the
+    // histogram path), heavy ties (the joined list overflows: the same), and rows
+    // whose raised values the sample over-counts (fewer than k kept: the same).
     for (i, pattern) in [
         ScorePattern::Gaussian,
         ScorePattern::FewDistinct,

@@ -1,5 +1,5 @@
 // Thread-block clusters (sm_90+): rank, cluster-wide barrier and distributed
-// shared memory (DSMEM) stores and atomics by shared-window address.
+// shared memory (DSMEM) loads and stores by shared-window address.
 #pragma once
 #ifndef NSA_CUDA
 #error "nsa/cuda/cluster.cuh needs the NVIDIA arch header"
@@ -20,11 +20,6 @@ NSA_DEVICE void sync() {
   asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
 
-// The two halves of sync(), for work in between: every thread arrives once, then
-// waits once, per phase.
-NSA_DEVICE void arrive() { asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory"); }
-NSA_DEVICE void wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
-
 // Shared-window address of a local shared-memory object.
 NSA_DEVICE u32 local_addr(const void* p) {
   u64 a;
@@ -39,20 +34,14 @@ NSA_DEVICE u32 map(u32 addr, u32 cta) {
   return r;
 }
 
+NSA_DEVICE u32 load(u32 cluster_addr) {
+  u32 v;
+  asm volatile("ld.shared::cluster.u32 %0, [%1];" : "=r"(v) : "r"(cluster_addr) : "memory");
+  return v;
+}
+
 NSA_DEVICE void store(u32 cluster_addr, u32 v) {
   asm volatile("st.shared::cluster.u32 [%0], %1;" ::"r"(cluster_addr), "r"(v) : "memory");
-}
-
-// Atomic add to a word of some CTA's shared memory; returns the old value.
-NSA_DEVICE u32 atomic_add(u32 cluster_addr, u32 v) {
-  u32 old;
-  asm volatile("atom.shared::cluster.add.u32 %0, [%1], %2;" : "=r"(old) : "r"(cluster_addr), "r"(v) : "memory");
-  return old;
-}
-
-// The same without the result (a reduction: nothing waits for it).
-NSA_DEVICE void reduce_add(u32 cluster_addr, u32 v) {
-  asm volatile("red.shared::cluster.add.u32 [%0], %1;" ::"r"(cluster_addr), "r"(v) : "memory");
 }
 
 }  // namespace cluster
