@@ -34,17 +34,10 @@ constexpr int kMarks = 6;
 #include <functional>
 #include <vector>
 
+#include "harness.cuh"
+
 using namespace nsa;
 using namespace nsa::topk;
-
-#define CK(x)                                                                \
-  do {                                                                       \
-    cudaError_t e = (x);                                                     \
-    if (e != cudaSuccess) {                                                  \
-      printf("CUDA error %s at line %d\n", cudaGetErrorString(e), __LINE__); \
-      exit(1);                                                               \
-    }                                                                        \
-  } while (0)
 
 constexpr int K = 2048;
 constexpr int kThreads = 1024;
@@ -58,18 +51,6 @@ const char* const kPhaseNames[kMarks - 1] = {"sample", "list", "counts", "push",
 
 __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1) marked(Params p, u32* status) {
   cluster_select<K, kPlain, kThreads, kCluster, kCandCap, kCacheCap, kSmemWords>(p, status);
-}
-
-__global__ void fill_uniform(float* s, long long n, unsigned seed) {
-  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
-    unsigned x = (unsigned)i * 2654435761u ^ seed;
-    x ^= x >> 16;
-    x *= 0x7feb352du;
-    x ^= x >> 15;
-    x *= 0x846ca68bu;
-    x ^= x >> 16;
-    s[i] = (x >> 8) * (1.0f / 16777216.0f);
-  }
 }
 
 int main() {

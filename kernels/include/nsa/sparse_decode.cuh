@@ -174,16 +174,21 @@ NSA_DEVICE i32 raw_slot(const Params& p, i64 row, i32 pos, i32 valid_len) {
   return mma::ldg_nc_s32_or(p.indices + row * kTopk + pos, pos < valid_len, -1);
 }
 
-// A raw entry as a slot: -1 stays -1; an entry outside the cache is rejected
-// (-1, counted in `status` when `report`).
-template <int kTopk>
-NSA_DEVICE i32 checked_slot(const Params& p, i32 s, i64 row, i32 pos, bool report, u32* status) {
+// A raw entry (index `at` of the indices tensor) as a slot: -1 stays -1; an entry
+// outside the cache is rejected (-1, counted in `status` when `report`).
+NSA_DEVICE i32 checked_entry(const Params& p, i32 s, i64 at, bool report, u32* status) {
   if (s == -1) return -1;
   if (s < -1 || (i64)s >= p.num_slots) {
-    if (report) report_rejected_slot(status, row * kTopk + pos);
+    if (report) report_rejected_slot(status, at);
     return -1;
   }
   return s;
+}
+
+// checked_entry for entry `pos` of `row`.
+template <int kTopk>
+NSA_DEVICE i32 checked_slot(const Params& p, i32 s, i64 row, i32 pos, bool report, u32* status) {
+  return checked_entry(p, s, row * kTopk + pos, report, status);
 }
 
 // A raw entry for an L2 prefetch: any entry outside the cache is skipped.

@@ -75,12 +75,7 @@ NSA_DEVICE u64 shfl_u64(u64 v, u32 src) { return __shfl_sync(0xffffffffu, v, (in
 // Index entry `pos` of the CTA's range as a slot, or -1 when it is past the row's
 // valid prefix, is -1, or is rejected (counted in `status`: outside the cache).
 NSA_DEVICE i32 checked_slot(const Params& p, i32 s, i64 at, bool live, bool report, u32* status) {
-  if (!live || s == -1) return -1;
-  if (s < -1 || (i64)s >= p.num_slots) {
-    if (report) decode::report_rejected_slot(status, at);
-    return -1;
-  }
-  return s;
+  return live ? decode::checked_entry(p, s, at, report, status) : -1;
 }
 
 // The copy warps: warp 0 moves tokens 0..31 of every 64-token step with bulk
