@@ -1,6 +1,7 @@
 //! `nsa bench`: KV store/dequant bandwidth beside a device copy of the same bytes,
 //! and JIT latency (cold compile, disk-cache load, memory hit). Writes JSON.
 
+use crate::shapes::parse_dims;
 use clap::Args;
 use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaSlice, CudaStream};
@@ -32,6 +33,13 @@ pub struct BenchArgs {
     /// Sparse-decode shapes as batch x s_q x heads (default: the decode issue's table).
     #[arg(long, value_delimiter = ',')]
     pub decode_shapes: Vec<String>,
+    /// Top-k shapes as rows x keys per row (default: the top-k issue's 64x131072,
+    /// 1x131072, 2048x32768).
+    #[arg(long, value_delimiter = ',')]
+    pub topk_shapes: Vec<String>,
+    /// Top-k: time only the plan `choose_plan` picks for each shape (default: every plan).
+    #[arg(long)]
+    pub topk_chosen_only: bool,
     /// Sparse decode: every request draws from the same 16K slots (an L2-resident
     /// working set; separates gather latency from compute).
     #[arg(long)]
@@ -261,10 +269,30 @@ fn jit(rt: &Runtime) -> Result<(Vec<JitRow>, f64, usize, f64)> {
     Ok((rows, disk_ms, specs.len(), hit_ns))
 }
 
-/// Top-k of f32 rows (uniform [0, 1) scores, every row full length) for each transform.
-/// A benchmarked top-k path: a plan `choose_plan` can return, or the cluster path
-/// (measured beside them, never chosen).
-fn topk_bench(rt: &Runtime, reps: usize) -> Result<Vec<TopkRow>> {
+/// The top-k issue's shapes: (rows, keys per row).
+const TOPK_DEFAULT_SHAPES: [(usize, usize); 3] = [(64, 131_072), (1, 131_072), (2048, 32_768)];
+
+/// The cases of `--topk-shapes` (the shapes when none are given): at most
+/// 2^31 - 1 scores in all, since the bench's page table numbers them in i32.
+fn topk_cases(shapes: &[String]) -> Result<Vec<(usize, usize)>> {
+    if shapes.is_empty() {
+        return Ok(TOPK_DEFAULT_SHAPES.to_vec());
+    }
+    let case = |s: &String| {
+        let [rows, n] = parse_dims::<2>("--topk-shapes", s, "rows x keys", "64x131072")?;
+        if rows.checked_mul(n).is_none_or(|e| e > i32::MAX as usize) {
+            return Err(Error::Other(format!(
+                "--topk-shapes: `{s}` has more than 2^31 - 1 scores; the bench numbers them in i32"
+            )));
+        }
+        Ok((rows, n))
+    };
+    shapes.iter().map(case).collect()
+}
+
+/// Top-k of f32 rows (uniform [0, 1) scores, every row full length) for each transform,
+/// on every plan `choose_plan` can return (or only the one it picks).
+fn topk_bench(rt: &Runtime, reps: usize, cases: &[(usize, usize)], chosen_only: bool) -> Result<Vec<TopkRow>> {
     use nsa_kernels::{TopkLayout, TopkTransform};
     use nsa_runtime::ops::topk::{
         choose_plan, cluster_size, split_plan, topk_cluster, topk_split, topk_with_layout, PageTable, TopkOutput,
@@ -277,7 +305,7 @@ fn topk_bench(rt: &Runtime, reps: usize) -> Result<Vec<TopkRow>> {
         bytes as f64 / copy_us(&stream, bytes, 20)? / 1e3
     };
     let mut out_rows = Vec::new();
-    for (rows, n) in [(64usize, 131_072usize), (1, 131_072), (2048, 32_768)] {
+    for &(rows, n) in cases {
         let mut rng = testdata::rng(rows as u64 ^ n as u64);
         let scores: Vec<f32> = (0..rows * n).map(|_| rand::Rng::random::<f32>(&mut rng)).collect();
         let d_scores = upload(&stream, &scores)?;
@@ -300,6 +328,9 @@ fn topk_bench(rt: &Runtime, reps: usize) -> Result<Vec<TopkRow>> {
         ];
         if clusters {
             plans.push(TopkPlan::Cluster { size: cluster_size(rows, sms) });
+        }
+        if chosen_only {
+            plans = vec![chosen];
         }
         let mut ws = TopkWorkspace::new(rt, rows)?;
         for (transform, plan) in TopkTransform::ALL.into_iter().flat_map(|t| plans.iter().map(move |&p| (t, p))) {
@@ -432,13 +463,16 @@ fn metadata_bench(rt: &Runtime, reps: usize) -> Result<Vec<MetadataRow>> {
 }
 
 pub fn run(args: BenchArgs) -> Result<()> {
+    // Bad shapes fail before the device is touched.
+    let topk_cases = topk_cases(&args.topk_shapes)?;
+    let decode_cases = crate::bench_decode::decode_cases(&args.decode_shapes)?;
     let rt = Runtime::new(0)?;
     let device = format!("{} ({} SMs)", rt.gpu().caps().name, rt.gpu().caps().sm_count);
     println!("bench on {device}");
     let want = |s: Suite| args.suite == s || args.suite == Suite::All;
-    let topk = if want(Suite::Topk) { topk_bench(&rt, args.reps)? } else { vec![] };
+    let topk = if want(Suite::Topk) { topk_bench(&rt, args.reps, &topk_cases, args.topk_chosen_only)? } else { vec![] };
     let decode = if want(Suite::Decode) {
-        crate::bench_decode::decode_bench(&rt, args.reps, &args.decode_shapes, args.decode_shared_keys)?
+        crate::bench_decode::decode_bench(&rt, args.reps, &decode_cases, args.decode_shared_keys)?
     } else {
         vec![]
     };

@@ -3,6 +3,7 @@
 //! KV bytes gathered per µs and the roofline of this run.
 
 use crate::bench::{copy_gbps, time_us};
+use crate::shapes::parse_dims;
 use cudarc::driver::CudaSlice;
 use half::bf16;
 use nsa_kernels::layout::*;
@@ -54,28 +55,34 @@ const DEFAULT_CASES: [(usize, usize, u32); 8] =
     [(1, 1, 128), (32, 1, 128), (128, 1, 128), (64, 2, 128), (128, 1, 64), (128, 1, 16), (1, 1, 16), (32, 1, 16)];
 
 fn parse_shape(s: &str) -> Result<(usize, usize, u32)> {
-    let bad = || Error::Other(format!("--decode-shapes: `{s}` is not batch x s_q x heads (e.g. 128x1x16)"));
-    let parts: Vec<&str> = s.split('x').collect();
-    match parts[..] {
-        [b, q, h] => Ok((b.parse().map_err(|_| bad())?, q.parse().map_err(|_| bad())?, h.parse().map_err(|_| bad())?)),
-        _ => Err(bad()),
-    }
+    let [b, q, h] = parse_dims::<3>("--decode-shapes", s, "batch x s_q x heads", "128x1x16")?;
+    let heads =
+        u32::try_from(h).map_err(|_| Error::Other(format!("--decode-shapes: heads {h} in `{s}` is too large")))?;
+    Ok((b, q, heads))
 }
 
-pub fn decode_bench(rt: &Runtime, reps: usize, shapes: &[String], shared_keys: bool) -> Result<Vec<DecodeRow>> {
+/// The cases of `--decode-shapes` (the table when none are given).
+pub fn decode_cases(shapes: &[String]) -> Result<Vec<(usize, usize, u32)>> {
+    if shapes.is_empty() {
+        return Ok(DEFAULT_CASES.to_vec());
+    }
+    shapes.iter().map(|s| parse_shape(s)).collect()
+}
+
+pub fn decode_bench(
+    rt: &Runtime,
+    reps: usize,
+    cases: &[(usize, usize, u32)],
+    shared_keys: bool,
+) -> Result<Vec<DecodeRow>> {
     let stream = rt.gpu().stream().clone();
     let copy_gbps = copy_gbps(&stream)?;
     let mut rng = testdata::rng(11);
-    let cases: Vec<(usize, usize, u32)> = if shapes.is_empty() {
-        DEFAULT_CASES.to_vec()
-    } else {
-        shapes.iter().map(|s| parse_shape(s)).collect::<Result<_>>()?
-    };
     let max_batch = cases.iter().map(|c| c.0).max().unwrap_or(1);
     let pool = fp8_pool(max_batch * KEYS_PER_REQUEST, &mut rng);
     let d_pool = upload(&stream, &pool)?;
     let mut out_rows = Vec::new();
-    for &(batch, s_q, heads) in &cases {
+    for &(batch, s_q, heads) in cases {
         let shape = DecodeShape { batch, s_q, heads, topk: TOPK, page_size: 64 };
         let plan = DecodePlan::new(shape, rt.launch_target())?;
         let rows = shape.rows();

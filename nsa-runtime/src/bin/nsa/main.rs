@@ -8,6 +8,7 @@ mod compile;
 mod config_args;
 mod inspect;
 mod run;
+mod shapes;
 
 use clap::{Parser, Subcommand};
 use config_args::ConfigArgs;
