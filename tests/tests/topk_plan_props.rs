@@ -1,0 +1,43 @@
+//! Property tests of the top-k launch plan (host only): whatever the batch, device
+//! and options, `choose_plan` returns a plan the launchers can run, and spreads a
+//! row over blocks or a cluster only where the tables say it pays.
+
+use nsa_runtime::ops::topk::{choose_layout, choose_plan, TopkPlan};
+use proptest::prelude::*;
+
+/// Rows shorter than this stay in one block (`SPREAD_MIN_ROW` in ops/topk.rs).
+const SPREAD_MIN_ROW: usize = 16_384;
+
+proptest! {
+    #[test]
+    fn plans_are_runnable_and_spread_only_few_long_rows(
+        rows in 0usize..5000,
+        cap in 0usize..3_000_000,
+        sms in 1u32..320,
+        deterministic: bool,
+        workspace: bool,
+        clusters: bool,
+    ) {
+        let (plan, why) = choose_plan(rows, cap, sms, deterministic, workspace, clusters);
+        prop_assert!(!why.is_empty());
+        let few_long = !deterministic && rows > 0 && 8 * rows <= sms as usize && cap >= SPREAD_MIN_ROW;
+        match plan {
+            TopkPlan::Single(layout) => {
+                prop_assert!(!few_long || (!clusters && !workspace), "few long rows left in one block");
+                prop_assert_eq!(layout, choose_layout(rows, sms).0);
+            }
+            TopkPlan::Cluster { size } => {
+                prop_assert!(few_long && clusters);
+                // Every cluster of the batch runs at once, one CTA per SM.
+                prop_assert_eq!(size, 8);
+                prop_assert!(rows * size as usize <= sms as usize);
+            }
+            TopkPlan::Split { chunk, chunks } => {
+                prop_assert!(few_long && workspace && !clusters);
+                prop_assert!(chunk >= 1024 && chunk % 1024 == 0, "chunk {}", chunk);
+                // The chunks cover the row, and none is empty.
+                prop_assert!(chunk * chunks >= cap && chunk * (chunks - 1) < cap, "{} x {} for {}", chunk, chunks, cap);
+            }
+        }
+    }
+}
