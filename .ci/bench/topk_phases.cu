@@ -31,10 +31,8 @@ const char* const kPhaseNames[kPhases] = {"sample load", "sample cut", "pass", "
 template <int K, int T, int kCap, int kMinBlocks>
 __global__ void __launch_bounds__(T, kMinBlocks) phases(Params p, long long* marks, u32* declined) {
   extern __shared__ u32 smem[];
-  u32* hist = smem;
-  u32* sm = hist + kBins;
-  u32* fidx = sm + kScalarWords;
-  u32* fkey = fidx + kCap;
+  const ListSmem l = list_smem<kCap>(smem);
+  u32 *hist = l.hist, *sm = l.sm, *fidx = l.idx, *fkey = l.key;
   const u32 tid = thread_x();
   const i32 row = (i32)block_x();
   const i32 n = p.lengths[row];

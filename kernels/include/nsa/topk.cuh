@@ -274,6 +274,20 @@ NSA_DEVICE void overflow_select(const Params& p, i32 row, i32 trow, i32* out, bo
 // Shared-memory words the kernel needs beyond the candidate list and row cache.
 constexpr int kFixedWords = kBins + kScalarWords;
 
+// The top-k kernels' shared memory: the histogram, the scalars, then a list of kCap
+// positions and their keys (the histogram path's candidates; its row cache follows).
+struct ListSmem {
+  u32* hist;
+  u32* sm;
+  u32* idx;
+  u32* key;
+};
+template <int kCap>
+NSA_DEVICE ListSmem list_smem(u32* smem) {
+  u32* sm = smem + kBins;
+  return ListSmem{smem, sm, sm + kScalarWords, sm + kScalarWords + kCap};
+}
+
 // Radix widths of list_cut's rounds (32 bits in all): 2048 bins, which a block
 // clears and scans in far fewer steps than the histogram path's 8192 (H200,
 // BENCHMARKS.md session 13: 2048 x 32K 163.9 -> 153.4 us in the phase harness).
@@ -513,6 +527,16 @@ NSA_DEVICE void list_at_or_above(const float* src, i32 begin, i32 len, u32 lo, u
   sync_block();
 }
 
+// Zeroes the list counter and returns the bound of the n-key row's list: the sample
+// threshold, or 0 (every key) when n <= kCap. `keys` (kCap words) is scratch.
+template <int K, int kBlockThreads, int kCap>
+NSA_DEVICE u32 list_bound(const float* src, i32 n, u32* hist, u32* sm, u32* keys) {
+  if (thread_x() == 0) sm[kCands] = 0u;
+  const u32 lo = n > kCap ? sample_threshold<K, kBlockThreads, kCap>(src, n, hist, sm, keys) : 0u;
+  sync_block();
+  return lo;
+}
+
 // Zeroes the list counter, takes the sample threshold of the n-key row (none when
 // n <= kCap: every key is kept) and lists the keys of src[begin, begin + len) at or
 // above it; the list is complete on return. kUnroll: float4 per thread in flight in
@@ -520,9 +544,7 @@ NSA_DEVICE void list_at_or_above(const float* src, i32 begin, i32 len, u32 lo, u
 template <int K, int kBlockThreads, int kCap, int kUnroll>
 NSA_DEVICE void keep_above_sample(const float* src, i32 n, i32 begin, i32 len, u32* hist, u32* sm, u32* fidx,
                                   u32* fkey) {
-  if (thread_x() == 0) sm[kCands] = 0u;
-  const u32 lo = n > kCap ? sample_threshold<K, kBlockThreads, kCap>(src, n, hist, sm, fkey) : 0u;
-  sync_block();
+  const u32 lo = list_bound<K, kBlockThreads, kCap>(src, n, hist, sm, fkey);
   list_at_or_above<kBlockThreads, kCap, kUnroll>(src, begin, len, lo, sm, fidx, fkey);
 }
 
@@ -633,10 +655,8 @@ template <int K, int kTransform, bool kDeterministic, int kBlockThreads, int kCa
 NSA_DEVICE void select_row(const Params& p, u32* status, i32 row) {
   static_assert(kFixedWords + 2 * kCandCap + kCacheCap <= kSmemWords, "launch provides kSmemWords of shared memory");
   extern NSA_SHARED u32 smem[];
-  u32* hist = smem;
-  u32* sm = hist + kBins;
-  u32* cand_idx = sm + kScalarWords;
-  u32* cand_key = cand_idx + kCandCap;
+  const ListSmem l = list_smem<kCandCap>(smem);
+  u32 *hist = l.hist, *sm = l.sm, *cand_idx = l.idx, *cand_key = l.key;
   u32* cache = cand_key + kCandCap;
 
   const u32 tid = thread_x();
@@ -807,10 +827,8 @@ template <int K, int kTransform, int kBlockThreads, int kCap, int kSmemWords>
 NSA_DEVICE void split_select(const Params& p, const Split& split, u32* status) {
   static_assert(kFixedWords + 2 * kCap <= kSmemWords, "launch provides kSmemWords of shared memory");
   extern NSA_SHARED u32 smem[];
-  u32* hist = smem;
-  u32* sm = hist + kBins;
-  u32* fidx = sm + kScalarWords;
-  u32* fkey = fidx + kCap;
+  const ListSmem l = list_smem<kCap>(smem);
+  u32 *hist = l.hist, *sm = l.sm, *fidx = l.idx, *fkey = l.key;
   const u32 tid = thread_x();
   const i32 row = (i32)(block_x() / (u32)split.chunks);
   const i32 chunk = (i32)(block_x() % (u32)split.chunks);

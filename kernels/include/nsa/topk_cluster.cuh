@@ -44,10 +44,8 @@ NSA_DEVICE void cluster_select(const Params& p, u32* status) {
   extern NSA_SHARED u32 smem[];
   // The layout of select_row (topk.cuh): CTA 0 may run its histogram path.
   constexpr int kCap = (2 * kCandCap + kCacheCap) / 2;
-  u32* hist = smem;
-  u32* sm = hist + kBins;
-  u32* fidx = sm + kScalarWords;
-  u32* fkey = fidx + kCap;
+  const ListSmem l = list_smem<kCap>(smem);
+  u32 *hist = l.hist, *sm = l.sm, *fidx = l.idx, *fkey = l.key;
 
   const u32 rank = cluster::rank();
   const u32 tid = thread_x();
@@ -70,10 +68,8 @@ NSA_DEVICE void cluster_select(const Params& p, u32* status) {
   const i32 begin = (i32)rank * slice < n ? (i32)rank * slice : n;
   const i32 len = n - begin < slice ? n - begin : slice;
   const float* src = p.scores + (i64)row * p.row_stride + ext.s0;
-  // keep_above_sample, with a mark between the sample and the list.
-  if (tid == 0) sm[kCands] = 0u;
-  const u32 lo = n > kCap ? sample_threshold<K, kBlockThreads, kCap>(src, n, hist, sm, fkey) : 0u;
-  sync_block();
+  // keep_above_sample, with a mark between its halves.
+  const u32 lo = list_bound<K, kBlockThreads, kCap>(src, n, hist, sm, fkey);
   NSA_TOPK_CLUSTER_MARK(1);
   list_at_or_above<kBlockThreads, kCap, 8>(src, begin, len, lo, sm, fidx, fkey);
   NSA_TOPK_CLUSTER_MARK(2);
