@@ -161,20 +161,22 @@ pub fn wg_smem_bytes(d_qk: u32) -> u32 {
 pub const DECODE_BLOCK_TOKENS: u32 = 64;
 /// Threads of a sparse-decode CTA (8 producer + 8 consumer warps).
 const DECODE_BLOCK_THREADS: u32 = 512;
-/// Threads of a raw-record decode CTA (8 consumer warps + 5 copy warps).
-const DECODE_F8_BLOCK_THREADS: u32 = 416;
+/// Threads of a raw-record decode CTA (8 consumer warps + 2 bulk-copy warps).
+const DECODE_F8_BLOCK_THREADS: u32 = 320;
 /// Stages of the raw-record decode kernel's ring (64 records of 656 bytes each).
 const DECODE_F8_STAGES: u32 = 4;
 
 /// Dynamic shared memory of the raw-record decode kernel; mirrors
 /// `nsa::decode_f8::Smem` (sparse_decode_f8.cuh): the record ring, the split-K
-/// partial S, the padded f16 P tile, per-warp row partials, validity flags per
-/// stage, a full and an empty mbarrier per stage, and the CTA's `topk` slot indices.
+/// partial S, the padded f16 P tile, per-warp row partials, two buffers of a
+/// step's rounded tile scales, validity flags per stage, a full and an empty
+/// mbarrier per stage, and the CTA's `topk` slot indices.
 pub fn decode_f8_smem_bytes(topk: u32) -> u32 {
     DECODE_F8_STAGES * DECODE_BLOCK_TOKENS * 656
         + 4 * 16 * (DECODE_BLOCK_TOKENS + 8) * 4
         + 16 * (DECODE_BLOCK_TOKENS * 2 + 16)
         + 8 * 16 * 4
+        + 2 * 4 * DECODE_BLOCK_TOKENS * 4
         + DECODE_F8_STAGES * DECODE_BLOCK_TOKENS
         + 2 * DECODE_F8_STAGES * 8
         + topk * 4

@@ -48,19 +48,19 @@ constexpr int kQuarters = 4;
 constexpr int kPartStride = kBlockTokens + 8;  // floats per partial-S row
 
 // The split-K meeting point: a warp's partial S of 4 n8 tiles goes to the padded
-// partial rows (`mine`: its dims quarter's row 0 at column tok_base + 2t); after a
-// consumer barrier, `s` gets the full S of rows g, g + 8 at `sum_at` (quarter 0's
-// row 0 at column tok0 + 2t), summed over the quarters.
-NSA_DEVICE void meet_quarters(float* mine, const float* sum_at, const float (&ps)[4][4], u32 g, float (&s)[4]) {
+// partial rows (`mine`: shared address of its dims quarter's row 0 at column
+// tok_base + 2t); after a consumer barrier, `s` gets the full S of rows g, g + 8 at
+// `sum_at` (quarter 0's row 0 at column tok0 + 2t), summed over the quarters.
+// Shared addresses, not pointers: each access is then one register plus an
+// immediate (u32 index arithmetic kept the compiler from folding the offsets).
+NSA_DEVICE void meet_quarters(u32 mine, u32 sum_at, const float (&ps)[4][4], u32 g, float (&s)[4]) {
+  constexpr u32 kRow = kPartStride * 4;  // bytes per partial row
+  mine += g * kRow;
+  sum_at += g * kRow;
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      Vec8 v;
-      v.w[0] = f32_as_u32(ps[j][2 * h]);
-      v.w[1] = f32_as_u32(ps[j][2 * h + 1]);
-      *reinterpret_cast<Vec8*>(mine + (g + 8 * h) * kPartStride + j * 8) = v;
-    }
+    for (int h = 0; h < 2; ++h) mma::sts_v2_f32(mine + 8 * h * kRow + j * 32, ps[j][2 * h], ps[j][2 * h + 1]);
   }
   mma::bar_sync(kBarConsumers, kConsumerThreads);
   s[0] = s[1] = s[2] = s[3] = 0.0f;
@@ -68,9 +68,10 @@ NSA_DEVICE void meet_quarters(float* mine, const float* sum_at, const float (&ps
   for (int q = 0; q < kQuarters; ++q) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const Vec8 v = *reinterpret_cast<const Vec8*>(sum_at + (q * 16 + g + 8 * h) * kPartStride);
-      s[2 * h] += u32_as_f32(v.w[0]);
-      s[2 * h + 1] += u32_as_f32(v.w[1]);
+      float x, y;
+      mma::lds_v2_f32(sum_at + (q * 16 + 8 * h) * kRow, x, y);
+      s[2 * h] += x;
+      s[2 * h + 1] += y;
     }
   }
 }
@@ -154,6 +155,7 @@ struct Consumer {
   u32 p_addr;  // P rows (A of P V), shared address
   u32 v_off;   // V rows (B of P V, transposed), offset inside a K/V buffer
   u32 ks_off;  // kSplitK: K rows of this warp's 32 tokens at its dims quarter, inside a K/V buffer
+  u32 part_at;  // kSplitK: this warp's partial S row 0 (meet_quarters' `mine`), shared address
   u32 qf[kSplitK ? kQSteps : 1][4];  // kSplitK: this warp's Q quarter as A fragments
   float m_run[2];  // running max (log2 domain, scaled) of rows g and g + 8
   float l_run[2];  // this thread's share of the row sums
@@ -175,6 +177,7 @@ struct Consumer {
       const u32 quarter = warp % kQuarters, chunk0 = quarter * kQSteps * 2;
       const u32 token = (warp / kQuarters) * kSplitTokens + (lane & 7) + ((lane >> 4) << 3);
       ks_off = R::offset(token, chunk0 + ((lane >> 3) & 1));
+      part_at = base + L::kPart + (quarter * 16 * kPartStride + (warp / kQuarters) * kSplitTokens + (lane % 4) * 2) * 4;
 #pragma unroll
       for (int ks = 0; ks < kQSteps; ++ks) mma::ldsm_x4(q_addr + (chunk0 + 2 * ks) * 16, qf[ks]);
     }
@@ -327,11 +330,7 @@ struct Consumer {
       }
     }
     static_assert(kTiles == 4, "meet_quarters takes 4 n8 tiles");
-    const u32 warp = mw + nw * kMW;  // kMW == 1: the warp index
-    float* part = reinterpret_cast<float*>(smem + L::kPart);
-    float* mine = part + (warp % kQuarters) * 16 * kPartStride + (warp / kQuarters) * kSplitTokens + 2 * t;
-    const float* sum_at = part + tok0 + 2 * t;
-    meet_quarters(mine, sum_at, ps, g, s0);
+    meet_quarters(part_at, base + L::kPart + (tok0 + 2 * t) * 4, ps, g, s0);
   }
 
   // Full row sums of rows g and g + 8 (across the quad, then across the warps

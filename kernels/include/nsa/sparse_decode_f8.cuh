@@ -1,13 +1,13 @@
 // Sparse MLA decode over the FP8-656 cache for 16-head tiles (sm_90a): the
 // consumers read the raw records. Copy warps move each chosen token's whole
-// 656-byte record into a ring of kStages 64-token stages (bulk copies and
-// cp.async; no register loads, no dequant pass, no bf16 K/V tile); the 8 consumer
+// 656-byte record into a ring of kStages 64-token stages (one bulk copy per
+// record; no register loads, no dequant pass, no bf16 K/V tile); the 8 consumer
 // warps convert e4m3 to f16 inside their mma fragments. The per-tile scales never
 // touch the e4m3 values:
 //   Q K^T: per dims quarter, f16 mma of (Q * 2^e) with the raw e4m3 tile, then
 //          times scale[token][quarter] * 2^-e, plus the rope dims (bf16 mma);
-//   P V:   V's tile j is raw e4m3; its scale goes into P (f16, normalised by the
-//          largest scale of the tile seen so far, so P' stays in [-1, 1]).
+//   P V:   V's tile j is raw e4m3; its scale goes into P (f16, normalised by a
+//          running bound on the tile's scales, see kScaleSlack).
 // K and V are e4m3 * bf16(scale) exactly: FlashMLA's decode rounds each such
 // value to bf16 (spec §2.3), so logits differ from it by at most one bf16 rounding
 // per value (the reference models this kernel's values: DecodeDequant::Exact).
@@ -23,26 +23,36 @@ using namespace attend;
 using decode::kTokenBytes;
 using decode::Params;
 constexpr int kStages = 4;
-// Copy warps: one issues bulk copies for tokens 0..31 of a step, kCpWarps split
-// tokens 32..63 with cp.async. Each cp.async warp's address stream is a latency
-// chain: on the H200, b128 h16 took 96.0 us with one such warp, 115.8 with two,
-// 82.8 with four (BENCHMARKS.md).
-constexpr int kCpWarps = 4;
-constexpr int kCpTokens = 32 / kCpWarps;  // tokens per cp.async warp
-constexpr int kThreads = kConsumerThreads + 32 * (1 + kCpWarps);
+// Copy warps: each moves 32 tokens of every step, one bulk copy (cp.async.bulk)
+// per record. On the H200, b128 h16 took 63.7 us so, against 69.6 with one bulk
+// warp for 48 tokens and four cp.async warps for the rest, and 79.3 with one bulk
+// and four cp.async warps for 32 each (BENCHMARKS.md, session 15): the cp.async
+// address streams cost the consumers more issue slots than they saved.
+constexpr int kCopyWarps = kBlockTokens / 32;
+constexpr int kThreads = kConsumerThreads + 32 * kCopyWarps;
 constexpr u32 kStageBytes = kBlockTokens * kTokenBytes;
 constexpr u32 kScalesOffset = 512;
 constexpr u32 kRopeOffset = 528;
 
+// The step's tile scales, rounded to bf16 once (by the Q K^T lanes) for P V, in
+// the order P V's lanes read them: tile-major, then lane t's 16 tokens together.
+constexpr u32 kScaleBytes = kQuarters * kBlockTokens * 4;
+NSA_DEVICE u32 scale_slot(u32 tile, u32 token) {
+  const u32 r = token % 16;  // token = 16 kt + 2t + (i & 1) + 8 (i >> 1)
+  return (tile * kBlockTokens + (r % 8) / 2 * 16 + token / 16 * 4 + (r & 1) + (r / 8) * 2) * 4;
+}
+
 // Shared memory: the record ring, the split-K partial S, P (f16, padded rows),
-// per-warp row partials, token validity per stage, the full/empty barriers, and
+// per-warp row partials, the step's rounded scales (two buffers: a warp may write
+// step s + 1's while others still read step s's), token validity per stage, the full/empty barriers, and
 // the CTA's slot indices (copied once: the copy warp never waits on an index load).
 struct Layout {
   static constexpr u32 kRing = 0;
   static constexpr u32 kPart = kRing + kStages * kStageBytes;
   static constexpr u32 kP = kPart + kQuarters * 16 * kPartStride * 4;
   static constexpr u32 kRed = kP + 16 * kPRowBytes;
-  static constexpr u32 kValid = kRed + kConsumerWarps * 16 * 4;
+  static constexpr u32 kScales = kRed + kConsumerWarps * 16 * 4;
+  static constexpr u32 kValid = kScales + 2 * kScaleBytes;
   static constexpr u32 kFull = kValid + kStages * kBlockTokens;
   static constexpr u32 kEmpty = kFull + kStages * 8;
   static constexpr u32 kIdx = kEmpty + kStages * 8;
@@ -54,7 +64,19 @@ struct Smem : Layout {
   static constexpr u32 kBytes = kIdx + kTopk * 4;
 };
 
-NSA_DEVICE float abs_f32(float x) { return u32_as_f32(f32_as_u32(x) & 0x7fffffffu); }
+// |x| as an operand modifier of the max that consumes it (a bit mask is an instruction of its own).
+// Slack of the running values the P V operands are taken against, so that most
+// steps need no rescale of O: the row max moves only when a step's max passes it
+// by kMaxSlack (log2 units; P <= 2^8 meanwhile) and sigma only when a tile scale
+// passes it kScaleSlack-fold, so P' = P * scale / sigma <= 2^12, well inside f16.
+constexpr float kMaxSlack = 8.0f;
+constexpr float kScaleSlack = 16.0f;
+
+NSA_DEVICE float abs_f32(float x) {
+  float r;
+  asm("abs.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+}
 
 // A record's tile scale as FlashMLA's decode uses it: rounded to bf16 (spec §2.3).
 NSA_DEVICE float scale_at(u32 addr) { return bf16_to_f32(f32_to_bf16(u32_as_f32(mma::lds_u32(addr)))); }
@@ -70,35 +92,24 @@ NSA_DEVICE float q_factor(float max_abs) {
   return u32_as_f32((u32)(f + 127) << 23);
 }
 
-NSA_DEVICE u64 shfl_u64(u64 v, u32 src) { return __shfl_sync(0xffffffffu, v, (int)src); }
-
 // Index entry `pos` of the CTA's range as a slot, or -1 when it is past the row's
 // valid prefix, is -1, or is rejected (counted in `status`: outside the cache).
 NSA_DEVICE i32 checked_slot(const Params& p, i32 s, i64 at, bool live, bool report, u32* status) {
   return live ? decode::checked_entry(p, s, at, report, status) : -1;
 }
 
-// The copy warps: warp 0 moves tokens 0..31 of every 64-token step with bulk
-// copies (one per record), the others tokens 32..63 with 16-byte cp.async (41
-// chunks per record, consecutive lanes on consecutive chunks). The bulk-copy
-// engine alone moved only ~19 GB/s per SM of 656-byte records on the H200
-// (BENCHMARKS.md); the load/store unit takes the rest.
-// Each warp first copies its index entries into shared memory (4-byte async
-// copies: one round trip). Invalid tokens are not copied, their flag is 0 and their
-// scales are zeroed (stale bytes elsewhere in the slot are finite: the ring starts
-// zeroed and only ever holds records this CTA read).
+// The copy warps: warp w moves tokens 32 w .. + 31 of every step, lane l token
+// 32 w + l. Each warp first copies its index entries into shared memory (4-byte
+// async copies: one round trip). Invalid tokens are not copied: their flag is 0
+// and their scales are zeroed, and in a slot's first use its e4m3 bytes too (P V
+// multiplies them by P = 0, so they must be finite; later a slot holds a record
+// this CTA read, or zeros).
 template <int kTopk, int kPage>
 NSA_DEVICE void copy_records(const Params& p, u32 base, u8* smem, i64 row, i32 first, i32 last, i32 steps,
                              bool report, u32* status) {
   typedef Smem<kTopk> L;
   const u32 lane = lane_id();
-  const u32 cw = thread_x() / 32 - kConsumerWarps;  // 0: bulk copies, 1..: cp.async
-  // cp.async warps: lanes past kCpTokens repeat the first lanes' tokens (their
-  // slots feed the shuffles) and write nothing.
-  const u32 first_token = cw == 0 ? 0u : 32u + (cw - 1) * kCpTokens;
-  const bool owner = cw == 0 || lane < (u32)kCpTokens;
-  const u32 token = first_token + (cw == 0 ? lane : lane % kCpTokens);
-  report = report && owner;
+  const u32 token = (thread_x() / 32 - kConsumerWarps) * 32 + lane;
   for (i32 step = 0; step < steps; ++step) {
     const i32 at = step * kBlockTokens + (i32)token;
     mma::cp_async_4(base + L::kIdx + at * 4, p.indices + row * kTopk + first + at);
@@ -115,32 +126,19 @@ NSA_DEVICE void copy_records(const Params& p, u32 base, u8* smem, i64 row, i32 f
     const i32 at = step * kBlockTokens + (i32)token;
     const i32 slot = checked_slot(p, idx[at], row * kTopk + first + at, first + at < last, report, status);
     const bool valid = slot >= 0;
-    if (owner) {
-      smem[L::kValid + stage * kBlockTokens + token] = valid ? 1 : 0;
-      if (!valid) mma::sts_v4(ring + token * kTokenBytes + kScalesOffset, Vec16{{0u, 0u, 0u, 0u}});
+    smem[L::kValid + stage * kBlockTokens + token] = valid ? 1 : 0;
+    if (!valid) {
+      const u32 rec = ring + token * kTokenBytes;
+      for (u32 i = step < kStages ? 0u : kScalesOffset; i <= kScalesOffset; i += 16)
+        mma::sts_v4(rec + i, Vec16{{0u, 0u, 0u, 0u}});
     }
-    const u32 hits = __ballot_sync(0xffffffffu, valid && owner);
-    const u8* rec = decode::record<kPage>(p, valid ? slot : 0);
-    if (cw == 0) {
-      // The zeroed scales are generic-proxy writes into a slot a later copy may fill.
-      if (hits != 0xffffffffu) mma::fence_proxy_async();
-      __syncwarp();
-      if (lane == 0) bulk::mbar_arrive_expect_tx(full, popc_u32(hits) * kTokenBytes);
-      __syncwarp();
-      if (valid) bulk::copy_g2s(ring + token * kTokenBytes, rec, kTokenBytes, full);
-    } else {
-      // Chunk c = 32 k + lane of the warp's records: record c / 41, chunk c % 41.
-      constexpr u32 kChunks = kTokenBytes / 16, kIters = (kCpTokens * kChunks + 31) / 32;
-#pragma unroll 4
-      for (u32 k = 0; k < kIters; ++k) {
-        const u32 c = k * 32 + lane, r = c / kChunks, chunk = c % kChunks;
-        const u64 src = shfl_u64((u64)rec, r % kCpTokens);
-        if (r < (u32)kCpTokens && ((hits >> r) & 1u))
-          mma::cp_async_16_cg(ring + (first_token + r) * kTokenBytes + chunk * 16,
-                              reinterpret_cast<const u8*>(src) + chunk * 16);
-      }
-      bulk::mbar_arrive_on_cp_async(full);
-    }
+    const u32 hits = __ballot_sync(0xffffffffu, valid);
+    // The zeroed scales are generic-proxy writes into a slot a later copy may fill.
+    if (hits != 0xffffffffu) mma::fence_proxy_async();
+    __syncwarp();
+    if (lane == 0) bulk::mbar_arrive_expect_tx(full, popc_u32(hits) * kTokenBytes);
+    __syncwarp();
+    if (valid) bulk::copy_g2s(ring + token * kTokenBytes, decode::record<kPage>(p, slot), kTokenBytes, full);
   }
 }
 
@@ -163,16 +161,35 @@ struct Consumer {
   float qinv[2];     // 1 / qscale of rows g, g + 8
   float m_run[2];    // running max (log2 domain) of rows g, g + 8
   float l_run[2];    // this thread's share of the row sums
-  float sigma;       // largest |scale| of this warp's V tile so far
+  float sigma;       // a bound on |scale| of this warp's V tile so far: P' = P scale / sigma <= kScaleSlack
+  float inv_sigma;   // 1 / sigma, 0 while sigma is 0
   float o[8][4];
+  // Lane-constant byte offsets (from a stage's ring base, or the scale buffer),
+  // so a step's shared-memory addresses are its stage base plus immediates.
+  u32 k_at;          // Q K^T: the lane's B bytes of n-tile 0 (token tok_base + g)
+  u32 rope_at;       // Q K^T: its rope words
+  u32 own_scale_at;  // the scale this lane rounds: token tok_base + lane, tile quarter
+  u32 own_slot;      // where it keeps it (scale_slot)
+  u32 qk_scales_at;  // Q K^T: the rounded scales of the lane's 8 tokens (n-tiles 0, 1; then 2, 3)
+  u32 v_at;          // P V: the lane's V bytes of token 2t
+  u32 scales_at;     // P V: the lane's 16 rounded scales of tile warp / 2
 
   NSA_DEVICE Consumer(u32 smem_base, u32 w, u32 lane) : base(smem_base), warp(w) {
     g = lane / 4;
     t = lane % 4;
     quarter = w % kQuarters;
+    const u32 tok_base = (w / kQuarters) * 32;
+    k_at = (tok_base + g) * kTokenBytes + quarter * 128 + t * 32;
+    rope_at = (tok_base + g) * kTokenBytes + kRopeOffset + quarter * 32 + t * 4;
+    own_scale_at = (tok_base + lane) * kTokenBytes + kScalesOffset + quarter * 4;
+    own_slot = scale_slot(quarter, tok_base + lane);
+    qk_scales_at = scale_slot(quarter, tok_base + 2 * t);
+    v_at = 2 * t * kTokenBytes + w * 64 + 4 * g;
+    scales_at = (w / 2) * kBlockTokens * 4 + t * 64;
     m_run[0] = m_run[1] = kMaxInit;
     l_run[0] = l_run[1] = 0.0f;
     sigma = 0.0f;
+    inv_sigma = 0.0f;
 #pragma unroll
     for (int j = 0; j < 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
   }
@@ -194,7 +211,7 @@ struct Consumer {
         for (int e = 0; e < 8; ++e) {
           const float x = live ? bf16_to_f32((u16)(v.w[e / 2] >> (16 * (e % 2)))) : 0.0f;
           nope[h][c * 8 + e] = x;
-          mx[h] = fmax2(mx[h], abs_f32(x));
+          mx[h] = mma::max_f32(mx[h], abs_f32(x));
         }
       }
       const u32* rope = reinterpret_cast<const u32*>(src + 512 + quarter * 16);
@@ -205,8 +222,8 @@ struct Consumer {
     float* red = reinterpret_cast<float*>(smem + Layout::kRed);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      mx[h] = fmax2(mx[h], shfl_xor(mx[h], 1));
-      mx[h] = fmax2(mx[h], shfl_xor(mx[h], 2));
+      mx[h] = mma::max_f32(mx[h], shfl_xor(mx[h], 1));
+      mx[h] = mma::max_f32(mx[h], shfl_xor(mx[h], 2));
     }
     if (warp < (u32)kQuarters && t == 0) {
       red[warp * 16 + g] = mx[0];
@@ -218,7 +235,7 @@ struct Consumer {
     for (int h = 0; h < 2; ++h) {
       float m = 0.0f;
 #pragma unroll
-      for (int w = 0; w < kQuarters; ++w) m = fmax2(m, red[w * 16 + g + 8 * h]);
+      for (int w = 0; w < kQuarters; ++w) m = mma::max_f32(m, red[w * 16 + g + 8 * h]);
       factor[h] = q_factor(m);
       qinv[h] = 1.0f / factor[h];
     }
@@ -234,45 +251,50 @@ struct Consumer {
     }
   }
 
-  NSA_DEVICE u32 record(u32 stage, u32 token) const {
-    return base + Layout::kRing + stage * kStageBytes + token * kTokenBytes;
-  }
-
   // Partial S of this warp's quarter and 32 tokens into shared memory, then the
-  // full S of tokens 8 warp + 2t, + 1 (rows g, g + 8).
-  NSA_DEVICE void qk(u8* smem, u32 stage, float (&s)[4]) {
+  // full S of tokens 8 warp + 2t, + 1 (rows g, g + 8). Each lane rounds one of
+  // the 32 scales of the warp's tokens and quarter into `scales` (this step's
+  // buffer), where the warp's lanes and later P V read them.
+  NSA_DEVICE void qk(u32 ring, u32 scales, float (&s)[4]) {
     const u32 tok_base = (warp / kQuarters) * 32;
+    mma::sts_f32(scales + own_slot, scale_at(ring + own_scale_at));
+    __syncwarp();
+    // Tokens nt * 8 + 2t + {0, 1}: words 2 (nt % 2) + {0, 1} of vector nt / 2.
+    const Vec16 sc_pairs[2] = {mma::lds_v4(scales + qk_scales_at), mma::lds_v4(scales + qk_scales_at + 16)};
     float ps[4][4];
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt) {
-      const u32 rec = record(stage, tok_base + nt * 8 + g);
-      const Vec16 w0 = mma::lds_v4(rec + quarter * 128 + t * 32);
-      const Vec16 w1 = mma::lds_v4(rec + quarter * 128 + t * 32 + 16);
-      const u32 r0 = mma::lds_u32(rec + kRopeOffset + quarter * 32 + t * 4);
-      const u32 r1 = mma::lds_u32(rec + kRopeOffset + quarter * 32 + 16 + t * 4);
+      const u32 rec = ring + k_at + nt * 8 * kTokenBytes;
+      const Vec16 w0 = mma::lds_v4(rec);
+      const Vec16 w1 = mma::lds_v4(rec + 16);
+      const u32 rope = ring + rope_at + nt * 8 * kTokenBytes;
+      const u32 r0 = mma::lds_u32(rope);
+      const u32 r1 = mma::lds_u32(rope + 16);
       float an[4] = {0.0f, 0.0f, 0.0f, 0.0f}, ar[4] = {0.0f, 0.0f, 0.0f, 0.0f};
       mma::mma_bf16(ar, qr, r0, r1);
 #pragma unroll
       for (int ks = 0; ks < 8; ++ks) {
         const u32 w = ks < 4 ? w0.w[ks] : w1.w[ks - 4];
-        mma::mma_f16(an, qh[ks], e4m3x2_to_f16x2(w), e4m3x2_to_f16x2(w >> 16));
+        mma::mma_f16(an, qh[ks], e4m3x2_to_f16x2(w), e4m3x2_hi_to_f16x2(w));
       }
       // C columns 2t, 2t + 1 of this n-tile are tokens tok_base + nt * 8 + 2t, + 1.
-      const u32 col = tok_base + nt * 8 + 2 * t;
-      const float sc0 = scale_at(record(stage, col) + kScalesOffset + quarter * 4);
-      const float sc1 = scale_at(record(stage, col + 1) + kScalesOffset + quarter * 4);
+      const float sc0 = u32_as_f32(sc_pairs[nt / 2].w[2 * (nt % 2)]);
+      const float sc1 = u32_as_f32(sc_pairs[nt / 2].w[2 * (nt % 2) + 1]);
       ps[nt][0] = an[0] * qinv[0] * sc0 + ar[0];
       ps[nt][1] = an[1] * qinv[0] * sc1 + ar[1];
       ps[nt][2] = an[2] * qinv[1] * sc0 + ar[2];
       ps[nt][3] = an[3] * qinv[1] * sc1 + ar[3];
     }
-    float* part = reinterpret_cast<float*>(smem + Layout::kPart);
-    meet_quarters(part + quarter * 16 * kPartStride + tok_base + 2 * t, part + warp * 8 + 2 * t, ps, g, s);
+    const u32 part = base + Layout::kPart;
+    meet_quarters(part + (quarter * 16 * kPartStride + tok_base + 2 * t) * 4, part + (warp * 8 + 2 * t) * 4, ps, g, s);
   }
 
-  NSA_DEVICE void consume(u8* smem, u32 stage, float c_scale) {
+  NSA_DEVICE void consume(u8* smem, i32 step, float c_scale) {
+    const u32 stage = (u32)step % kStages;
+    const u32 ring = base + Layout::kRing + stage * kStageBytes;
+    const u32 scales = base + Layout::kScales + ((u32)step & 1u) * kScaleBytes;
     float s[4];
-    qk(smem, stage, s);
+    qk(ring, scales, s);
 
     // Scale into the log2 domain, mask invalid tokens, row max across the warps.
     float* red = reinterpret_cast<float*>(smem + Layout::kRed);
@@ -283,12 +305,12 @@ struct Consumer {
     for (int e = 0; e < 4; ++e) {
       const float x = flags[col + (e & 1)] ? s[e] * c_scale : neg_inf();
       s[e] = x;
-      mx[e >> 1] = fmax2(mx[e >> 1], x);
+      mx[e >> 1] = mma::max_f32(mx[e >> 1], x);
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      mx[h] = fmax2(mx[h], shfl_xor(mx[h], 1));
-      mx[h] = fmax2(mx[h], shfl_xor(mx[h], 2));
+      mx[h] = mma::max_f32(mx[h], shfl_xor(mx[h], 1));
+      mx[h] = mma::max_f32(mx[h], shfl_xor(mx[h], 2));
     }
     if (t == 0) {
       red[warp * 16 + g] = mx[0];
@@ -300,9 +322,9 @@ struct Consumer {
     for (int h = 0; h < 2; ++h) {
       float m_blk = red[g + 8 * h];
 #pragma unroll
-      for (int w = 1; w < kConsumerWarps; ++w) m_blk = fmax2(m_blk, red[w * 16 + g + 8 * h]);
-      const float m_new = fmax2(m_run[h], m_blk);
-      alpha[h] = mma::exp2_approx(m_run[h] - m_new);
+      for (int w = 1; w < kConsumerWarps; ++w) m_blk = mma::max_f32(m_blk, red[w * 16 + g + 8 * h]);
+      const float m_new = m_blk > m_run[h] + kMaxSlack ? m_blk : m_run[h];
+      alpha[h] = mma::exp2_approx(m_run[h] - m_new);  // exactly 1 while the max stays
       m_run[h] = m_new;
       l_run[h] *= alpha[h];
     }
@@ -317,39 +339,45 @@ struct Consumer {
       *reinterpret_cast<u32*>(smem + Layout::kP + (g + 8) * kPRowBytes + col * 2) = mma::pack_f16x2(p2, p3);
     }
 
-    // This warp's V tile scales of the lane's 16 tokens (16 kt + 2t + {0, 1, 8, 9}).
-    const u32 tile = warp / 2;
+    // This warp's V tile scales of the lane's 16 tokens (16 kt + 2t + {0, 1, 8, 9}),
+    // rounded by the Q K^T lanes (visible after the barrier above).
     float sc[4][4];
     float smax = 0.0f;
 #pragma unroll
     for (int kt = 0; kt < 4; ++kt) {
+      const Vec16 v = mma::lds_v4(scales + scales_at + kt * 16);
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const u32 token = kt * 16 + 2 * t + (i & 1) + 8 * (i >> 1);
-        sc[kt][i] = scale_at(record(stage, token) + kScalesOffset + tile * 4);
-        smax = fmax2(smax, abs_f32(sc[kt][i]));
+        sc[kt][i] = u32_as_f32(v.w[i]);
+        smax = mma::max_f32(smax, abs_f32(sc[kt][i]));
       }
     }
-    smax = fmax2(smax, shfl_xor(smax, 1));
-    smax = fmax2(smax, shfl_xor(smax, 2));
-    const float sigma_new = fmax2(sigma, smax);
-    const float inv_sigma = sigma_new > 0.0f ? 1.0f / sigma_new : 0.0f;
-    // O was accumulated against sigma: rescale when it grows (0 while nothing was).
-    const float grow = smax > sigma ? sigma * inv_sigma : 1.0f;
-    sigma = sigma_new;
+    smax = mma::max_f32(smax, shfl_xor(smax, 1));  // the tile's 64 tokens: the same in every lane
+    smax = mma::max_f32(smax, shfl_xor(smax, 2));
+    // sigma moves only when a scale passes it kScaleSlack-fold (any, from 0).
+    float grow = 1.0f;
+    if (smax > sigma * kScaleSlack) {
+      const float inv = 1.0f / smax;
+      grow = sigma * inv;  // O was accumulated against sigma (0 while nothing was)
+      sigma = smax;
+      inv_sigma = inv;
+    }
+    // O rescales only in the steps where a row's max or sigma moved (the warp
+    // agrees on the branch).
+    if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f || grow != 1.0f)) {
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      o[j][0] *= alpha[0] * grow;
-      o[j][1] *= alpha[0] * grow;
-      o[j][2] *= alpha[1] * grow;
-      o[j][3] *= alpha[1] * grow;
+      for (int j = 0; j < 8; ++j) {
+        o[j][0] *= alpha[0] * grow;
+        o[j][1] *= alpha[0] * grow;
+        o[j][2] *= alpha[1] * grow;
+        o[j][3] *= alpha[1] * grow;
+      }
     }
     mma::bar_sync(kBarConsumers, kConsumerThreads);
 
     // O += P' V: A = P (f16) times the token's scale / sigma; B = raw e4m3 V.
     const u32 lane = lane_id();
     const u32 p_addr = base + Layout::kP + (lane & 15) * kPRowBytes + ((lane >> 4) << 4);
-    const u32 dim0 = warp * 64 + 4 * g;
 #pragma unroll
     for (int kt = 0; kt < 4; ++kt) {
       u32 a[4];
@@ -363,9 +391,9 @@ struct Consumer {
       u32 wa[4], wb[4];  // tokens 2t, 2t + 1, 2t + 8, 2t + 9: dims dim0 .. + 3 and dim0 + 32 .. + 35
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const u32 rec = record(stage, kt * 16 + 2 * t + (i & 1) + 8 * (i >> 1));
-        wa[i] = mma::lds_u32(rec + dim0);
-        wb[i] = mma::lds_u32(rec + dim0 + 32);
+        const u32 rec = ring + v_at + (kt * 16 + (i & 1) + 8 * (i >> 1)) * kTokenBytes;
+        wa[i] = mma::lds_u32(rec);
+        wb[i] = mma::lds_u32(rec + 32);
       }
 #pragma unroll
       for (int jp = 0; jp < 4; ++jp) {
@@ -374,7 +402,7 @@ struct Consumer {
         const u32 lo = mma::byte_perm(w[0], w[1], sel);   // k rows 2t, 2t + 1
         const u32 hi = mma::byte_perm(w[2], w[3], sel);   // k rows 2t + 8, 2t + 9
         mma::mma_f16(o[2 * jp], a, e4m3x2_to_f16x2(lo), e4m3x2_to_f16x2(hi));
-        mma::mma_f16(o[2 * jp + 1], a, e4m3x2_to_f16x2(lo >> 16), e4m3x2_to_f16x2(hi >> 16));
+        mma::mma_f16(o[2 * jp + 1], a, e4m3x2_hi_to_f16x2(lo), e4m3x2_hi_to_f16x2(hi));
       }
     }
   }
@@ -432,14 +460,9 @@ NSA_DEVICE void sparse_decode(const Params& p, u32* status) {
   if (row >= p.rows) return;
   const decode::SplitRange r = decode::split_range<kTopk>(p, row, split);
 
-  // Zero the stages this CTA will use (see copy_records), set up the barriers.
-  const u32 used = (u32)(r.steps < kStages ? r.steps : kStages);
-  for (u32 i = thread_x(); i < used * kStageBytes / 16; i += kThreads)
-    mma::sts_v4(base + Layout::kRing + i * 16, Vec16{{0u, 0u, 0u, 0u}});
-  mma::fence_proxy_async();
   if (thread_x() == 0) {
     for (int s = 0; s < kStages; ++s) {
-      bulk::mbar_init(base + Layout::kFull + s * 8, 1 + 32 * kCpWarps);  // the bulk warp's expect_tx, the cp.async lanes
+      bulk::mbar_init(base + Layout::kFull + s * 8, kCopyWarps);  // each copy warp's expect_tx
       bulk::mbar_init(base + Layout::kEmpty + s * 8, kConsumerWarps);
     }
     bulk::mbar_init_fence();
@@ -458,7 +481,7 @@ NSA_DEVICE void sparse_decode(const Params& p, u32* status) {
   for (i32 step = 0; step < r.steps; ++step) {
     const u32 stage = (u32)step % kStages;
     bulk::mbar_wait(base + Layout::kFull + stage * 8, ((u32)step / kStages) & 1);
-    c.consume(smem, stage, c_scale);
+    c.consume(smem, step, c_scale);
     __syncwarp();
     if (lane_id() == 0) bulk::mbar_arrive(base + Layout::kEmpty + stage * 8);
   }

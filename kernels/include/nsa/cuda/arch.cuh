@@ -120,6 +120,14 @@ NSA_DEVICE u32 e4m3x2_to_f16x2(u32 pair) {
   return h;
 }
 
+// The high two e4m3fn bytes of `word` -> f16x2: the conversion reads the upper
+// half-word itself (no shift instruction).
+NSA_DEVICE u32 e4m3x2_hi_to_f16x2(u32 word) {
+  u32 h;
+  asm("{\n\t.reg .b16 lo, hi;\n\tmov.b32 {lo, hi}, %1;\n\tcvt.rn.f16x2.e4m3x2 %0, hi;\n\t}" : "=r"(h) : "r"(word));
+  return h;
+}
+
 // Two e4m3fn bytes -> two f32 (exact, through f16x2).
 NSA_DEVICE void e4m3x2_to_f32x2(u16 v, float& lo, float& hi) {
   const u32 h2 = e4m3x2_to_f16x2(v);

@@ -180,6 +180,16 @@ NSA_DEVICE u32 lds_u32(u32 addr) {
   return v;
 }
 
+NSA_DEVICE void sts_v2_f32(u32 addr, float x, float y) {
+  asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(addr), "f"(x), "f"(y));
+}
+
+NSA_DEVICE void lds_v2_f32(u32 addr, float& x, float& y) {
+  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(x), "=f"(y) : "r"(addr));
+}
+
+NSA_DEVICE void sts_f32(u32 addr, float v) { asm volatile("st.shared.f32 [%0], %1;" ::"r"(addr), "f"(v)); }
+
 NSA_DEVICE Vec16 lds_v4(u32 addr) {
   Vec16 v;
   asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
@@ -197,6 +207,14 @@ NSA_DEVICE void bar_arrive(u32 id, u32 n) { asm volatile("bar.arrive %0, %1;" ::
 // Ordinary shared-memory stores become visible to the async proxy (wgmma, TMA)
 // after this fence plus a barrier (sm_90+).
 NSA_DEVICE void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+
+// One FMNMX (fmax2's compare-and-select takes two instructions); a NaN operand
+// yields the other operand.
+NSA_DEVICE float max_f32(float a, float b) {
+  float r;
+  asm("max.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
 
 NSA_DEVICE float exp2_approx(float x) {
   float r;
