@@ -289,21 +289,38 @@ struct Consumer {
     meet_quarters(part + (quarter * 16 * kPartStride + tok_base + 2 * t) * 4, part + (warp * 8 + 2 * t) * 4, ps, g, s);
   }
 
+  // One step. Loads that do not depend on the step's barriers are issued before
+  // them (a load cannot move across a barrier): the validity flags, the P V scales
+  // (written before the first barrier) and the first V words (before the P barrier).
   NSA_DEVICE void consume(u8* smem, i32 step, float c_scale) {
     const u32 stage = (u32)step % kStages;
     const u32 ring = base + Layout::kRing + stage * kStageBytes;
     const u32 scales = base + Layout::kScales + ((u32)step & 1u) * kScaleBytes;
+    const u32 col = warp * 8 + 2 * t;
+    const u16 valid = *reinterpret_cast<const u16*>(smem + Layout::kValid + stage * kBlockTokens + col);
     float s[4];
     qk(ring, scales, s);
 
+    // This warp's V tile scales of the lane's 16 tokens (16 kt + 2t + {0, 1, 8, 9}),
+    // rounded by the Q K^T lanes (visible after the barrier in qk).
+    float sc[4][4];
+    float smax = 0.0f;
+#pragma unroll
+    for (int kt = 0; kt < 4; ++kt) {
+      const Vec16 v = mma::lds_v4(scales + scales_at + kt * 16);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        sc[kt][i] = u32_as_f32(v.w[i]);
+        smax = mma::max_f32(smax, abs_f32(sc[kt][i]));
+      }
+    }
+
     // Scale into the log2 domain, mask invalid tokens, row max across the warps.
     float* red = reinterpret_cast<float*>(smem + Layout::kRed);
-    const u8* flags = smem + Layout::kValid + stage * kBlockTokens;
-    const u32 col = warp * 8 + 2 * t;
     float mx[2] = {neg_inf(), neg_inf()};
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const float x = flags[col + (e & 1)] ? s[e] * c_scale : neg_inf();
+      const float x = (valid >> (8 * (e & 1))) & 0xffu ? s[e] * c_scale : neg_inf();
       s[e] = x;
       mx[e >> 1] = mma::max_f32(mx[e >> 1], x);
     }
@@ -315,6 +332,16 @@ struct Consumer {
     if (t == 0) {
       red[warp * 16 + g] = mx[0];
       red[warp * 16 + g + 8] = mx[1];
+    }
+    smax = mma::max_f32(smax, shfl_xor(smax, 1));  // the tile's 64 tokens: the same in every lane
+    smax = mma::max_f32(smax, shfl_xor(smax, 2));
+    // sigma moves only when a scale passes it kScaleSlack-fold (any, from 0).
+    float grow = 1.0f;
+    if (smax > sigma * kScaleSlack) {
+      const float inv = 1.0f / smax;
+      grow = sigma * inv;  // O was accumulated against sigma (0 while nothing was)
+      sigma = smax;
+      inv_sigma = inv;
     }
     mma::bar_sync(kBarConsumers, kConsumerThreads);
     float alpha[2];
@@ -338,30 +365,6 @@ struct Consumer {
       *reinterpret_cast<u32*>(smem + Layout::kP + g * kPRowBytes + col * 2) = mma::pack_f16x2(p0, p1);
       *reinterpret_cast<u32*>(smem + Layout::kP + (g + 8) * kPRowBytes + col * 2) = mma::pack_f16x2(p2, p3);
     }
-
-    // This warp's V tile scales of the lane's 16 tokens (16 kt + 2t + {0, 1, 8, 9}),
-    // rounded by the Q K^T lanes (visible after the barrier above).
-    float sc[4][4];
-    float smax = 0.0f;
-#pragma unroll
-    for (int kt = 0; kt < 4; ++kt) {
-      const Vec16 v = mma::lds_v4(scales + scales_at + kt * 16);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        sc[kt][i] = u32_as_f32(v.w[i]);
-        smax = mma::max_f32(smax, abs_f32(sc[kt][i]));
-      }
-    }
-    smax = mma::max_f32(smax, shfl_xor(smax, 1));  // the tile's 64 tokens: the same in every lane
-    smax = mma::max_f32(smax, shfl_xor(smax, 2));
-    // sigma moves only when a scale passes it kScaleSlack-fold (any, from 0).
-    float grow = 1.0f;
-    if (smax > sigma * kScaleSlack) {
-      const float inv = 1.0f / smax;
-      grow = sigma * inv;  // O was accumulated against sigma (0 while nothing was)
-      sigma = smax;
-      inv_sigma = inv;
-    }
     // O rescales only in the steps where a row's max or sigma moved (the warp
     // agrees on the branch).
     if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f || grow != 1.0f)) {
@@ -373,6 +376,9 @@ struct Consumer {
         o[j][3] *= alpha[1] * grow;
       }
     }
+    // V words of tokens 16 kt + 2t, + 1, + 8, + 9: dims 64 warp + 4g .. + 3 and + 32 .. + 35.
+    u32 wa[4], wb[4];
+    load_v(ring, 0, wa, wb);
     mma::bar_sync(kBarConsumers, kConsumerThreads);
 
     // O += P' V: A = P (f16) times the token's scale / sigma; B = raw e4m3 V.
@@ -388,22 +394,30 @@ struct Consumer {
       a[1] = mma::mul_f16x2(a[1], r_lo);
       a[2] = mma::mul_f16x2(a[2], r_hi);
       a[3] = mma::mul_f16x2(a[3], r_hi);
-      u32 wa[4], wb[4];  // tokens 2t, 2t + 1, 2t + 8, 2t + 9: dims dim0 .. + 3 and dim0 + 32 .. + 35
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const u32 rec = ring + v_at + (kt * 16 + (i & 1) + 8 * (i >> 1)) * kTokenBytes;
-        wa[i] = mma::lds_u32(rec);
-        wb[i] = mma::lds_u32(rec + 32);
-      }
+      u32 b[8][2];  // B operands of n-tiles 0..7
 #pragma unroll
       for (int jp = 0; jp < 4; ++jp) {
         const u32* w = jp < 2 ? wa : wb;
         const u32 sel = jp % 2 == 0 ? 0x5140u : 0x7362u;  // bytes j, j + 1 of both tokens
         const u32 lo = mma::byte_perm(w[0], w[1], sel);   // k rows 2t, 2t + 1
         const u32 hi = mma::byte_perm(w[2], w[3], sel);   // k rows 2t + 8, 2t + 9
-        mma::mma_f16(o[2 * jp], a, e4m3x2_to_f16x2(lo), e4m3x2_to_f16x2(hi));
-        mma::mma_f16(o[2 * jp + 1], a, e4m3x2_hi_to_f16x2(lo), e4m3x2_hi_to_f16x2(hi));
+        b[2 * jp][0] = e4m3x2_to_f16x2(lo);
+        b[2 * jp][1] = e4m3x2_to_f16x2(hi);
+        b[2 * jp + 1][0] = e4m3x2_hi_to_f16x2(lo);
+        b[2 * jp + 1][1] = e4m3x2_hi_to_f16x2(hi);
       }
+      if (kt + 1 < 4) load_v(ring, kt + 1, wa, wb);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) mma::mma_f16(o[j], a, b[j][0], b[j][1]);
+    }
+  }
+
+  NSA_DEVICE void load_v(u32 ring, int kt, u32 (&wa)[4], u32 (&wb)[4]) const {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const u32 rec = ring + v_at + (kt * 16 + (i & 1) + 8 * (i >> 1)) * kTokenBytes;
+      wa[i] = mma::lds_u32(rec);
+      wb[i] = mma::lds_u32(rec + 32);
     }
   }
 
