@@ -24,7 +24,7 @@ using decode::kTokenBytes;
 using decode::Params;
 constexpr int kStages = 4;
 // Copy warps: each moves 32 tokens of every step, one bulk copy (cp.async.bulk)
-// per record. On the H200, b128 h16 took 63.7 us so, against 69.6 with one bulk
+// per record. On the H200, b128 h16 took 63.7 us this way, against 69.6 with one bulk
 // warp for 48 tokens and four cp.async warps for the rest, and 79.3 with one bulk
 // and four cp.async warps for 32 each (BENCHMARKS.md, session 15): the cp.async
 // address streams cost the consumers more issue slots than they saved.
@@ -44,8 +44,9 @@ NSA_DEVICE u32 scale_slot(u32 tile, u32 token) {
 
 // Shared memory: the record ring, the split-K partial S, P (f16, padded rows),
 // per-warp row partials, the step's rounded scales (two buffers: a warp may write
-// step s + 1's while others still read step s's), token validity per stage, the full/empty barriers, and
-// the CTA's slot indices (copied once: the copy warp never waits on an index load).
+// step s + 1's while others still read step s's), token validity per stage, the
+// full/empty barriers, and the CTA's slot indices (copied once: the copy warps
+// never wait on an index load).
 struct Layout {
   static constexpr u32 kRing = 0;
   static constexpr u32 kPart = kRing + kStages * kStageBytes;
@@ -64,7 +65,6 @@ struct Smem : Layout {
   static constexpr u32 kBytes = kIdx + kTopk * 4;
 };
 
-// |x| as an operand modifier of the max that consumes it (a bit mask is an instruction of its own).
 // Slack of the running values the P V operands are taken against, so that most
 // steps need no rescale of O: the row max moves only when a step's max passes it
 // by kMaxSlack (log2 units; P <= 2^8 meanwhile) and sigma only when a tile scale
@@ -72,6 +72,8 @@ struct Smem : Layout {
 constexpr float kMaxSlack = 8.0f;
 constexpr float kScaleSlack = 16.0f;
 
+// |x| as an operand modifier of the max that consumes it (a bit mask is an
+// instruction of its own).
 NSA_DEVICE float abs_f32(float x) {
   float r;
   asm("abs.f32 %0, %1;" : "=f"(r) : "f"(x));
@@ -133,7 +135,7 @@ NSA_DEVICE void copy_records(const Params& p, u32 base, u8* smem, i64 row, i32 f
         mma::sts_v4(rec + i, Vec16{{0u, 0u, 0u, 0u}});
     }
     const u32 hits = __ballot_sync(0xffffffffu, valid);
-    // The zeroed scales are generic-proxy writes into a slot a later copy may fill.
+    // The zeroed bytes are generic-proxy writes into a slot a later copy may fill.
     if (hits != 0xffffffffu) mma::fence_proxy_async();
     __syncwarp();
     if (lane == 0) bulk::mbar_arrive_expect_tx(full, popc_u32(hits) * kTokenBytes);
