@@ -2,11 +2,8 @@
 //! and options, `choose_plan` returns a plan the launchers can run, and spreads a
 //! row over blocks or a cluster only where the tables say it pays.
 
-use nsa_runtime::ops::topk::{choose_layout, choose_plan, TopkPlan};
+use nsa_runtime::ops::topk::{choose_layout, choose_plan, TopkPlan, SPLIT_MIN_CHUNK, SPREAD_MIN_ROW};
 use proptest::prelude::*;
-
-/// Rows shorter than this stay in one block (`SPREAD_MIN_ROW` in ops/topk.rs).
-const SPREAD_MIN_ROW: usize = 16_384;
 
 proptest! {
     #[test]
@@ -34,7 +31,7 @@ proptest! {
             }
             TopkPlan::Split { chunk, chunks } => {
                 prop_assert!(few_long && workspace && !clusters);
-                prop_assert!(chunk >= 1024 && chunk % 1024 == 0, "chunk {}", chunk);
+                prop_assert!(chunk >= SPLIT_MIN_CHUNK && chunk % 1024 == 0, "chunk {}", chunk);
                 // The chunks cover the row, and none is empty.
                 prop_assert!(chunk * chunks >= cap && chunk * (chunks - 1) < cap, "{} x {} for {}", chunk, chunks, cap);
             }

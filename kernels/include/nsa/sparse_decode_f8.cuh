@@ -187,7 +187,7 @@ struct Consumer {
     own_slot = scale_slot(quarter, tok_base + lane);
     qk_scales_at = scale_slot(quarter, tok_base + 2 * t);
     v_at = 2 * t * kTokenBytes + w * 64 + 4 * g;
-    scales_at = (w / 2) * kBlockTokens * 4 + t * 64;
+    scales_at = (w / 2) * kBlockTokens * 4 + t * 64;  // scale_slot(w / 2, 2t), folded by hand
     m_run[0] = m_run[1] = kMaxInit;
     l_run[0] = l_run[1] = 0.0f;
     sigma = 0.0f;

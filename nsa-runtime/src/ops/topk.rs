@@ -201,9 +201,9 @@ pub fn split_plan(rows: usize, row_capacity: usize, sm_count: u32) -> TopkPlan {
 
 /// Rows shorter than this stay in one block (spreading a row over a cluster or split
 /// blocks: the per-block sample would cost more than the row).
-const SPREAD_MIN_ROW: usize = 16_384;
+pub const SPREAD_MIN_ROW: usize = 16_384;
 /// Keys per split block at least: below this the per-block sample dominates.
-const SPLIT_MIN_CHUNK: usize = 1024;
+pub const SPLIT_MIN_CHUNK: usize = 1024;
 
 /// Mirrors `nsa::index_transform::Params` (index_transform.cuh).
 #[repr(C)]

@@ -36,6 +36,12 @@ pub struct DecodeCase {
     /// Every 11th slot has one 128-dim tile scaled by 2^24: its FP8 scale is ≥ 2^15,
     /// the kernel's two-multiply dequant path.
     pub huge_scales: bool,
+    /// Slot s's values are scaled by 2^(6 s / slots) (tile scales grow 64-fold over
+    /// the cache) and every index row is sorted ascending: the running row max and
+    /// the tile scales rise step after step, so the kernels rescale a non-zero O by
+    /// factors strictly between 0 and 1 (the raw-record kernel's lazy rescale moves
+    /// the max only past a slack of 8 (log2) and sigma only 16-fold).
+    pub rising: bool,
     pub seed: u64,
 }
 
@@ -51,6 +57,7 @@ impl DecodeCase {
             check_rows: 64,
             bad_index: false,
             huge_scales: false,
+            rising: false,
             seed,
         }
     }
@@ -73,9 +80,10 @@ pub fn run(rt: &Runtime, case: &DecodeCase) -> Result<Check> {
     let num_slots = pages * page;
     for slot in 0..num_slots {
         let huge = case.huge_scales && slot % 11 == 0;
+        let rise = if case.rising { (6.0 * slot as f32 / num_slots as f32).exp2() } else { 1.0 };
         let tok: Vec<bf16> = (0..BF16_TOKEN_ELEMS)
             .map(|d| {
-                let v: f32 = rng.random_range(-2.0..2.0);
+                let v: f32 = rng.random_range(-2.0..2.0) * rise;
                 bf16::from_f32(if huge && (128..256).contains(&d) { v * 16_777_216.0 } else { v })
             })
             .collect();
@@ -90,7 +98,11 @@ pub fn run(rt: &Runtime, case: &DecodeCase) -> Result<Check> {
         (0..rows * heads * BF16_TOKEN_ELEMS).map(|_| bf16::from_f32(rng.random_range(-1.0..1.0))).collect();
     let mut indices = Vec::with_capacity(rows * k);
     for _ in 0..rows {
-        indices.extend(index_row(case.pattern, k, num_slots, &mut rng));
+        let mut row = index_row(case.pattern, k, num_slots, &mut rng);
+        if case.rising {
+            row.sort_unstable();
+        }
+        indices.extend(row);
     }
     if case.bad_index && rows > 0 {
         indices[0] = num_slots as i32 + 5;
@@ -141,13 +153,14 @@ pub fn run(rt: &Runtime, case: &DecodeCase) -> Result<Check> {
     Ok(Check {
         kernel: id,
         case: format!(
-            "b{} s_q{} {:?}{}{}{} splits {}",
+            "b{} s_q{} {:?}{}{}{}{} splits {}",
             s.batch,
             s.s_q,
             case.pattern,
             if case.lengths { " +len" } else { "" },
             if case.page_pad > 0 { " padded pages" } else { "" },
             if case.huge_scales { " huge scales" } else { "" },
+            if case.rising { " rising" } else { "" },
             plan.splits
         ),
         items: picked.len(),

@@ -90,6 +90,21 @@ fn huge_fp8_scales() {
     assert_all(&checks);
 }
 
+/// Scores and tile scales that rise along each row: every kernel rescales its
+/// running output many times mid-row (not only from the empty start).
+#[test]
+fn rising_scores_and_scales_rescale_the_output() {
+    let rt = rt();
+    let mut checks = Vec::new();
+    for (i, (heads, splits)) in [(16u32, 1u32), (16, 4), (64, 1)].into_iter().enumerate() {
+        let mut c = DecodeCase::new(shape(4, 1, heads, 2048, 64), IndexPattern::Full, 990 + i as u64);
+        c.rising = true;
+        c.splits = Some(splits); // 1: one CTA walks all 32 steps of a row
+        checks.push(run(&rt, &c).unwrap());
+    }
+    assert_all(&checks);
+}
+
 /// The split path (partials + combine) and the direct path agree with the reference
 /// for every split count, including uneven last splits.
 #[test]
