@@ -111,6 +111,10 @@ pub struct Attention {
     pub lse: Vec<f32>,
     /// `[heads]` `max_j s_j`; −inf when no key is valid.
     pub max_logits: Vec<f32>,
+    /// `[heads, 512]` `Σ_j p_j·|v_j,d| / Σ_j p_j`: the scale of the terms `out` sums,
+    /// which bounds the error of rounding P (the comparison's tolerance); 0 when no
+    /// key is valid.
+    pub out_magnitude: Vec<f32>,
 }
 
 /// `q` is `[heads, d_qk]`, `keys` the valid tokens (at least `d_qk` values each,
@@ -120,6 +124,7 @@ pub fn attend(q: &[f32], heads: usize, d_qk: usize, keys: &[&[f32]], sm_scale: f
         out: vec![0.0f32; heads * KV_LORA_RANK],
         lse: vec![f32::INFINITY; heads],
         max_logits: vec![f32::NEG_INFINITY; heads],
+        out_magnitude: vec![0.0f32; heads * KV_LORA_RANK],
     };
     if keys.is_empty() {
         return a;
@@ -134,15 +139,18 @@ pub fn attend(q: &[f32], heads: usize, d_qk: usize, keys: &[&[f32]], sm_scale: f
         let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
         let mut l = 0.0f64;
         let mut o = vec![0.0f64; KV_LORA_RANK];
+        let mut mag = vec![0.0f64; KV_LORA_RANK];
         for (j, k) in keys.iter().enumerate() {
             let p = (s[j] - m).exp();
             l += p;
-            for (od, &kd) in o.iter_mut().zip(&k[..KV_LORA_RANK]) {
+            for ((od, md), &kd) in o.iter_mut().zip(mag.iter_mut()).zip(&k[..KV_LORA_RANK]) {
                 *od += p * kd as f64;
+                *md += p * (kd as f64).abs();
             }
         }
-        for (d, od) in o.iter().enumerate() {
+        for (d, (od, md)) in o.iter().zip(&mag).enumerate() {
             a.out[h * KV_LORA_RANK + d] = (od / l) as f32;
+            a.out_magnitude[h * KV_LORA_RANK + d] = (md / l) as f32;
         }
         a.lse[h] = (m + l.ln()) as f32;
         a.max_logits[h] = m as f32;
