@@ -205,6 +205,27 @@ pub fn attend_smem_bytes(head_tile: u32, d_qk: u32) -> u32 {
         + split_k_partials
 }
 
+/// Slots of 32 KV rows in the mma.sync prefill kernel's ring (`nsa::prefill::kSlots`).
+const PREFILL_SLOTS: u32 = 5;
+
+/// Dynamic shared memory of the mma.sync sparse-prefill CTA; mirrors
+/// `nsa::prefill::RingSmem` (sparse_prefill.cuh): Q tile, the ring of 32-row
+/// slots, padded P tile, per-warp row partials, validity flags per slot, for
+/// 16-head tiles the split-K partial S, and a full and an empty mbarrier per slot.
+pub fn prefill_ring_smem_bytes(head_tile: u32, d_qk: u32) -> u32 {
+    let row = d_qk * 2 + 16; // padded rows (`Rows::kBytes`)
+    let slot_rows = DECODE_BLOCK_TOKENS / 2;
+    let warps_per_mtile = 8 / (head_tile / 16);
+    let split_k_partials = if head_tile == 16 { 4 * 16 * (DECODE_BLOCK_TOKENS + 8) * 4 } else { 0 };
+    head_tile * row
+        + PREFILL_SLOTS * slot_rows * row
+        + head_tile * (DECODE_BLOCK_TOKENS * 2 + 16)
+        + warps_per_mtile * head_tile * 4
+        + PREFILL_SLOTS * slot_rows
+        + split_k_partials
+        + 2 * PREFILL_SLOTS * 8
+}
+
 /// The decode-like forward mode a metadata replay kernel serves. Draft-extend v2 is
 /// draft-extend with every request extending by `D` (no per-request lengths).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -492,7 +513,10 @@ impl KernelSpec {
                 decode_f8_smem_bytes(topk)
             }
             KernelFamily::SparseDecode { heads, .. } => self.sparse_mla_smem_bytes(heads, 576),
-            KernelFamily::SparsePrefill { heads, d_qk, .. } => self.sparse_mla_smem_bytes(heads, d_qk),
+            KernelFamily::SparsePrefill { heads, d_qk, .. } => match self.sparse_mla_head_tile(heads) {
+                Some(WG_HEAD_TILE) => wg_smem_bytes(d_qk),
+                tile => tile.map_or(0, |t| prefill_ring_smem_bytes(t, d_qk)),
+            },
             KernelFamily::IndexerLogits { heads, .. } if indexer_wg_kernel(heads, self.target) => INDEXER_WG_SMEM_BYTES,
             _ => 0,
         }

@@ -92,6 +92,17 @@ struct Smem {
   static constexpr u32 kBytes = kPart + (kHT == 16 ? kQuarters * 16 * kPartStride * 4 : 0);
 };
 
+// Where one 64-token step's K/V rows and validity flags are: tokens 0..31 from
+// `lo` / `flags_lo`, tokens 32..63 from `hi` / `flags_hi` (shared addresses of
+// their first row). A double-buffered tile is one contiguous block; a ring of
+// 32-row slots (prefill) puts the halves wherever their slots are.
+constexpr int kHalfTokens = kBlockTokens / 2;
+struct StepTile {
+  u32 lo, hi;
+  const u8* flags_lo;
+  const u8* flags_hi;
+};
+
 // Index entries of query row `row` that count: `topk_length[row]` clamped to
 // 0..kTopk, or all kTopk without a length array.
 template <int kTopk>
@@ -128,11 +139,13 @@ NSA_DEVICE void load_q_tile(const u16* q_row, u32 head0, u32 q_tile) {
 // sums its 8 tokens. Reading Q from shared memory every step (8 warps × the whole
 // tile) was most of a 16-head step's shared-memory traffic.
 // kThreads: the CTA's threads (consumers first, then the family's producers), the
-// count of the full/empty barriers.
-template <int kHT, int kDqk, int kQkUnroll, int kThreads>
+// count of the full/empty barriers. L: the shared-memory layout (its kQ, kP, kRed,
+// kPart and kNW; Smem's K/V buffers and flags are only read by `run`).
+// Warp w's Q K^T tokens (and flags) lie in token half w / 4 of the step
+// (`half`): it needs only that half's rows before P V.
+template <int kHT, int kDqk, int kQkUnroll, int kThreads, class L = Smem<kHT, kDqk>>
 struct Consumer {
   static_assert(kHT == 16 || kHT == 32, "head tile: 16 or 32 (consumer registers cap the P V columns per warp)");
-  typedef Smem<kHT, kDqk> L;
   typedef Rows<kDqk> R;
   static constexpr int kMW = kHT / 16;                    // m-tiles (16 heads each)
   static constexpr int kNW = L::kNW;                      // consumer warps per m-tile
@@ -146,15 +159,16 @@ struct Consumer {
   static constexpr int kQSteps = kDqk / 16 / kQuarters;   // k16 steps of a dims quarter
   static constexpr int kSplitTokens = kBlockTokens * kQuarters / kConsumerWarps;  // 32 per warp
   static_assert(!kSplitK || (kDqk % (16 * kQuarters) == 0 && kSplitTokens == 32 && kNT == 1), "split-K tiling");
+  static_assert(kTokPerWarp <= kHalfTokens && kSplitTokens == kHalfTokens, "a warp's Q K^T tokens lie in one half");
 
-  u32 base, g, t, mw, nw, tok0, d0;
+  u32 base, g, t, mw, nw, tok0, d0, half;
   // Per-thread ldmatrix row addresses, fixed for the whole kernel: every access in
   // the loops is one of these plus an immediate.
   u32 q_addr;  // Q rows (A of Q K^T), shared address
-  u32 k_off;   // K rows (B of Q K^T), offset inside a K/V buffer
+  u32 k_off;   // K rows (B of Q K^T), offset inside the warp's token half
   u32 p_addr;  // P rows (A of P V), shared address
-  u32 v_off;   // V rows (B of P V, transposed), offset inside a K/V buffer
-  u32 ks_off;  // kSplitK: K rows of this warp's 32 tokens at its dims quarter, inside a K/V buffer
+  u32 v_off;   // V rows (B of P V, transposed), offset inside a token half
+  u32 ks_off;  // kSplitK: K rows of this warp's 32 tokens at its dims quarter, inside its token half
   u32 part_at;  // kSplitK: this warp's partial S row 0 (meet_quarters' `mine`), shared address
   u32 qf[kSplitK ? kQSteps : 1][4];  // kSplitK: this warp's Q quarter as A fragments
   float m_run[2];  // running max (log2 domain, scaled) of rows g and g + 8
@@ -168,14 +182,16 @@ struct Consumer {
     nw = warp / kMW;
     tok0 = nw * kTokPerWarp;
     d0 = nw * kDimsPerWarp;
+    half = tok0 / kHalfTokens;
+    const u32 tok_in_half = tok0 % kHalfTokens;
     q_addr = base + L::kQ + R::offset(mw * 16 + (lane & 15), lane >> 4);
-    k_off = kNT == 1 ? R::offset(tok0 + (lane & 7), lane >> 3)
-                     : R::offset(tok0 + (lane & 7) + ((lane >> 4) << 3), (lane >> 3) & 1);
+    k_off = kNT == 1 ? R::offset(tok_in_half + (lane & 7), lane >> 3)
+                     : R::offset(tok_in_half + (lane & 7) + ((lane >> 4) << 3), (lane >> 3) & 1);
     p_addr = base + L::kP + (mw * 16 + (lane & 15)) * kPRowBytes + ((lane >> 4) << 3) * 2;
     v_off = R::offset((lane & 7) + (((lane >> 3) & 1) << 3), d0 / 8 + (lane >> 4));
     if constexpr (kSplitK) {
       const u32 quarter = warp % kQuarters, chunk0 = quarter * kQSteps * 2;
-      const u32 token = (warp / kQuarters) * kSplitTokens + (lane & 7) + ((lane >> 4) << 3);
+      const u32 token = (lane & 7) + ((lane >> 4) << 3);  // inside half warp / kQuarters (== `half`)
       ks_off = R::offset(token, chunk0 + ((lane >> 3) & 1));
       part_at = base + L::kPart + (quarter * 16 * kPartStride + (warp / kQuarters) * kSplitTokens + (lane % 4) * 2) * 4;
 #pragma unroll
@@ -189,19 +205,26 @@ struct Consumer {
 
   NSA_DEVICE float* red(u8* smem) const { return reinterpret_cast<float*>(smem + L::kRed); }  // [kNW][kHT]
 
-  // Consumes `steps` 64-token buffers in order; `c_scale` = sm_scale · log2(e).
+  // Consumes `steps` 64-token buffers of Smem's double-buffered tile in order;
+  // `c_scale` = sm_scale · log2(e).
   NSA_DEVICE void run(u8* smem, i32 steps, float c_scale) {
     for (i32 step = 0; step < steps; ++step) {
       const u32 buf = step & 1;
       mma::bar_sync(kBarFull + buf, kThreads);
-      consume(smem, buf, c_scale);
+      const u32 kbuf = base + L::kK + buf * R::kTileBytes;
+      const u8* flags = smem + L::kValid + buf * kBlockTokens;
+      const StepTile tile{kbuf, kbuf + kHalfTokens * R::kBytes, flags, flags + kHalfTokens};
+      qk_softmax(smem, tile, c_scale);
+      pv(tile);
       // Release the buffer only when a producer will wait for it (step + 2 refills it).
       if (step + 2 < steps) mma::bar_arrive(kBarEmpty + buf, kThreads);
     }
   }
 
-  NSA_DEVICE void consume(u8* smem, u32 buf, float c_scale) {
-    const u32 kbuf = base + L::kK + buf * R::kTileBytes;
+  // S = Q K^T of the warp's tokens (token half `half` of `tile` only), the online
+  // softmax, P into shared memory and O rescaled; ends at a consumer barrier.
+  NSA_DEVICE void qk_softmax(u8* smem, const StepTile& tile, float c_scale) {
+    const u32 kbuf = half ? tile.hi : tile.lo;
     float* rd = red(smem);
 
     // S = Q K^T for 16 heads x kTokPerWarp tokens.
@@ -210,7 +233,7 @@ struct Consumer {
     for (int j = 0; j < kNT; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
     const u32 k_addr = kbuf + k_off;
     if constexpr (kSplitK) {
-      split_qk(smem, kbuf, s[0]);
+      split_qk(kbuf, s[0]);
     } else if constexpr (kNT == 1) {
       // One n8 tile per warp: each x4 load of K spans two k16 steps instead.
 #pragma unroll(kQkUnroll)
@@ -238,14 +261,13 @@ struct Consumer {
     }
 
     // Scale into the log2 domain, mask invalid tokens, row max across the warps.
-    const u8* flags = smem + L::kValid + buf * kBlockTokens;
+    const u8* flags = (half ? tile.flags_hi : tile.flags_lo) + tok0 % kHalfTokens;  // the warp's first token
     float mx[2] = {neg_inf(), neg_inf()};
 #pragma unroll
     for (int j = 0; j < kNT; ++j) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const u32 col = tok0 + j * 8 + 2 * t + (e & 1);
-        const float x = flags[col] ? s[j][e] * c_scale : neg_inf();
+        const float x = flags[j * 8 + 2 * t + (e & 1)] ? s[j][e] * c_scale : neg_inf();
         s[j][e] = x;
         mx[e >> 1] = x > mx[e >> 1] ? x : mx[e >> 1];
       }
@@ -294,26 +316,29 @@ struct Consumer {
       o[j][3] *= alpha[1];
     }
     mma::bar_sync(kBarConsumers, kConsumerThreads);
+  }
 
-    // O += P V for 16 heads x kDimsPerWarp dims.
-    const u32 v_addr = kbuf + v_off;
+  // O += P V for 16 heads x kDimsPerWarp dims, over both token halves of `tile`.
+  NSA_DEVICE void pv(const StepTile& tile) {
 #pragma unroll(kFullUnroll ? 4 : 1)
     for (int kt = 0; kt < kBlockTokens; kt += 16) {
       u32 a[4];
       mma::ldsm_x4(p_addr + kt * 2, a);
+      const u32 v_addr = (kt < kHalfTokens ? tile.lo : tile.hi) + v_off + (kt % kHalfTokens) * R::kBytes;
 #pragma unroll
       for (int j = 0; j < kNV; j += 2) {
         u32 b[4];
-        mma::ldsm_x4_trans(v_addr + kt * R::kBytes + j * 16, b);
+        mma::ldsm_x4_trans(v_addr + j * 16, b);
         mma::mma_bf16(o[j], a, b[0], b[1]);
         mma::mma_bf16(o[j + 1], a, b[2], b[3]);
       }
     }
   }
 
-  // kSplitK: partial S of this warp's dims quarter and 32 tokens into shared
-  // memory, then the full S of the warp's 8 tokens (tok0, the kNT == 1 layout).
-  NSA_DEVICE void split_qk(u8* smem, u32 kbuf, float (&s0)[4]) {
+  // kSplitK: partial S of this warp's dims quarter and 32 tokens (the token half at
+  // `kbuf`) into shared memory, then the full S of the warp's 8 tokens (tok0, the
+  // kNT == 1 layout).
+  NSA_DEVICE void split_qk(u32 kbuf, float (&s0)[4]) {
     constexpr int kTiles = kSplitTokens / 8;
     float ps[kTiles][4];
 #pragma unroll

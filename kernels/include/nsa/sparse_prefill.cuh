@@ -1,10 +1,11 @@
 // Sparse MLA prefill over bf16 KV (spec §8.1, §8.2), playbook stage P1: one CTA
-// per (query token, head tile). Producers (4 warps) gather the chosen KV rows
-// straight into the double-buffered K/V tile with 16-byte cp.async (zero-filled
-// for a masked index, so no register staging and no dequant); the consumer warps
-// are the decode kernel's (sparse_attend.cuh). Outputs out, max_logits and lse in
-// natural-log units.
+// per (query token, head tile). Producers (4 warps) gather the chosen KV rows with
+// 16-byte cp.async (zero-filled for a masked index, so no register staging and no
+// dequant) into a ring of kSlots slots of 32 rows; the consumer warps are the
+// decode kernel's (sparse_attend.cuh) and take two slots per 64-token step.
+// Outputs out, max_logits and lse in natural-log units.
 #pragma once
+#include "nsa/cuda/bulk.cuh"
 #include "nsa/sparse_attend.cuh"
 
 namespace nsa {
@@ -32,55 +33,125 @@ struct Params {
   float sm_scale;
 };
 
-// Producer warps: each 64-token step, warp w copies rows 16 w .. 16 w + 15 of the
-// buffer, one row at a time with the whole warp (lane l moves 16-byte chunks l,
-// l + 32, ...), so every cp.async instruction reads 512 contiguous bytes. Lanes
-// 0..15 hold the step's 16 indices, read one step ahead. A buffer is published
-// (full) once its cp.async group has landed, one step behind the issue, so two
-// steps of loads are in flight.
-template <int kTopk, int kDqk>
-NSA_DEVICE void produce(const Params& p, u32 k_base, u8* flags, i64 row, i32 valid_len, i32 steps) {
+// The ring: kSlots slots of 32 KV rows. Two 64-row buffers kept a single step of
+// rows in flight while the consumers held the other (h16 on the H200: 2.30 ms with
+// consumers and producers, 1.94 ms producers alone); five slots keep three in
+// flight, which is what fits beside a 16-head Q tile and the split-K partials.
+constexpr int kSlotRows = kHalfTokens;
+constexpr int kSlots = 5;
+
+// Shared memory: Q [kHT][kDqk], the slot ring, P [kHT][64] (padded rows), per-warp
+// row partials, validity flags per slot, for 16-head tiles the partial S of each
+// dims quarter, then a full and an empty mbarrier per slot.
+template <int kHT, int kDqk>
+struct RingSmem {
   typedef Rows<kDqk> R;
-  constexpr int kRowsPerWarp = kBlockTokens / kProducerWarps;
+  static constexpr int kNW = kConsumerWarps / (kHT / 16);
+  static constexpr u32 kSlotBytes = kSlotRows * R::kBytes;
+  static constexpr u32 kQ = 0;
+  static constexpr u32 kRing = kQ + kHT * R::kBytes;
+  static constexpr u32 kP = kRing + kSlots * kSlotBytes;
+  static constexpr u32 kRed = kP + kHT * kPRowBytes;
+  static constexpr u32 kValid = kRed + kNW * kHT * 4;
+  static constexpr u32 kPart = kValid + kSlots * kSlotRows;
+  static constexpr u32 kFull = kPart + (kHT == 16 ? kQuarters * 16 * kPartStride * 4 : 0);
+  static constexpr u32 kEmpty = kFull + kSlots * 8;
+  static constexpr u32 kBytes = kEmpty + kSlots * 8;
+  static_assert(kPart % 16 == 0 && kFull % 8 == 0, "vector and mbarrier alignment");
+};
+
+// A slot of the ring and the parity of its current use (flips at each wrap).
+struct RingPos {
+  u32 slot = 0, phase = 0;
+  NSA_DEVICE void advance() {
+    if (++slot == (u32)kSlots) {
+      slot = 0;
+      phase ^= 1u;
+    }
+  }
+};
+
+// A slot is full once every producer thread's plain arrival (ordering its flag
+// store) and its cp.async arrival (its copies landed) are in; empty once every
+// consumer warp is done with it.
+constexpr u32 kFullArrivals = 2 * kProducerThreads;
+constexpr u32 kEmptyArrivals = kConsumerWarps;
+
+// Producer warps: warp w copies rows 8 w .. 8 w + 7 of every slot, one row at a
+// time with the whole warp (lane l moves 16-byte chunks l, l + 32, ...), so every
+// cp.async instruction reads 512 contiguous bytes. Lanes 0..15 hold the step's 16
+// indices of the warp (lane / 8 = the token half), read one step ahead. The
+// producers never wait for their own copies: the slot's mbarrier counts them.
+template <int kTopk, int kDqk, class L>
+NSA_DEVICE void produce(const Params& p, u32 base, u8* smem, i64 row, i32 valid_len, i32 steps) {
+  typedef Rows<kDqk> R;
+  constexpr int kRowsPerWarp = kSlotRows / kProducerWarps;
   constexpr int kRounds = (R::kChunks + 31) / 32;
-  static_assert(kRowsPerWarp <= 32, "one index per lane");
   const u32 lane = thread_x() % 32;
   const u32 row0 = (thread_x() / 32 - kConsumerWarps) * kRowsPerWarp;
   const i32* idx_row = p.indices + row * kTopk;
   auto index_at = [&](i32 step) -> i32 {
-    const i32 pos = step * kBlockTokens + (i32)(row0 + lane);
-    return (lane < (u32)kRowsPerWarp && pos < valid_len) ? mma::ldg_stream_i32(idx_row + pos) : -1;
+    const i32 pos = step * kBlockTokens + (i32)((lane / kRowsPerWarp) * kSlotRows + row0 + lane % kRowsPerWarp);
+    return (lane < 2u * kRowsPerWarp && pos < valid_len) ? mma::ldg_stream_i32(idx_row + pos) : -1;
   };
+  auto usable = [&](i32 idx) { return idx >= 0 && (i64)idx < p.s_kv; };
   const u64 keep = mma::l2_evict_last_policy();  // the KV rows: see l2_evict_last_policy
+  RingPos at;
   i32 next = index_at(0);
   for (i32 step = 0; step < steps; ++step) {
-    const u32 buf = step & 1;
     const i32 mine = next;
     next = step + 1 < steps ? index_at(step + 1) : -1;
-    if (step >= 2) mma::bar_sync(kBarEmpty + buf, kThreads);
-    if (lane < (u32)kRowsPerWarp) flags[buf * kBlockTokens + row0 + lane] = (mine >= 0 && (i64)mine < p.s_kv) ? 1 : 0;
-    const u32 tile = k_base + buf * R::kTileBytes;
-#pragma unroll 4
-    for (int r = 0; r < kRowsPerWarp; ++r) {
-      const i32 idx = __shfl_sync(0xffffffffu, mine, r);
-      const bool valid = idx >= 0 && (i64)idx < p.s_kv;
-      const u16* src = p.kv + (valid ? (i64)idx * p.kv_stride : 0);
-      const u32 dst = tile + R::offset(row0 + r, 0);
+#pragma unroll 1
+    for (int h = 0; h < 2; ++h) {
+      const u32 full = base + L::kFull + at.slot * 8;
+      if (step * 2 + h >= kSlots) bulk::mbar_wait(base + L::kEmpty + at.slot * 8, at.phase ^ 1u);
+      const i32 flag_idx = __shfl_sync(0xffffffffu, mine, h * kRowsPerWarp + lane % kRowsPerWarp);
+      if (lane < (u32)kRowsPerWarp) smem[L::kValid + at.slot * kSlotRows + row0 + lane] = usable(flag_idx) ? 1 : 0;
+      const u32 tile = base + L::kRing + at.slot * L::kSlotBytes;
 #pragma unroll
-      for (int c = 0; c < kRounds; ++c) {
-        const u32 chunk = c * 32 + lane;
-        if (chunk < (u32)R::kChunks)
-          mma::cp_async_16_policy(dst + chunk * 16, src + chunk * 8, valid ? 16u : 0u, keep);
+      for (int r = 0; r < kRowsPerWarp; ++r) {
+        const i32 idx = __shfl_sync(0xffffffffu, mine, h * kRowsPerWarp + r);
+        const bool valid = usable(idx);
+        const u16* src = p.kv + (valid ? (i64)idx * p.kv_stride : 0);
+        const u32 dst = tile + R::offset(row0 + r, 0);
+#pragma unroll
+        for (int c = 0; c < kRounds; ++c) {
+          const u32 chunk = c * 32 + lane;
+          if (chunk < (u32)R::kChunks)
+            mma::cp_async_16_policy(dst + chunk * 16, src + chunk * 8, valid ? 16u : 0u, keep);
+        }
       }
-    }
-    mma::cp_async_commit();
-    if (step >= 1) {
-      mma::cp_async_wait<1>();
-      mma::bar_arrive(kBarFull + (buf ^ 1), kThreads);
+      bulk::mbar_arrive(full);
+      bulk::mbar_arrive_on_cp_async(full);
+      at.advance();
     }
   }
-  mma::cp_async_wait<0>();
-  mma::bar_arrive(kBarFull + ((steps - 1) & 1), kThreads);
+}
+
+// Consumer warps: step s takes slots 2 s and 2 s + 1 (token halves 0 and 1); a
+// warp waits for its own half before Q K^T and for the other before P V.
+template <class C, class L>
+NSA_DEVICE void consume(C& c, u8* smem, u32 base, i32 steps, float c_scale) {
+  RingPos at;
+  for (i32 step = 0; step < steps; ++step) {
+    const RingPos a = at;
+    at.advance();
+    const RingPos b = at;
+    at.advance();
+    const RingPos& mine = c.half ? b : a;
+    const RingPos& other = c.half ? a : b;
+    const StepTile tile{base + L::kRing + a.slot * L::kSlotBytes, base + L::kRing + b.slot * L::kSlotBytes,
+                        smem + L::kValid + a.slot * kSlotRows, smem + L::kValid + b.slot * kSlotRows};
+    bulk::mbar_wait(base + L::kFull + mine.slot * 8, mine.phase);
+    c.qk_softmax(smem, tile, c_scale);
+    bulk::mbar_wait(base + L::kFull + other.slot * 8, other.phase);
+    c.pv(tile);
+    __syncwarp();
+    if (lane_id() == 0) {
+      bulk::mbar_arrive(base + L::kEmpty + a.slot * 8);
+      bulk::mbar_arrive(base + L::kEmpty + b.slot * 8);
+    }
+  }
 }
 
 // This CTA's head tile and query token. Head tiles of one token are adjacent block
@@ -99,7 +170,7 @@ NSA_DEVICE CtaTile cta_tile() {
 template <int kHeads, int kHT, int kTopk, int kDqk, int kQkUnroll>
 NSA_DEVICE void sparse_prefill(const Params& p) {
   static_assert(kTopk % kBlockTokens == 0, "top-k is a multiple of 64");
-  typedef Smem<kHT, kDqk> L;
+  typedef RingSmem<kHT, kDqk> L;
   constexpr int kHeadTiles = (kHeads + kHT - 1) / kHT;
 
   extern NSA_SHARED Vec16 smem_vec[];  // 16-byte aligned (ldmatrix, cp.async)
@@ -114,15 +185,22 @@ NSA_DEVICE void sparse_prefill(const Params& p) {
   const i32 steps = (valid_len + kBlockTokens - 1) / kBlockTokens;
 
   const u32 head0 = ht * kHT;
+  if (thread_x() == 0) {
+    for (int s = 0; s < kSlots; ++s) {
+      bulk::mbar_init(base + L::kFull + s * 8, kFullArrivals);
+      bulk::mbar_init(base + L::kEmpty + s * 8, kEmptyArrivals);
+    }
+    bulk::mbar_init_fence();
+  }
   load_q_tile<kHeads, kHT, kDqk, kThreads>(p.q + row * kHeads * kDqk, head0, base + L::kQ);
   sync_block();
   if (warp >= (u32)kConsumerWarps) {
-    if (steps > 0) produce<kTopk, kDqk>(p, base + L::kK, smem + L::kValid, row, valid_len, steps);
+    produce<kTopk, kDqk, L>(p, base, smem, row, valid_len, steps);
     return;
   }
 
-  Consumer<kHT, kDqk, kQkUnroll, kThreads> c(base, warp, lane);
-  c.run(smem, steps, p.sm_scale * kLog2e);
+  Consumer<kHT, kDqk, kQkUnroll, kThreads, L> c(base, warp, lane);
+  consume<decltype(c), L>(c, smem, base, steps, p.sm_scale * kLog2e);
   float l_tot[2];
   c.row_sums(smem, l_tot);
 #pragma unroll
