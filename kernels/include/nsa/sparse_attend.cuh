@@ -224,16 +224,20 @@ struct Consumer {
   // S = Q K^T of the warp's tokens (token half `half` of `tile` only), the online
   // softmax, P into shared memory and O rescaled; ends at a consumer barrier.
   NSA_DEVICE void qk_softmax(u8* smem, const StepTile& tile, float c_scale) {
-    const u32 kbuf = half ? tile.hi : tile.lo;
-    float* rd = red(smem);
-
-    // S = Q K^T for 16 heads x kTokPerWarp tokens.
     float s[kNT][4];
+    qk(half ? tile.hi : tile.lo, s);
+    softmax_p(smem, tile, s, c_scale);
+  }
+
+  // S = Q K^T for 16 heads x kTokPerWarp tokens from the warp's token half at `kbuf`.
+  NSA_DEVICE void qk(u32 kbuf, float (&s)[kNT][4]) {
 #pragma unroll
     for (int j = 0; j < kNT; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
     const u32 k_addr = kbuf + k_off;
     if constexpr (kSplitK) {
-      split_qk(kbuf, s[0]);
+      float ps[4][4];
+      qk_partial(kbuf, ps);
+      meet(ps, s[0]);
     } else if constexpr (kNT == 1) {
       // One n8 tile per warp: each x4 load of K spans two k16 steps instead.
 #pragma unroll(kQkUnroll)
@@ -259,7 +263,12 @@ struct Consumer {
         }
       }
     }
+  }
 
+  // From S: the online softmax, P into shared memory and O rescaled (the flags of
+  // the warp's tokens come from `tile`); ends at a consumer barrier.
+  NSA_DEVICE void softmax_p(u8* smem, const StepTile& tile, float (&s)[kNT][4], float c_scale) {
+    float* rd = red(smem);
     // Scale into the log2 domain, mask invalid tokens, row max across the warps.
     const u8* flags = (half ? tile.flags_hi : tile.flags_lo) + tok0 % kHalfTokens;  // the warp's first token
     float mx[2] = {neg_inf(), neg_inf()};
@@ -336,11 +345,10 @@ struct Consumer {
   }
 
   // kSplitK: partial S of this warp's dims quarter and 32 tokens (the token half at
-  // `kbuf`) into shared memory, then the full S of the warp's 8 tokens (tok0, the
-  // kNT == 1 layout).
-  NSA_DEVICE void split_qk(u32 kbuf, float (&s0)[4]) {
-    constexpr int kTiles = kSplitTokens / 8;
-    float ps[kTiles][4];
+  // `kbuf`), in registers.
+  static constexpr int kSplitTiles = kSplitTokens / 8;
+  NSA_DEVICE void qk_partial(u32 kbuf, float (&ps)[kSplitTiles][4]) const {
+    constexpr int kTiles = kSplitTiles;
 #pragma unroll
     for (int j = 0; j < kTiles; ++j) ps[j][0] = ps[j][1] = ps[j][2] = ps[j][3] = 0.0f;
     const u32 k_addr = kbuf + ks_off;
@@ -354,7 +362,12 @@ struct Consumer {
         mma::mma_bf16(ps[j + 1], qf[ks], b[2], b[3]);
       }
     }
-    static_assert(kTiles == 4, "meet_quarters takes 4 n8 tiles");
+  }
+
+  // kSplitK: the quarters' partial S meet in shared memory (a consumer barrier);
+  // returns the full S of the warp's 8 tokens (tok0, the kNT == 1 layout).
+  NSA_DEVICE void meet(const float (&ps)[kSplitTiles][4], float (&s0)[4]) const {
+    static_assert(kSplitTiles == 4, "meet_quarters takes 4 n8 tiles");
     meet_quarters(part_at, base + L::kPart + (tok0 + 2 * t) * 4, ps, g, s0);
   }
 

@@ -73,9 +73,9 @@ struct RingPos {
 
 // A slot is full once every producer thread's plain arrival (ordering its flag
 // store) and its cp.async arrival (its copies landed) are in; empty once every
-// consumer warp is done with it.
+// consumer thread is done with it.
 constexpr u32 kFullArrivals = 2 * kProducerThreads;
-constexpr u32 kEmptyArrivals = kConsumerWarps;
+constexpr u32 kEmptyArrivals = kConsumerThreads;
 
 // Producer warps: warp w copies rows 8 w .. 8 w + 7 of every slot, one row at a
 // time with the whole warp (lane l moves 16-byte chunks l, l + 32, ...), so every
@@ -130,26 +130,56 @@ NSA_DEVICE void produce(const Params& p, u32 base, u8* smem, i64 row, i32 valid_
 
 // Consumer warps: step s takes slots 2 s and 2 s + 1 (token halves 0 and 1); a
 // warp waits for its own half before Q K^T and for the other before P V.
+// 16-head tiles are software-pipelined: the next step's Q K^T partials (registers
+// only) sit in one basic block with this step's P V, so the scheduler interleaves
+// the two chains of mma; after the last step that Q K^T reads a stale slot and is
+// dropped.
 template <class C, class L>
 NSA_DEVICE void consume(C& c, u8* smem, u32 base, i32 steps, float c_scale) {
-  RingPos at;
-  for (i32 step = 0; step < steps; ++step) {
-    const RingPos a = at;
-    at.advance();
-    const RingPos b = at;
-    at.advance();
-    const RingPos& mine = c.half ? b : a;
-    const RingPos& other = c.half ? a : b;
-    const StepTile tile{base + L::kRing + a.slot * L::kSlotBytes, base + L::kRing + b.slot * L::kSlotBytes,
-                        smem + L::kValid + a.slot * kSlotRows, smem + L::kValid + b.slot * kSlotRows};
-    bulk::mbar_wait(base + L::kFull + mine.slot * 8, mine.phase);
-    c.qk_softmax(smem, tile, c_scale);
-    bulk::mbar_wait(base + L::kFull + other.slot * 8, other.phase);
-    c.pv(tile);
-    __syncwarp();
-    if (lane_id() == 0) {
-      bulk::mbar_arrive(base + L::kEmpty + a.slot * 8);
-      bulk::mbar_arrive(base + L::kEmpty + b.slot * 8);
+  auto slot_tile = [&](RingPos a, RingPos b) {
+    return StepTile{base + L::kRing + a.slot * L::kSlotBytes, base + L::kRing + b.slot * L::kSlotBytes,
+                    smem + L::kValid + a.slot * kSlotRows, smem + L::kValid + b.slot * kSlotRows};
+  };
+  auto wait_full = [&](RingPos at) { bulk::mbar_wait(base + L::kFull + at.slot * 8, at.phase); };
+  auto release = [&](RingPos at) { bulk::mbar_arrive(base + L::kEmpty + at.slot * 8); };
+  RingPos a, b = a;
+  b.advance();
+  if constexpr (C::kSplitK) {
+    float ps[C::kSplitTiles][4];
+    if (steps > 0) {
+      wait_full(c.half ? b : a);
+      c.qk_partial(c.half ? slot_tile(a, b).hi : slot_tile(a, b).lo, ps);
+    }
+    for (i32 step = 0; step < steps; ++step) {
+      const StepTile tile = slot_tile(a, b);
+      RingPos na = b, nb;
+      na.advance();
+      nb = na;
+      nb.advance();
+      float s[C::kNT][4];
+      c.meet(ps, s[0]);
+      c.softmax_p(smem, tile, s, c_scale);
+      wait_full(c.half ? a : b);
+      if (step + 1 < steps) wait_full(c.half ? nb : na);
+      c.qk_partial(c.half ? base + L::kRing + nb.slot * L::kSlotBytes : base + L::kRing + na.slot * L::kSlotBytes, ps);
+      c.pv(tile);
+      release(a);
+      release(b);
+      a = na;
+      b = nb;
+    }
+  } else {
+    for (i32 step = 0; step < steps; ++step) {
+      const StepTile tile = slot_tile(a, b);
+      wait_full(c.half ? b : a);
+      c.qk_softmax(smem, tile, c_scale);
+      wait_full(c.half ? a : b);
+      c.pv(tile);
+      release(a);
+      release(b);
+      b.advance();
+      a = b;
+      b.advance();
     }
   }
 }
