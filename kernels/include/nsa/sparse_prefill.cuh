@@ -80,8 +80,9 @@ constexpr u32 kEmptyArrivals = kConsumerThreads;
 // Producer warps: warp w copies rows 8 w .. 8 w + 7 of every slot, one row at a
 // time with the whole warp (lane l moves 16-byte chunks l, l + 32, ...), so every
 // cp.async instruction reads 512 contiguous bytes. Lanes 0..15 hold the step's 16
-// indices of the warp (lane / 8 = the token half), read one step ahead. The
+// indices of the warp (lane / 8 = the token half), read kIndexAhead steps ahead. The
 // producers never wait for their own copies: the slot's mbarrier counts them.
+constexpr int kIndexAhead = 4;
 template <int kTopk, int kDqk, class L>
 NSA_DEVICE void produce(const Params& p, u32 base, u8* smem, i64 row, i32 valid_len, i32 steps) {
   typedef Rows<kDqk> R;
@@ -97,10 +98,16 @@ NSA_DEVICE void produce(const Params& p, u32 base, u8* smem, i64 row, i32 valid_
   auto usable = [&](i32 idx) { return idx >= 0 && (i64)idx < p.s_kv; };
   const u64 keep = mma::l2_evict_last_policy();  // the KV rows: see l2_evict_last_policy
   RingPos at;
-  i32 next = index_at(0);
+  // Index loads kIndexAhead steps ahead, rotated through registers: one step ahead
+  // left the producers waiting on them (ncu: the shuffle of the loaded index).
+  i32 ahead[kIndexAhead];
+#pragma unroll
+  for (int i = 0; i < kIndexAhead; ++i) ahead[i] = i < steps ? index_at(i) : -1;
   for (i32 step = 0; step < steps; ++step) {
-    const i32 mine = next;
-    next = step + 1 < steps ? index_at(step + 1) : -1;
+    const i32 mine = ahead[0];
+#pragma unroll
+    for (int i = 0; i + 1 < kIndexAhead; ++i) ahead[i] = ahead[i + 1];
+    ahead[kIndexAhead - 1] = step + kIndexAhead < steps ? index_at(step + kIndexAhead) : -1;
 #pragma unroll 1
     for (int h = 0; h < 2; ++h) {
       const u32 full = base + L::kFull + at.slot * 8;
