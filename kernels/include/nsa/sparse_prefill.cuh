@@ -229,12 +229,14 @@ NSA_DEVICE void sparse_prefill(const Params& p) {
     }
     bulk::mbar_init_fence();
   }
-  load_q_tile<kHeads, kHT, kDqk, kThreads>(p.q + row * kHeads * kDqk, head0, base + L::kQ);
-  sync_block();
+  sync_block();  // the barriers are initialised
+  // The producers start gathering at once; only the consumers wait for Q.
   if (warp >= (u32)kConsumerWarps) {
     produce<kTopk, kDqk, L>(p, base, smem, row, valid_len, steps);
     return;
   }
+  load_q_tile<kHeads, kHT, kDqk, kConsumerThreads>(p.q + row * kHeads * kDqk, head0, base + L::kQ);
+  mma::bar_sync(kBarConsumers, kConsumerThreads);
 
   Consumer<kHT, kDqk, kQkUnroll, kThreads, L> c(base, warp, lane);
   consume<decltype(c), L>(c, smem, base, steps, p.sm_scale * kLog2e);
