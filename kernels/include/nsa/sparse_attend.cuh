@@ -194,14 +194,6 @@ struct Consumer {
       const u32 token = (lane & 7) + ((lane >> 4) << 3);  // inside half warp / kQuarters (== `half`)
       ks_off = R::offset(token, chunk0 + ((lane >> 3) & 1));
       part_at = base + L::kPart + (quarter * 16 * kPartStride + (warp / kQuarters) * kSplitTokens + (lane % 4) * 2) * 4;
-    }
-  }
-
-  // Starts a query row: the Q tile must be in shared memory (kSplitK: this warp's
-  // quarter is taken into registers); the softmax state and O start empty.
-  NSA_DEVICE void begin() {
-    if constexpr (kSplitK) {
-      const u32 chunk0 = (thread_x() / 32 % kQuarters) * kQSteps * 2;
 #pragma unroll
       for (int ks = 0; ks < kQSteps; ++ks) mma::ldsm_x4(q_addr + (chunk0 + 2 * ks) * 16, qf[ks]);
     }

@@ -336,7 +336,6 @@ NSA_DEVICE void sparse_decode(const Params& p, u32* status) {
   }
 
   Consumer<kHT, kDqk, kQkUnroll, kThreads> c(base, warp, lane);
-  c.begin();
   c.run(smem, steps, p.sm_scale * kLog2e);
   float l_tot[2];
   c.row_sums(smem, l_tot);

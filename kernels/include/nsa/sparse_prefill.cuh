@@ -83,16 +83,8 @@ constexpr u32 kEmptyArrivals = kConsumerThreads;
 // indices of the warp (lane / 8 = the token half), read kIndexAhead steps ahead. The
 // producers never wait for their own copies: the slot's mbarrier counts them.
 constexpr int kIndexAhead = 4;
-
-// Where the producers are in the ring: the next slot, and how many they have
-// filled (a slot is reused only after the consumers released its previous fill).
-struct ProducerRing {
-  RingPos at;
-  u32 filled = 0;
-};
-
 template <int kTopk, int kDqk, class L>
-NSA_DEVICE void produce(const Params& p, u32 base, u8* smem, i64 row, i32 valid_len, i32 steps, ProducerRing& ring) {
+NSA_DEVICE void produce(const Params& p, u32 base, u8* smem, i64 row, i32 valid_len, i32 steps) {
   typedef Rows<kDqk> R;
   constexpr int kRowsPerWarp = kSlotRows / kProducerWarps;
   constexpr int kRounds = (R::kChunks + 31) / 32;
@@ -105,6 +97,7 @@ NSA_DEVICE void produce(const Params& p, u32 base, u8* smem, i64 row, i32 valid_
   };
   auto usable = [&](i32 idx) { return idx >= 0 && (i64)idx < p.s_kv; };
   const u64 keep = mma::l2_evict_last_policy();  // the KV rows: see l2_evict_last_policy
+  RingPos at;
   // Index loads kIndexAhead steps ahead, rotated through registers: one step ahead
   // left the producers waiting on them (ncu: the shuffle of the loaded index).
   i32 ahead[kIndexAhead];
@@ -117,9 +110,8 @@ NSA_DEVICE void produce(const Params& p, u32 base, u8* smem, i64 row, i32 valid_
     ahead[kIndexAhead - 1] = step + kIndexAhead < steps ? index_at(step + kIndexAhead) : -1;
 #pragma unroll 1
     for (int h = 0; h < 2; ++h) {
-      const RingPos at = ring.at;
       const u32 full = base + L::kFull + at.slot * 8;
-      if (ring.filled >= (u32)kSlots) bulk::mbar_wait(base + L::kEmpty + at.slot * 8, at.phase ^ 1u);
+      if (step * 2 + h >= kSlots) bulk::mbar_wait(base + L::kEmpty + at.slot * 8, at.phase ^ 1u);
       const i32 flag_idx = __shfl_sync(0xffffffffu, mine, h * kRowsPerWarp + lane % kRowsPerWarp);
       if (lane < (u32)kRowsPerWarp) smem[L::kValid + at.slot * kSlotRows + row0 + lane] = usable(flag_idx) ? 1 : 0;
       const u32 tile = base + L::kRing + at.slot * L::kSlotBytes;
@@ -138,33 +130,32 @@ NSA_DEVICE void produce(const Params& p, u32 base, u8* smem, i64 row, i32 valid_
       }
       bulk::mbar_arrive(full);
       bulk::mbar_arrive_on_cp_async(full);
-      ring.at.advance();
-      ++ring.filled;
+      at.advance();
     }
   }
 }
 
-// Consumer warps: step s takes the next two slots of the ring (token halves 0 and
-// 1; `at` is the first, and on return the first of the next tile); a warp waits
-// for its own half before Q K^T and for the other before P V. 16-head tiles are
-// software-pipelined: the next step's Q K^T partials (registers only) sit in one
-// basic block with this step's P V, so the scheduler interleaves the two chains of
-// mma; after the last step that Q K^T rereads this step's slot and is dropped.
+// Consumer warps: step s takes slots 2 s and 2 s + 1 (token halves 0 and 1); a
+// warp waits for its own half before Q K^T and for the other before P V.
+// 16-head tiles are software-pipelined: the next step's Q K^T partials (registers
+// only) sit in one basic block with this step's P V, so the scheduler interleaves
+// the two chains of mma; after the last step that Q K^T reads a stale slot and is
+// dropped.
 template <class C, class L>
-NSA_DEVICE void consume(C& c, u8* smem, u32 base, i32 steps, float c_scale, RingPos& at) {
-  auto slot_at = [&](RingPos r) { return base + L::kRing + r.slot * L::kSlotBytes; };
+NSA_DEVICE void consume(C& c, u8* smem, u32 base, i32 steps, float c_scale) {
   auto slot_tile = [&](RingPos a, RingPos b) {
-    return StepTile{slot_at(a), slot_at(b), smem + L::kValid + a.slot * kSlotRows, smem + L::kValid + b.slot * kSlotRows};
+    return StepTile{base + L::kRing + a.slot * L::kSlotBytes, base + L::kRing + b.slot * L::kSlotBytes,
+                    smem + L::kValid + a.slot * kSlotRows, smem + L::kValid + b.slot * kSlotRows};
   };
-  auto wait_full = [&](RingPos r) { bulk::mbar_wait(base + L::kFull + r.slot * 8, r.phase); };
-  auto release = [&](RingPos r) { bulk::mbar_arrive(base + L::kEmpty + r.slot * 8); };
-  RingPos a = at, b = at;
+  auto wait_full = [&](RingPos at) { bulk::mbar_wait(base + L::kFull + at.slot * 8, at.phase); };
+  auto release = [&](RingPos at) { bulk::mbar_arrive(base + L::kEmpty + at.slot * 8); };
+  RingPos a, b = a;
   b.advance();
   if constexpr (C::kSplitK) {
     float ps[C::kSplitTiles][4];
     if (steps > 0) {
       wait_full(c.half ? b : a);
-      c.qk_partial(slot_at(c.half ? b : a), ps);
+      c.qk_partial(c.half ? slot_tile(a, b).hi : slot_tile(a, b).lo, ps);
     }
     for (i32 step = 0; step < steps; ++step) {
       const StepTile tile = slot_tile(a, b);
@@ -176,9 +167,8 @@ NSA_DEVICE void consume(C& c, u8* smem, u32 base, i32 steps, float c_scale, Ring
       c.meet(ps, s[0]);
       c.softmax_p(smem, tile, s, c_scale);
       wait_full(c.half ? a : b);
-      const bool more = step + 1 < steps;
-      if (more) wait_full(c.half ? nb : na);
-      c.qk_partial(more ? slot_at(c.half ? nb : na) : slot_at(c.half ? b : a), ps);
+      if (step + 1 < steps) wait_full(c.half ? nb : na);
+      c.qk_partial(c.half ? base + L::kRing + nb.slot * L::kSlotBytes : base + L::kRing + na.slot * L::kSlotBytes, ps);
       c.pv(tile);
       release(a);
       release(b);
@@ -199,56 +189,39 @@ NSA_DEVICE void consume(C& c, u8* smem, u32 base, i32 steps, float c_scale, Ring
       b.advance();
     }
   }
-  at = a;
 }
 
-// The (head tile, query token) of tile `tile`. Head tiles of one token are
-// adjacent tile numbers, so the CTAs serving them gather the same rows at about
-// the same time and share them through L2.
+// This CTA's head tile and query token. Head tiles of one token are adjacent block
+// ids, so they gather the same rows at about the same time and share them through L2.
 struct CtaTile {
   u32 ht;
   i64 row;
 };
 
 template <int kHeadTiles>
-NSA_DEVICE CtaTile tile_at(i64 tile) {
-  return CtaTile{(u32)(tile % kHeadTiles), tile / kHeadTiles};
+NSA_DEVICE CtaTile cta_tile() {
+  const u32 bid = block_x();
+  return CtaTile{bid % kHeadTiles, (i64)(bid / kHeadTiles)};
 }
 
-// Q rows of heads head0 .. head0 + kHT - 1 of query row `row` into the Q tile by
-// cp.async from the consumer threads (heads past kHeads are zero-filled rows); the
-// caller commits and waits.
-template <int kHeads, int kHT, int kDqk>
-NSA_DEVICE void copy_q_tile(const u16* q, i64 row, u32 head0, u32 q_tile) {
-  typedef Rows<kDqk> R;
-  const u16* q_row = q + row * kHeads * kDqk;
-  for (u32 i = thread_x(); i < (u32)kHT * R::kChunks; i += kConsumerThreads) {
-    const u32 r = i / R::kChunks, c = i % R::kChunks;
-    const bool real = head0 + r < (u32)kHeads;
-    mma::cp_async_16(q_tile + R::offset(r, c), q_row + (real ? (head0 + r) * kDqk + c * 8 : 0), real ? 16u : 0u);
-  }
-}
-
-// Persistent CTAs: CTA b serves tiles b, b + grid, ... (every (query token, head
-// tile) pair once); the ring runs on across its tiles, so the producers gather the
-// next tile's rows while the consumers finish this one and store its outputs. On
-// the H200 one CTA per (token, tile) drained the ring and restarted it cold at
-// every token.
 template <int kHeads, int kHT, int kTopk, int kDqk, int kQkUnroll>
 NSA_DEVICE void sparse_prefill(const Params& p) {
   static_assert(kTopk % kBlockTokens == 0, "top-k is a multiple of 64");
   typedef RingSmem<kHT, kDqk> L;
-  typedef Consumer<kHT, kDqk, kQkUnroll, kThreads, L> C;
   constexpr int kHeadTiles = (kHeads + kHT - 1) / kHT;
 
   extern NSA_SHARED Vec16 smem_vec[];  // 16-byte aligned (ldmatrix, cp.async)
   u8* smem = reinterpret_cast<u8*>(smem_vec);
   const u32 base = mma::smem_addr(smem);
   const u32 warp = thread_x() / 32, lane = thread_x() % 32;
-  const i64 tiles = p.s_q * kHeadTiles;
-  const i64 stride = grid_x();
-  if ((i64)block_x() >= tiles) return;
 
+  const auto [ht, row] = cta_tile<kHeadTiles>();
+  if (row >= p.s_q) return;
+
+  const i32 valid_len = row_topk_len<kTopk>(p.topk_length, row);
+  const i32 steps = (valid_len + kBlockTokens - 1) / kBlockTokens;
+
+  const u32 head0 = ht * kHT;
   if (thread_x() == 0) {
     for (int s = 0; s < kSlots; ++s) {
       bulk::mbar_init(base + L::kFull + s * 8, kFullArrivals);
@@ -257,61 +230,28 @@ NSA_DEVICE void sparse_prefill(const Params& p) {
     bulk::mbar_init_fence();
   }
   sync_block();  // the barriers are initialised
-  auto steps_of = [&](i64 row, i32& valid_len) {
-    valid_len = row_topk_len<kTopk>(p.topk_length, row);
-    return (valid_len + kBlockTokens - 1) / kBlockTokens;
-  };
-
   // The producers start gathering at once; only the consumers wait for Q.
   if (warp >= (u32)kConsumerWarps) {
-    ProducerRing ring;
-    for (i64 tile = block_x(); tile < tiles; tile += stride) {
-      const i64 row = tile_at<kHeadTiles>(tile).row;
-      i32 valid_len;
-      const i32 steps = steps_of(row, valid_len);
-      produce<kTopk, kDqk, L>(p, base, smem, row, valid_len, steps, ring);
-    }
+    produce<kTopk, kDqk, L>(p, base, smem, row, valid_len, steps);
     return;
   }
+  load_q_tile<kHeads, kHT, kDqk, kConsumerThreads>(p.q + row * kHeads * kDqk, head0, base + L::kQ);
+  mma::bar_sync(kBarConsumers, kConsumerThreads);
 
-  C c(base, warp, lane);
-  RingPos at;
-  const float c_scale = p.sm_scale * kLog2e;
-  // 16-head tiles keep Q in registers: the next tile's Q is copied in while this
-  // one runs. Wider tiles read Q from shared memory at every step.
-  auto copy_q = [&](i64 tile) {
-    const CtaTile ct = tile_at<kHeadTiles>(tile);
-    copy_q_tile<kHeads, kHT, kDqk>(p.q, ct.row, ct.ht * kHT, base + L::kQ);
-    mma::cp_async_commit();
-  };
-  if (C::kSplitK) copy_q(block_x());
-  for (i64 tile = block_x(); tile < tiles; tile += stride) {
-    const auto [ht, row] = tile_at<kHeadTiles>(tile);
-    i32 valid_len;
-    const i32 steps = steps_of(row, valid_len);
-    if (!C::kSplitK) copy_q(tile);
-    mma::cp_async_wait<0>();
-    mma::bar_sync(kBarConsumers, kConsumerThreads);  // every thread's share of Q landed
-    c.begin();
-    if (C::kSplitK) {
-      mma::bar_sync(kBarConsumers, kConsumerThreads);  // every warp holds its Q quarter
-      if (tile + stride < tiles) copy_q(tile + stride);
-    }
-    consume<C, L>(c, smem, base, steps, c_scale, at);
-    float l_tot[2];
-    c.row_sums(smem, l_tot);
-    const u32 head0 = ht * kHT;
+  Consumer<kHT, kDqk, kQkUnroll, kThreads, L> c(base, warp, lane);
+  consume<decltype(c), L>(c, smem, base, steps, p.sm_scale * kLog2e);
+  float l_tot[2];
+  c.row_sums(smem, l_tot);
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const u32 head = head0 + c.mw * 16 + c.g + 8 * h;
-      if (head >= (u32)kHeads) continue;
-      const bool empty = !(l_tot[h] > 0.0f);
-      const i64 out_at = row * kHeads + head;
-      c.template store_bf16<true>(p.out + out_at * kDv, h, empty ? 0.0f : 1.0f / l_tot[h]);
-      if (c.nw == 0 && c.t == 0) {
-        p.max_logits[out_at] = empty ? neg_inf() : c.m_run[h] * kLn2;
-        p.lse[out_at] = empty ? pos_inf() : (c.m_run[h] + mma::log2_approx(l_tot[h])) * kLn2;
-      }
+  for (int h = 0; h < 2; ++h) {
+    const u32 head = head0 + c.mw * 16 + c.g + 8 * h;
+    if (head >= (u32)kHeads) continue;
+    const bool empty = !(l_tot[h] > 0.0f);
+    const i64 at = row * kHeads + head;
+    c.template store_bf16<true>(p.out + at * kDv, h, empty ? 0.0f : 1.0f / l_tot[h]);
+    if (c.nw == 0 && c.t == 0) {
+      p.max_logits[at] = empty ? neg_inf() : c.m_run[h] * kLn2;
+      p.lse[at] = empty ? pos_inf() : (c.m_run[h] + mma::log2_approx(l_tot[h])) * kLn2;
     }
   }
 }

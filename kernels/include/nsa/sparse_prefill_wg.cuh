@@ -92,7 +92,7 @@ NSA_DEVICE void sparse_prefill(const Params& p) {
   const u32 base = mma::smem_addr(smem);
   const u32 tid = thread_x();
 
-  const auto [ht, row] = tile_at<kHeadTiles>(block_x());
+  const auto [ht, row] = cta_tile<kHeadTiles>();
   if (row >= p.s_q) return;
 
   const i32 valid_len = row_topk_len<kTopk>(p.topk_length, row);

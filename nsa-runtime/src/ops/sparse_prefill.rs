@@ -41,8 +41,7 @@ impl PrefillShape {
         Ok(tile)
     }
 
-    /// (query token, head tile) pairs of the call: the warp-group kernel's CTAs; the
-    /// persistent mma.sync kernel loops over them (see `grid_ctas`).
+    /// CTAs of the launch: one per (query token, head tile).
     pub fn ctas(&self) -> Result<usize> {
         Ok(self.s_q * self.heads.div_ceil(self.head_tile()?) as usize)
     }
@@ -51,15 +50,11 @@ impl PrefillShape {
     pub fn explain(&self) -> String {
         match self.head_tile() {
             Ok(t) => format!(
-                "sparse_prefill h{} k{} d{} ({}): {} query tokens × {} head tile(s) of {} = {} (token, tile) pairs",
+                "sparse_prefill h{} k{} d{} ({}): {} query tokens × {} head tile(s) of {} = {} CTAs",
                 self.heads,
                 self.topk,
                 self.d_qk,
-                if t == nsa_kernels::spec::WG_HEAD_TILE {
-                    "wgmma, a CTA per pair"
-                } else {
-                    "mma.sync, persistent CTAs, one per SM"
-                },
+                if t == nsa_kernels::spec::WG_HEAD_TILE { "wgmma" } else { "mma.sync" },
                 self.s_q,
                 self.heads.div_ceil(t),
                 t,
@@ -214,14 +209,7 @@ fn launch(
     };
     let mut args = rt.args(&kernel);
     args.arg(&params);
-    rt.launch(&kernel, args, grid_ctas(shape, ctas, rt.launch_target().sm_count)?, "indices", "")
-}
-
-/// CTAs to launch for `ctas` (query token, head tile) pairs: the warp-group kernel
-/// runs one CTA per pair; the mma.sync kernel is persistent (one CTA per SM, each
-/// looping over pairs `b, b + grid, …`, its copy ring running on across them).
-fn grid_ctas(shape: &PrefillShape, ctas: usize, sm_count: u32) -> Result<usize> {
-    Ok(if shape.head_tile()? == nsa_kernels::spec::WG_HEAD_TILE { ctas } else { ctas.min(sm_count.max(1) as usize) })
+    rt.launch(&kernel, args, ctas, "indices", "")
 }
 
 /// bf16 elements of the ragged KV buffer [`sparse_prefill_fp8_ragged`] needs for
@@ -270,12 +258,6 @@ mod tests {
         assert_eq!(hopper.head_tile().unwrap(), 64);
         assert_eq!(hopper.ctas().unwrap(), 4096 * 2);
         assert!(hopper.explain().contains("wgmma"), "{}", hopper.explain());
-        // The warp-group kernel gets a CTA per pair; the mma.sync kernel one per SM at most.
-        assert_eq!(grid_ctas(&hopper, 8192, 132).unwrap(), 8192);
-        let h16 = PrefillShape { heads: 16, ..hopper };
-        assert_eq!(grid_ctas(&h16, 4096, 132).unwrap(), 132);
-        assert_eq!(grid_ctas(&h16, 62, 132).unwrap(), 62);
-        assert_eq!(grid_ctas(&ok, 4096 * 4, 148).unwrap(), 148);
         assert_eq!(PrefillShape { heads: 96, ..hopper }.head_tile().unwrap(), 64);
         assert_eq!(PrefillShape { heads: 96, ..hopper }.ctas().unwrap(), 4096 * 2);
         assert_eq!(PrefillShape { heads: 32, ..hopper }.head_tile().unwrap(), 64);
@@ -293,6 +275,6 @@ mod tests {
             assert!(err.contains(&format!("`{field}`")), "{err}");
             assert!(shape.explain().contains("unsupported"), "{}", shape.explain());
         }
-        assert!(ok.explain().contains("16384 (token, tile) pairs"), "{}", ok.explain());
+        assert!(ok.explain().contains("16384 CTAs"), "{}", ok.explain());
     }
 }

@@ -17,7 +17,6 @@ constexpr int kWarpSize = 32;
 
 NSA_DEVICE u32 thread_x() { return threadIdx.x; }
 NSA_DEVICE u32 block_x() { return blockIdx.x; }
-NSA_DEVICE u32 grid_x() { return gridDim.x; }
 NSA_DEVICE u32 lane_id() { return threadIdx.x % 32u; }
 
 NSA_DEVICE void sync_block() { __syncthreads(); }
