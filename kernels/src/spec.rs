@@ -189,8 +189,8 @@ const PREFILL_BLOCK_THREADS: u32 = 384;
 /// Threads of a combine block (4 output dims each).
 const DECODE_COMBINE_THREADS: u32 = 128;
 
-/// Dynamic shared memory of a sparse-attention CTA with `head_tile` heads of
-/// `d_qk`-wide rows; mirrors `nsa::attend::Smem` (sparse_attend.cuh): Q tile, two
+/// Dynamic shared memory of a (dequantizing, mma.sync) sparse-decode CTA with
+/// `head_tile` heads of `d_qk`-wide rows; mirrors `nsa::attend::Smem` (sparse_attend.cuh): Q tile, two
 /// K/V tiles, padded P tile, per-warp row partials, validity flags, and for 16-head
 /// tiles the partial S of the four dims quarters (padded f32 rows).
 pub fn attend_smem_bytes(head_tile: u32, d_qk: u32) -> u32 {

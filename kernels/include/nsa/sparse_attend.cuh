@@ -1,9 +1,10 @@
 // The consumer half shared by sparse MLA decode (FP8 cache) and prefill (bf16 KV),
-// spec §8.1: a CTA holds a Q tile of kHT heads and a double-buffered K/V tile of 64
-// gathered tokens in shared memory; 8 consumer warps run mma.sync m16n8k16 (bf16
-// in, f32 accumulate) from ldmatrix with an online softmax in the log2 domain,
-// while the family's own producer warps fill the other buffer. Named barriers
-// hand the buffers over.
+// spec §8.1: a CTA holds a Q tile of kHT heads and gathered K/V rows in shared
+// memory, 64 tokens per step; 8 consumer warps run mma.sync m16n8k16 (bf16 in, f32
+// accumulate) from ldmatrix with an online softmax in the log2 domain, while the
+// family's own producer warps fill the next rows. Decode double-buffers 64-row
+// tiles handed over by named barriers (`run`); prefill keeps a ring of 32-row
+// slots with mbarriers (sparse_prefill.cuh), a step's two halves in two slots.
 #pragma once
 #include "nsa/cuda/mma.cuh"
 
