@@ -189,40 +189,41 @@ const PREFILL_BLOCK_THREADS: u32 = 384;
 /// Threads of a combine block (4 output dims each).
 const DECODE_COMBINE_THREADS: u32 = 128;
 
-/// Dynamic shared memory of a (dequantizing, mma.sync) sparse-decode CTA with
-/// `head_tile` heads of `d_qk`-wide rows; mirrors `nsa::attend::Smem` (sparse_attend.cuh): Q tile, two
-/// K/V tiles, padded P tile, per-warp row partials, validity flags, and for 16-head
-/// tiles the partial S of the four dims quarters (padded f32 rows).
-pub fn attend_smem_bytes(head_tile: u32, d_qk: u32) -> u32 {
-    let row = d_qk * 2 + 16; // padded rows (`Rows::kBytes`)
-    let warps_per_mtile = 8 / (head_tile / 16); // consumer warps per 16-head m-tile (`Smem::kNW`)
+/// Bytes of one padded bf16 row of `d_qk` dims in the mma.sync kernels (`Rows::kBytes`).
+fn padded_row_bytes(d_qk: u32) -> u32 {
+    d_qk * 2 + 16
+}
+
+/// The shared consumer's part of an mma.sync sparse-attention CTA's shared memory
+/// (sparse_attend.cuh): the Q tile, the padded P tile, per-warp row partials and,
+/// for 16-head tiles, the partial S of the four dims quarters (padded f32 rows).
+fn consumer_smem_bytes(head_tile: u32, d_qk: u32) -> u32 {
+    let warps_per_mtile = 8 / (head_tile / 16); // consumer warps per 16-head m-tile (`kNW`)
     let split_k_partials = if head_tile == 16 { 4 * 16 * (DECODE_BLOCK_TOKENS + 8) * 4 } else { 0 };
-    head_tile * row
-        + 2 * DECODE_BLOCK_TOKENS * row
+    head_tile * padded_row_bytes(d_qk)
         + head_tile * (DECODE_BLOCK_TOKENS * 2 + 16)
         + warps_per_mtile * head_tile * 4
-        + 2 * DECODE_BLOCK_TOKENS
         + split_k_partials
+}
+
+/// Dynamic shared memory of a (dequantizing, mma.sync) sparse-decode CTA with
+/// `head_tile` heads of `d_qk`-wide rows; mirrors `nsa::attend::Smem`
+/// (sparse_attend.cuh): the consumer's part, two 64-row K/V tiles and their
+/// validity flags.
+pub fn attend_smem_bytes(head_tile: u32, d_qk: u32) -> u32 {
+    consumer_smem_bytes(head_tile, d_qk) + 2 * DECODE_BLOCK_TOKENS * (padded_row_bytes(d_qk) + 1)
 }
 
 /// Slots of 32 KV rows in the mma.sync prefill kernel's ring (`nsa::prefill::kSlots`).
 const PREFILL_SLOTS: u32 = 5;
 
 /// Dynamic shared memory of the mma.sync sparse-prefill CTA; mirrors
-/// `nsa::prefill::RingSmem` (sparse_prefill.cuh): Q tile, the ring of 32-row
-/// slots, padded P tile, per-warp row partials, validity flags per slot, for
-/// 16-head tiles the split-K partial S, and a full and an empty mbarrier per slot.
+/// `nsa::prefill::RingSmem` (sparse_prefill.cuh): the consumer's part, the ring of
+/// 32-row slots with their validity flags, and a full and an empty mbarrier per slot.
 pub fn prefill_ring_smem_bytes(head_tile: u32, d_qk: u32) -> u32 {
-    let row = d_qk * 2 + 16; // padded rows (`Rows::kBytes`)
     let slot_rows = DECODE_BLOCK_TOKENS / 2;
-    let warps_per_mtile = 8 / (head_tile / 16);
-    let split_k_partials = if head_tile == 16 { 4 * 16 * (DECODE_BLOCK_TOKENS + 8) * 4 } else { 0 };
-    head_tile * row
-        + PREFILL_SLOTS * slot_rows * row
-        + head_tile * (DECODE_BLOCK_TOKENS * 2 + 16)
-        + warps_per_mtile * head_tile * 4
-        + PREFILL_SLOTS * slot_rows
-        + split_k_partials
+    consumer_smem_bytes(head_tile, d_qk)
+        + PREFILL_SLOTS * slot_rows * (padded_row_bytes(d_qk) + 1)
         + 2 * PREFILL_SLOTS * 8
 }
 
@@ -513,10 +514,7 @@ impl KernelSpec {
                 decode_f8_smem_bytes(topk)
             }
             KernelFamily::SparseDecode { heads, .. } => self.sparse_mla_smem_bytes(heads, 576),
-            KernelFamily::SparsePrefill { heads, d_qk, .. } => match self.sparse_mla_head_tile(heads) {
-                Some(WG_HEAD_TILE) => wg_smem_bytes(d_qk),
-                tile => tile.map_or(0, |t| prefill_ring_smem_bytes(t, d_qk)),
-            },
+            KernelFamily::SparsePrefill { heads, d_qk, .. } => self.sparse_mla_smem_bytes(heads, d_qk),
             KernelFamily::IndexerLogits { heads, .. } if indexer_wg_kernel(heads, self.target) => INDEXER_WG_SMEM_BYTES,
             _ => 0,
         }
@@ -615,9 +613,13 @@ impl KernelSpec {
             && self.sparse_mla_head_tile(heads) == Some(16)
     }
 
+    /// The warp-group kernels' layout, else the mma.sync prefill ring or decode's
+    /// double-buffered tiles.
     fn sparse_mla_smem_bytes(&self, heads: u32, d_qk: u32) -> u32 {
+        let prefill = matches!(self.family, KernelFamily::SparsePrefill { .. });
         match self.sparse_mla_head_tile(heads) {
             Some(WG_HEAD_TILE) => wg_smem_bytes(d_qk),
+            Some(t) if prefill => prefill_ring_smem_bytes(t, d_qk),
             tile => tile.map_or(0, |t| attend_smem_bytes(t, d_qk)),
         }
     }

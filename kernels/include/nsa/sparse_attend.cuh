@@ -236,7 +236,7 @@ struct Consumer {
     for (int j = 0; j < kNT; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
     const u32 k_addr = kbuf + k_off;
     if constexpr (kSplitK) {
-      float ps[4][4];
+      float ps[kSplitTiles][4];
       qk_partial(kbuf, ps);
       meet(ps, s[0]);
     } else if constexpr (kNT == 1) {

@@ -189,6 +189,20 @@ mod tests {
     }
 
     #[test]
+    fn out_magnitude_weighs_absolute_values_not_their_sum() {
+        // q = 0: every key scores 0, so P is uniform over k and -k; out cancels to 0
+        // while the terms it sums keep their size |k|.
+        let q = vec![0.0f32; BF16_TOKEN_ELEMS];
+        let k: Vec<f32> = (0..BF16_TOKEN_ELEMS).map(|i| (i % 9) as f32 - 4.0).collect();
+        let neg: Vec<f32> = k.iter().map(|v| -v).collect();
+        let a = attend(&q, 1, BF16_TOKEN_ELEMS, &[&k, &neg], 0.1);
+        assert!(a.out.iter().all(|&v| v == 0.0));
+        let abs: Vec<f32> = k[..KV_LORA_RANK].iter().map(|v| v.abs()).collect();
+        assert_eq!(a.out_magnitude, abs);
+        assert!(attend(&q, 1, BF16_TOKEN_ELEMS, &[], 0.1).out_magnitude.iter().all(|&v| v == 0.0));
+    }
+
+    #[test]
     fn no_key_gives_zero_and_plus_infinity() {
         let a = attend(&vec![1.0; 3 * BF16_TOKEN_ELEMS], 3, BF16_TOKEN_ELEMS, &[], 0.1);
         assert!(a.out.iter().all(|&v| v == 0.0));
