@@ -165,9 +165,12 @@ NSA_DEVICE void find_threshold(const u32* hist, int bins, u32 r, u32* sm) {
   u32 total;
   const u32 run = block_exclusive_scan<kBlockThreads>(sum, sm, total);
   if (run < r && r <= run + sum) {  // the one thread whose bins hold the r-th key
+    // bin_of(j) = top - j: one base address and immediate offsets, so the loads need
+    // no register per bin (the throughput kernels sit at their 64-register cap).
+    const int top = bin_of(0);
     u32 c[kPer];
 #pragma unroll
-    for (int j = 0; j < kPer; ++j) c[j] = bin_of(j) >= 0 ? hist[bin_of(j)] : 0u;
+    for (int j = 0; j < kPer; ++j) c[j] = j <= top ? hist[top - j] : 0u;
     u32 acc = run;
 #pragma unroll
     for (int j = 0; j < kPer; ++j) {
@@ -302,8 +305,15 @@ constexpr int kListBins = 1 << 11;
 // bound: the keys above `thr` (ties 0) then include the top r. Each round has its own
 // histogram (hist: kMaxRounds * kListBins words), all cleared up front with the
 // common-bits reduction, so a round needs no clearing barrier and no closing one.
-template <int kBlockThreads, int kMaxRounds = kRounds>
-NSA_DEVICE void list_cut(const u32* keys, u32 c, u32 r, u32* hist, u32* sm, i64& thr, u32& ties) {
+// `after_round0(shift, bin)`: called by every thread once round 0 has found its bin
+// (or, when all c keys are equal, before any round); the top r are then among the
+// keys with (key >> shift) >= bin.
+struct NoHook {
+  NSA_DEVICE void operator()(int, u64) const {}
+};
+template <int kBlockThreads, int kMaxRounds = kRounds, class Hook = NoHook>
+NSA_DEVICE void list_cut(const u32* keys, u32 c, u32 r, u32* hist, u32* sm, i64& thr, u32& ties,
+                         Hook after_round0 = Hook()) {
   static_assert(kMaxRounds * kListBins <= kBins, "the rounds' histograms fit the kernel's histogram words");
   constexpr int kWarps = kBlockThreads / kWarpSize;
   const u32 tid = thread_x();
@@ -321,7 +331,10 @@ NSA_DEVICE void list_cut(const u32* keys, u32 c, u32 r, u32* hist, u32* sm, i64&
   int hi = 32 - clz_u32(diff);  // bits [hi, 32) are common to every key
   // The per-warp words are read above; without a round's barrier before the caller
   // reuses them, wait here (hi is the same in every thread).
-  if (hi == 0) sync_block();
+  if (hi == 0) {
+    sync_block();
+    after_round0(0, (u64)first);
+  }
   u64 prefix = (u64)first >> hi;
 #pragma unroll
   for (int round = 0; round < kMaxRounds; ++round) {
@@ -339,6 +352,7 @@ NSA_DEVICE void list_cut(const u32* keys, u32 c, u32 r, u32* hist, u32* sm, i64&
     const u32 bin = sm[kThrBin];
     r -= sm[kAbove];
     prefix = (prefix << width) | bin;
+    if (round == 0) after_round0(shift, prefix);
     if (h[bin] == r) {  // the whole bin is taken
       thr = (i64)(prefix << shift) - 1;
       ties = 0;
@@ -562,7 +576,9 @@ NSA_NOINLINE void keep_above_sample_apart(const float* src, i32 n, i32 begin, i3
 // (K words of shared memory, free once every thread has passed the scan), and one
 // coalesced pass writes them out: the stores are whole lines and a PAGED row's
 // page-table reads are all issued together (BENCHMARKS.md, session 13).
-template <int K, int kTransform, int kBlockThreads>
+// kTranslated: the listed entries that can be placed already hold their PAGED slots
+// (cut_and_place), so none is looked up here.
+template <int K, int kTransform, int kBlockThreads, bool kTranslated>
 NSA_DEVICE void place_listed(const Params& p, i32 row, i32 trow, i32* out, const u32* fidx, const u32* fkey, u32 kept,
                              i64 thr, u32 ties, u32* stage, u32* sm) {
   const u32 tid = thread_x();
@@ -575,6 +591,7 @@ NSA_DEVICE void place_listed(const Params& p, i32 row, i32 trow, i32* out, const
   const u32 before = block_exclusive_scan<kBlockThreads>(counts, sm, total);
   u32 w = before & 0xffffu;
   u32 t = before >> 16;
+  if (kTranslated) wait_async_copies();  // this thread's own entries, read below
   for (u32 c = tid; c < kept; c += kBlockThreads) {
     const i64 key = fkey[c];
     if (key > thr) {
@@ -590,7 +607,7 @@ NSA_DEVICE void place_listed(const Params& p, i32 row, i32 trow, i32* out, const
 #pragma unroll
   for (u32 j = 0; j < kPer; ++j) {
     const u32 k = tid + j * kBlockThreads;
-    v[j] = k < (u32)K ? emit<kTransform>(p, row, trow, (i32)stage[k]) : 0;
+    v[j] = k >= (u32)K ? 0 : kTranslated ? (i32)stage[k] : emit<kTransform>(p, row, trow, (i32)stage[k]);
   }
 #pragma unroll
   for (u32 j = 0; j < kPer; ++j) {
@@ -599,16 +616,35 @@ NSA_DEVICE void place_listed(const Params& p, i32 row, i32 trow, i32* out, const
   }
 }
 
+// PAGED: copies the page-table slot (from `slots`, the row's table row) of every
+// listed entry whose key is in or above bin `bin` of (key >> shift) over its
+// position, asynchronously.
+template <int kBlockThreads>
+NSA_DEVICE void look_up_slots(const u32* slots, u32* fidx, const u32* fkey, u32 kept, int shift, u64 bin) {
+  for (u32 c = thread_x(); c < kept; c += kBlockThreads)
+    if (((u64)fkey[c] >> shift) >= bin) async_copy_u32(&fidx[c], slots + fidx[c]);
+}
+
 // Places the top K of the `kept` listed keys (K <= kept < 2^16); the cut's histogram
-// words then stage the chosen positions.
+// words then stage the chosen positions. PAGED: once round 0 of the cut has found
+// its bin, the page-table slots of the listed keys in or above it (about K of them)
+// are copied over their positions asynchronously, so the lookups overlap the cut's
+// later rounds instead of following it.
 template <int K, int kTransform, int kBlockThreads>
-NSA_DEVICE void cut_and_place(const Params& p, i32 row, i32 trow, i32* out, const u32* fidx, const u32* fkey, u32 kept,
+NSA_DEVICE void cut_and_place(const Params& p, i32 row, i32 trow, i32* out, u32* fidx, const u32* fkey, u32 kept,
                               u32* hist, u32* sm) {
   static_assert(K <= kBins, "the chosen positions fit the histogram words");
   i64 thr;
   u32 ties;
-  list_cut<kBlockThreads>(fkey, kept, (u32)K, hist, sm, thr, ties);
-  place_listed<K, kTransform, kBlockThreads>(p, row, trow, out, fidx, fkey, kept, thr, ties, hist, sm);
+  auto after_round0 = [&](int shift, u64 bin) {
+    if constexpr (kTransform == kPaged) {
+      const u32* slots = reinterpret_cast<const u32*>(p.page_table + (i64)trow * p.table_stride);
+      look_up_slots<kBlockThreads>(slots, fidx, fkey, kept, shift, bin);
+    }
+  };
+  list_cut<kBlockThreads>(fkey, kept, (u32)K, hist, sm, thr, ties, after_round0);
+  place_listed<K, kTransform, kBlockThreads, kTransform == kPaged>(p, row, trow, out, fidx, fkey, kept, thr, ties,
+                                                                    hist, sm);
 }
 
 // The sample filter over one block's row (non-deterministic rows of n > K). Returns

@@ -70,6 +70,14 @@ NSA_DEVICE u32 load_coherent(const u32* p) { return __ldcg(p); }
 // Leading zero bits of v (32 for 0).
 NSA_DEVICE int clz_u32(u32 v) { return __clz((int)v); }
 
+// *dst = *src (shared <- global) without waiting for the load: cp.async, completed
+// for the issuing thread by wait_async_copies().
+NSA_DEVICE void async_copy_u32(u32* dst, const u32* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"((u32)__cvta_generic_to_shared(dst)), "l"(src)
+               : "memory");
+}
+NSA_DEVICE void wait_async_copies() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
 // Slot for each lane with `hit` among the lanes executing together: one atomic add
 // of the hit count to `*counter` per warp (lanes' slots follow lane order).
 NSA_DEVICE u32 warp_append(u32* counter, bool hit) {

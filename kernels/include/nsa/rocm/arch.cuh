@@ -76,6 +76,10 @@ NSA_DEVICE u32 load_coherent(const u32* p) { return __atomic_load_n(p, __ATOMIC_
 // Leading zero bits of v (32 for 0).
 NSA_DEVICE int clz_u32(u32 v) { return v == 0u ? 32 : __builtin_clz(v); }
 
+// The CUDA header's asynchronous copy, done synchronously here.
+NSA_DEVICE void async_copy_u32(u32* dst, const u32* src) { *dst = *src; }
+NSA_DEVICE void wait_async_copies() {}
+
 // Slot for each lane with `hit` among the lanes executing together: one atomic add
 // of the hit count to `*counter` per wavefront (lanes' slots follow lane order).
 NSA_DEVICE u32 warp_append(u32* counter, bool hit) {

@@ -44,6 +44,10 @@ pub struct BenchArgs {
     /// working set; separates gather latency from compute).
     #[arg(long)]
     pub decode_shared_keys: bool,
+    /// Sparse prefill: KV rows the indices draw from (the issue's 32768; fewer make
+    /// the gathered rows L2-resident, which separates L2 misses from the gather rate).
+    #[arg(long, default_value_t = crate::bench_prefill::ISSUE_S_KV)]
+    pub prefill_s_kv: usize,
     /// Which benchmarks: kv (store/dequant + JIT), topk, metadata, decode, prefill, indexer, or all.
     #[arg(long, value_enum, default_value_t = Suite::All)]
     pub suite: Suite,
@@ -477,7 +481,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         vec![]
     };
     let prefill =
-        if want(Suite::Prefill) { crate::bench_prefill::prefill_bench(&rt, args.reps.min(20))? } else { vec![] };
+        if want(Suite::Prefill) { crate::bench_prefill::prefill_bench(&rt, args.reps.min(20), args.prefill_s_kv)? } else { vec![] };
     let indexer = if want(Suite::Indexer) { crate::bench_indexer::indexer_bench(&rt, args.reps)? } else { vec![] };
     let metadata = if want(Suite::Metadata) { metadata_bench(&rt, args.reps)? } else { vec![] };
     let bandwidth = if want(Suite::Kv) { bandwidth(&rt, &args.tokens, args.reps)? } else { vec![] };

@@ -18,7 +18,8 @@ use serde::Serialize;
 /// bf16 dense tensor peak of an H200 (datasheet); the compute roof of the table.
 const BF16_PEAK_TFLOPS: f64 = 989.0;
 const S_Q: usize = 4096;
-const S_KV: usize = 32_768;
+/// The issue's KV length (the default of `--prefill-s-kv`).
+pub const ISSUE_S_KV: usize = 32_768;
 const TOPK: u32 = 2048;
 /// (heads, d_qk) of the table.
 const CASES: [(u32, u32); 5] = [(128, 576), (64, 576), (32, 576), (16, 576), (128, 512)];
@@ -42,17 +43,24 @@ fn bf16_values(n: usize, rng: &mut impl Rng) -> Vec<bf16> {
     block.iter().cycle().take(n).copied().collect()
 }
 
-pub fn prefill_bench(rt: &Runtime, reps: usize) -> Result<Vec<PrefillRow>> {
+pub fn prefill_bench(rt: &Runtime, reps: usize, s_kv: usize) -> Result<Vec<PrefillRow>> {
+    if s_kv < TOPK as usize {
+        return Err(Error::InvalidArgument {
+            field: "--prefill-s-kv",
+            value: s_kv.to_string(),
+            expected: format!("at least the top-k {TOPK}: each query draws {TOPK} distinct KV rows"),
+        });
+    }
     let stream = rt.gpu().stream().clone();
     let copy_gbps = copy_gbps(&stream)?;
     let mut rng = testdata::rng(12);
     let k = TOPK as usize;
     let mut indices = Vec::with_capacity(S_Q * k);
     for _ in 0..S_Q {
-        indices.extend(testdata::distinct_slots(k, S_KV, rng.random()));
+        indices.extend(testdata::distinct_slots(k, s_kv, rng.random()));
     }
     let d_idx = upload(&stream, &indices)?;
-    let d_kv = upload(&stream, &bf16_values(S_KV * BF16_TOKEN_ELEMS, &mut rng))?;
+    let d_kv = upload(&stream, &bf16_values(s_kv * BF16_TOKEN_ELEMS, &mut rng))?;
     let max_heads = CASES.iter().map(|c| c.0 as usize).max().unwrap_or(1);
     let d_q = upload(&stream, &bf16_values(S_Q * max_heads * BF16_TOKEN_ELEMS, &mut rng))?;
     let mut rows = Vec::new();
@@ -70,7 +78,7 @@ pub fn prefill_bench(rt: &Runtime, reps: usize) -> Result<Vec<PrefillRow>> {
                 sm_scale: DEEPSEEK_V32_SM_SCALE,
             },
             // d_qk 512 reads the first 512 of each 576-wide row (a strided view).
-            kv: Rows { data: d_kv.slice(0..), count: S_KV, width: d_qk as usize, stride: BF16_TOKEN_ELEMS },
+            kv: Rows { data: d_kv.slice(0..), count: s_kv, width: d_qk as usize, stride: BF16_TOKEN_ELEMS },
         };
         let us = time_us(&stream, reps, || {
             let outputs = SparsePrefillOutputs {
@@ -81,11 +89,11 @@ pub fn prefill_bench(rt: &Runtime, reps: usize) -> Result<Vec<PrefillRow>> {
             sparse_prefill(rt, &shape, &inputs, outputs)
         })?;
         let flops = 2.0 * S_Q as f64 * heads as f64 * TOPK as f64 * (d_qk as usize + KV_LORA_RANK) as f64;
-        let bytes = (S_Q * h * 2 * (d_qk as usize + KV_LORA_RANK) + S_KV * 2 * d_qk as usize + S_Q * k * 4) as f64;
+        let bytes = (S_Q * h * 2 * (d_qk as usize + KV_LORA_RANK) + s_kv * 2 * d_qk as usize + S_Q * k * 4) as f64;
         let roofline_us = (flops / (BF16_PEAK_TFLOPS * 1e6)).max(bytes / copy_gbps / 1e3);
-        let row = PrefillRow { s_q: S_Q, s_kv: S_KV, heads, d_qk, us, tflops: flops / us / 1e6, roofline_us };
+        let row = PrefillRow { s_q: S_Q, s_kv, heads, d_qk, us, tflops: flops / us / 1e6, roofline_us };
         println!(
-            "sparse prefill s_q{S_Q} s_kv{S_KV} h{heads:<4} d{d_qk}: {us:>10.1} µs  {:>6.1} TFLOP/s  (roofline {roofline_us:.1} µs: {BF16_PEAK_TFLOPS} TFLOP/s, {copy_gbps:.0} GB/s)",
+            "sparse prefill s_q{S_Q} s_kv{s_kv} h{heads:<4} d{d_qk}: {us:>10.1} µs  {:>6.1} TFLOP/s  (roofline {roofline_us:.1} µs: {BF16_PEAK_TFLOPS} TFLOP/s, {copy_gbps:.0} GB/s)",
             row.tflops
         );
         rows.push(row);
