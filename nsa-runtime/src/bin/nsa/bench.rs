@@ -480,8 +480,11 @@ pub fn run(args: BenchArgs) -> Result<()> {
     } else {
         vec![]
     };
-    let prefill =
-        if want(Suite::Prefill) { crate::bench_prefill::prefill_bench(&rt, args.reps.min(20), args.prefill_s_kv)? } else { vec![] };
+    let prefill = if want(Suite::Prefill) {
+        crate::bench_prefill::prefill_bench(&rt, args.reps.min(20), args.prefill_s_kv)?
+    } else {
+        vec![]
+    };
     let indexer = if want(Suite::Indexer) { crate::bench_indexer::indexer_bench(&rt, args.reps)? } else { vec![] };
     let metadata = if want(Suite::Metadata) { metadata_bench(&rt, args.reps)? } else { vec![] };
     let bandwidth = if want(Suite::Kv) { bandwidth(&rt, &args.tokens, args.reps)? } else { vec![] };
