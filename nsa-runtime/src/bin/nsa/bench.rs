@@ -46,8 +46,10 @@ pub struct BenchArgs {
     pub decode_shared_keys: bool,
     /// Sparse prefill: KV rows the indices draw from (the issue's 32768; fewer make
     /// the gathered rows L2-resident, which separates L2 misses from the gather rate).
-    #[arg(long, default_value_t = crate::bench_prefill::ISSUE_S_KV)]
-    pub prefill_s_kv: usize,
+    /// At least the top-k (each query draws that many distinct rows); at most 2^31 - 1.
+    #[arg(long, default_value_t = crate::bench_prefill::ISSUE_S_KV,
+          value_parser = clap::value_parser!(u64).range(crate::bench_prefill::TOPK as u64..=i32::MAX as u64))]
+    pub prefill_s_kv: u64,
     /// Which benchmarks: kv (store/dequant + JIT), topk, metadata, decode, prefill, indexer, or all.
     #[arg(long, value_enum, default_value_t = Suite::All)]
     pub suite: Suite,
@@ -481,7 +483,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         vec![]
     };
     let prefill = if want(Suite::Prefill) {
-        crate::bench_prefill::prefill_bench(&rt, args.reps.min(20), args.prefill_s_kv)?
+        crate::bench_prefill::prefill_bench(&rt, args.reps.min(20), args.prefill_s_kv as usize)?
     } else {
         vec![]
     };
@@ -519,4 +521,24 @@ pub fn run(args: BenchArgs) -> Result<()> {
         std::fs::write(&path, text).map_err(Error::io(&path))?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::BenchArgs;
+    use clap::{Args, Command, FromArgMatches};
+
+    fn parse(args: &[&str]) -> Result<BenchArgs, clap::Error> {
+        let cmd = BenchArgs::augment_args(Command::new("bench"));
+        BenchArgs::from_arg_matches(&cmd.try_get_matches_from(args)?)
+    }
+
+    #[test]
+    fn prefill_s_kv_defaults_to_the_issue_and_rejects_fewer_rows_than_the_topk() {
+        assert_eq!(parse(&["bench"]).unwrap().prefill_s_kv, 32_768);
+        assert_eq!(parse(&["bench", "--prefill-s-kv", "2048"]).unwrap().prefill_s_kv, 2048);
+        let err = parse(&["bench", "--prefill-s-kv", "2047"]).unwrap_err().to_string();
+        assert!(err.contains("--prefill-s-kv") && err.contains("2047") && err.contains("2048.."), "{err}");
+        assert!(parse(&["bench", "--prefill-s-kv", "2147483648"]).is_err());
+    }
 }
