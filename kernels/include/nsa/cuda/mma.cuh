@@ -116,7 +116,7 @@ NSA_DEVICE u64 l2_evict_last_policy() {
 // cp_async_16 with an L2 cache policy (l2_evict_last_policy) on the source lines and
 // no L2 prefetch: a warp copies whole 128-byte lines of a gathered row, so a 256-byte
 // prefetch can only add a line of a neighbouring row, and those lines pushed the
-// sparse-prefill KV out of L2 (h16 on the H200: 2.01-2.05 ms with it, 1.88-1.95 without).
+// sparse-prefill KV out of L2 (h16 on the H200: 2.01-2.05 ms with it, 1.88-1.96 without).
 NSA_DEVICE void cp_async_16_policy(u32 dst, const void* src, u32 src_bytes, u64 policy) {
   asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;" ::"r"(dst), "l"(src),
                "r"(src_bytes), "l"(policy)
