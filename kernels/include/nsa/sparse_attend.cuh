@@ -349,14 +349,13 @@ struct Consumer {
   // `kbuf`), in registers.
   static constexpr int kSplitTiles = kSplitTokens / 8;
   NSA_DEVICE void qk_partial(u32 kbuf, float (&ps)[kSplitTiles][4]) const {
-    constexpr int kTiles = kSplitTiles;
 #pragma unroll
-    for (int j = 0; j < kTiles; ++j) ps[j][0] = ps[j][1] = ps[j][2] = ps[j][3] = 0.0f;
+    for (int j = 0; j < kSplitTiles; ++j) ps[j][0] = ps[j][1] = ps[j][2] = ps[j][3] = 0.0f;
     const u32 k_addr = kbuf + ks_off;
 #pragma unroll
     for (int ks = 0; ks < kQSteps; ++ks) {
 #pragma unroll
-      for (int j = 0; j < kTiles; j += 2) {
+      for (int j = 0; j < kSplitTiles; j += 2) {
         u32 b[4];
         mma::ldsm_x4(k_addr + j * 8 * R::kBytes + ks * 32, b);
         mma::mma_bf16(ps[j], qf[ks], b[0], b[1]);

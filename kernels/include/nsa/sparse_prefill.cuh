@@ -143,9 +143,9 @@ NSA_DEVICE void produce(const Params& p, u32 base, u8* smem, i64 row, i32 valid_
 // dropped.
 template <class C, class L>
 NSA_DEVICE void consume(C& c, u8* smem, u32 base, i32 steps, float c_scale) {
+  auto slot_at = [&](RingPos at) { return base + L::kRing + at.slot * L::kSlotBytes; };
   auto slot_tile = [&](RingPos a, RingPos b) {
-    return StepTile{base + L::kRing + a.slot * L::kSlotBytes, base + L::kRing + b.slot * L::kSlotBytes,
-                    smem + L::kValid + a.slot * kSlotRows, smem + L::kValid + b.slot * kSlotRows};
+    return StepTile{slot_at(a), slot_at(b), smem + L::kValid + a.slot * kSlotRows, smem + L::kValid + b.slot * kSlotRows};
   };
   auto wait_full = [&](RingPos at) { bulk::mbar_wait(base + L::kFull + at.slot * 8, at.phase); };
   auto release = [&](RingPos at) { bulk::mbar_arrive(base + L::kEmpty + at.slot * 8); };
@@ -155,7 +155,7 @@ NSA_DEVICE void consume(C& c, u8* smem, u32 base, i32 steps, float c_scale) {
     float ps[C::kSplitTiles][4];
     if (steps > 0) {
       wait_full(c.half ? b : a);
-      c.qk_partial(c.half ? slot_tile(a, b).hi : slot_tile(a, b).lo, ps);
+      c.qk_partial(c.half ? slot_at(b) : slot_at(a), ps);
     }
     for (i32 step = 0; step < steps; ++step) {
       const StepTile tile = slot_tile(a, b);
@@ -168,7 +168,7 @@ NSA_DEVICE void consume(C& c, u8* smem, u32 base, i32 steps, float c_scale) {
       c.softmax_p(smem, tile, s, c_scale);
       wait_full(c.half ? a : b);
       if (step + 1 < steps) wait_full(c.half ? nb : na);
-      c.qk_partial(c.half ? base + L::kRing + nb.slot * L::kSlotBytes : base + L::kRing + na.slot * L::kSlotBytes, ps);
+      c.qk_partial(c.half ? slot_at(nb) : slot_at(na), ps);
       c.pv(tile);
       release(a);
       release(b);
