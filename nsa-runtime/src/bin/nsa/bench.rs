@@ -83,6 +83,8 @@ struct TopkRow {
     /// Whether `choose_plan` picks this row's plan for the shape.
     chosen: bool,
     us: f64,
+    /// Host time to enqueue one launch (see `LaunchTiming`).
+    host_us: f64,
     /// Score bytes read once, per µs.
     gbps: f64,
     /// Time to read the scores once at the copy rate measured in this run.
@@ -124,7 +126,25 @@ struct Report {
 }
 
 /// Average µs per launch of `f` over `reps`, timed with events on `stream`.
-pub(crate) fn time_us(stream: &Arc<CudaStream>, reps: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
+pub(crate) fn time_us(stream: &Arc<CudaStream>, reps: usize, f: impl FnMut() -> Result<()>) -> Result<f64> {
+    Ok(time_launches(stream, reps, f)?.gpu_us)
+}
+
+/// Per-launch times of a benchmark loop.
+pub(crate) struct LaunchTiming {
+    /// Between events around the loop on the stream.
+    pub gpu_us: f64,
+    /// Host wall time to enqueue the loop: when it reaches `gpu_us`, the launches
+    /// cannot come faster than the host issues them, and `gpu_us` measures the host.
+    pub host_us: f64,
+}
+
+/// `time_us` plus the host's enqueue time per launch.
+pub(crate) fn time_launches(
+    stream: &Arc<CudaStream>,
+    reps: usize,
+    mut f: impl FnMut() -> Result<()>,
+) -> Result<LaunchTiming> {
     for _ in 0..3 {
         f()?;
     }
@@ -132,13 +152,15 @@ pub(crate) fn time_us(stream: &Arc<CudaStream>, reps: usize, mut f: impl FnMut()
         s.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).map_err(Error::driver("recording an event"))
     };
     let start = ev(stream)?;
+    let host = std::time::Instant::now();
     for _ in 0..reps {
         f()?;
     }
+    let host_us = host.elapsed().as_secs_f64() * 1e6 / reps as f64;
     let end = ev(stream)?;
     end.synchronize().map_err(Error::driver("waiting for the benchmark"))?;
     let ms = start.elapsed_ms(&end).map_err(Error::driver("reading event time"))?;
-    Ok(ms as f64 * 1e3 / reps as f64)
+    Ok(LaunchTiming { gpu_us: ms as f64 * 1e3 / reps as f64, host_us })
 }
 
 /// A device-to-device copy moving `bytes` in total (read + write), in µs.
@@ -347,7 +369,7 @@ fn topk_bench(rt: &Runtime, reps: usize, cases: &[(usize, usize)], chosen_only: 
                     TopkOutput::Paged(PageTable { table: &tv, rows, stride: n, width: n, cu_seqlens_q: None })
                 }
             };
-            let us = time_us(&stream, reps, || match plan {
+            let timing = time_launches(&stream, reps, || match plan {
                 TopkPlan::Single(layout) => {
                     topk_with_layout(rt, k, false, layout, &input, &output, &mut d_out.slice_mut(0..))
                 }
@@ -356,6 +378,7 @@ fn topk_bench(rt: &Runtime, reps: usize, cases: &[(usize, usize)], chosen_only: 
                 }
                 TopkPlan::Cluster { size } => topk_cluster(rt, k, size, &input, &output, &mut d_out.slice_mut(0..)),
             })?;
+            let (us, host_us) = (timing.gpu_us, timing.host_us);
             let bytes = (rows * n * 4) as f64;
             let row = TopkRow {
                 rows,
@@ -370,12 +393,19 @@ fn topk_bench(rt: &Runtime, reps: usize, cases: &[(usize, usize)], chosen_only: 
                 },
                 chosen: plan == chosen,
                 us,
+                host_us,
                 gbps: bytes / us / 1e3,
                 roofline_us: bytes / copy_gbps / 1e3,
             };
             println!(
-                "topk k{k} {:<7} {:<10} {rows:>5} rows × {n:>7}: {us:>9.2} µs  {:>6.0} GB/s  (read-once roofline {:.2} µs at {copy_gbps:.0} GB/s){}",
-                row.transform, row.layout, row.gbps, row.roofline_us, if row.chosen { "  <- plan" } else { "" }
+                "topk k{k} {:<7} {:<10} {rows:>5} rows × {n:>7}: {us:>9.2} µs  {:>6.0} GB/s  (read-once roofline {:.2} µs at {copy_gbps:.0} GB/s; host {host_us:.2} µs a launch{}){}",
+                row.transform,
+                row.layout,
+                row.gbps,
+                row.roofline_us,
+                // Within 10% of the stream time: the host may be what is timed.
+                if host_us >= 0.9 * us { ", host-bound" } else { "" },
+                if row.chosen { "  <- plan" } else { "" }
             );
             out_rows.push(row);
         }
