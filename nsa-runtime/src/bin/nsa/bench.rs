@@ -40,6 +40,11 @@ pub struct BenchArgs {
     /// Top-k: time only the plan `choose_plan` picks for each shape (default: every plan).
     #[arg(long)]
     pub topk_chosen_only: bool,
+    /// Top-k PAGED in the prefill form: a shape's rows split evenly over this many
+    /// requests, each request's rows translated through its one page-table row (as
+    /// in extend/prefill). Default: the decode form, a table row per score row.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    pub topk_paged_requests: Option<u32>,
     /// Sparse decode: every request draws from the same 16K slots (an L2-resident
     /// working set; separates gather latency from compute).
     #[arg(long)]
@@ -85,6 +90,8 @@ struct TopkRow {
     us: f64,
     /// Host time to enqueue one launch (see `LaunchTiming`).
     host_us: f64,
+    /// PAGED in the prefill form: the requests sharing the rows (None: decode form).
+    paged_requests: Option<usize>,
     /// Score bytes read once, per µs.
     gbps: f64,
     /// Time to read the scores once at the copy rate measured in this run.
@@ -318,9 +325,27 @@ fn topk_cases(shapes: &[String]) -> Result<Vec<(usize, usize)>> {
     shapes.iter().map(case).collect()
 }
 
+/// `cu_seqlens_q` splitting `rows` score rows over `requests` requests as evenly as
+/// possible (the first `rows % requests` take one row more).
+fn even_cu_seqlens(rows: usize, requests: usize) -> Vec<i32> {
+    let (per, extra) = (rows / requests, rows % requests);
+    let mut cu = vec![0i32];
+    for i in 0..requests {
+        cu.push(cu[i] + (per + usize::from(i < extra)) as i32);
+    }
+    cu
+}
+
 /// Top-k of f32 rows (uniform [0, 1) scores, every row full length) for each transform,
-/// on every plan `choose_plan` can return (or only the one it picks).
-fn topk_bench(rt: &Runtime, reps: usize, cases: &[(usize, usize)], chosen_only: bool) -> Result<Vec<TopkRow>> {
+/// on every plan `choose_plan` can return (or only the one it picks). PAGED takes the
+/// decode form (a table row per score row) or, with `paged_requests`, the prefill form.
+fn topk_bench(
+    rt: &Runtime,
+    reps: usize,
+    cases: &[(usize, usize)],
+    chosen_only: bool,
+    paged_requests: Option<usize>,
+) -> Result<Vec<TopkRow>> {
     use nsa_kernels::{TopkLayout, TopkTransform};
     use nsa_runtime::ops::topk::{
         choose_plan, cluster_size, split_plan, topk_cluster, topk_split, topk_with_layout, PageTable, TopkOutput,
@@ -338,8 +363,20 @@ fn topk_bench(rt: &Runtime, reps: usize, cases: &[(usize, usize)], chosen_only: 
         let scores: Vec<f32> = (0..rows * n).map(|_| rand::Rng::random::<f32>(&mut rng)).collect();
         let d_scores = upload(&stream, &scores)?;
         let d_lengths = upload(&stream, &vec![n as i32; rows])?;
-        let table: Vec<i32> = (0..(rows * n) as i32).collect();
+        let table_rows = match paged_requests {
+            Some(r) if r > rows => {
+                return Err(Error::Other(format!(
+                    "--topk-paged-requests: {r} requests for a {rows}-row shape; at most one request per row \
+                     (use at most {rows}, or a shape with more rows)"
+                )))
+            }
+            Some(r) => r,
+            None => rows,
+        };
+        let table: Vec<i32> = (0..(table_rows * n) as i32).collect();
         let d_table = upload(&stream, &table)?;
+        let d_cu = upload(&stream, &even_cu_seqlens(rows, paged_requests.unwrap_or(1)))?;
+        let cu_view = d_cu.slice(0..);
         let d_offsets = upload(&stream, &vec![17i32; rows])?;
         let mut d_out: CudaSlice<i32> = stream.alloc_zeros(rows * k as usize).map_err(Error::driver("alloc"))?;
         let (sv, lv, tv, ov) = (d_scores.slice(0..), d_lengths.slice(0..), d_table.slice(0..), d_offsets.slice(0..));
@@ -366,7 +403,8 @@ fn topk_bench(rt: &Runtime, reps: usize, cases: &[(usize, usize)], chosen_only: 
                 TopkTransform::Plain => TopkOutput::Plain,
                 TopkTransform::Ragged => TopkOutput::Ragged { offsets: &ov },
                 TopkTransform::Paged => {
-                    TopkOutput::Paged(PageTable { table: &tv, rows, stride: n, width: n, cu_seqlens_q: None })
+                    let cu_seqlens_q = paged_requests.map(|_| &cu_view);
+                    TopkOutput::Paged(PageTable { table: &tv, rows: table_rows, stride: n, width: n, cu_seqlens_q })
                 }
             };
             let timing = time_launches(&stream, reps, || match plan {
@@ -394,17 +432,19 @@ fn topk_bench(rt: &Runtime, reps: usize, cases: &[(usize, usize)], chosen_only: 
                 chosen: plan == chosen,
                 us,
                 host_us,
+                paged_requests: paged_requests.filter(|_| transform == TopkTransform::Paged),
                 gbps: bytes / us / 1e3,
                 roofline_us: bytes / copy_gbps / 1e3,
             };
             println!(
-                "topk k{k} {:<7} {:<10} {rows:>5} rows × {n:>7}: {us:>9.2} µs  {:>6.0} GB/s  (read-once roofline {:.2} µs at {copy_gbps:.0} GB/s; host {host_us:.2} µs a launch{}){}",
+                "topk k{k} {:<7} {:<10} {rows:>5} rows × {n:>7}: {us:>9.2} µs  {:>6.0} GB/s  (read-once roofline {:.2} µs at {copy_gbps:.0} GB/s; host {host_us:.2} µs a launch{}){}{}",
                 row.transform,
                 row.layout,
                 row.gbps,
                 row.roofline_us,
                 // Within 10% of the stream time: the host may be what is timed.
                 if host_us >= 0.9 * us { ", host-bound" } else { "" },
+                row.paged_requests.map(|r| format!("  [prefill form: {r} requests]")).unwrap_or_default(),
                 if row.chosen { "  <- plan" } else { "" }
             );
             out_rows.push(row);
@@ -506,7 +546,12 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let device = format!("{} ({} SMs)", rt.gpu().caps().name, rt.gpu().caps().sm_count);
     println!("bench on {device}");
     let want = |s: Suite| args.suite == s || args.suite == Suite::All;
-    let topk = if want(Suite::Topk) { topk_bench(&rt, args.reps, &topk_cases, args.topk_chosen_only)? } else { vec![] };
+    let topk = if want(Suite::Topk) {
+        let requests = args.topk_paged_requests.map(|r| r as usize);
+        topk_bench(&rt, args.reps, &topk_cases, args.topk_chosen_only, requests)?
+    } else {
+        vec![]
+    };
     let decode = if want(Suite::Decode) {
         crate::bench_decode::decode_bench(&rt, args.reps, &decode_cases, args.decode_shared_keys)?
     } else {
@@ -561,6 +606,27 @@ mod tests {
     fn parse(args: &[&str]) -> Result<BenchArgs, clap::Error> {
         let cmd = BenchArgs::augment_args(Command::new("bench"));
         BenchArgs::from_arg_matches(&cmd.try_get_matches_from(args)?)
+    }
+
+    #[test]
+    fn paged_requests_is_optional_and_at_least_one() {
+        assert_eq!(parse(&["bench"]).unwrap().topk_paged_requests, None);
+        assert_eq!(parse(&["bench", "--topk-paged-requests", "4"]).unwrap().topk_paged_requests, Some(4));
+        let err = parse(&["bench", "--topk-paged-requests", "0"]).unwrap_err().to_string();
+        assert!(err.contains("--topk-paged-requests") && err.contains('0') && err.contains("1.."), "{err}");
+    }
+
+    #[test]
+    fn even_cu_seqlens_covers_every_row_once() {
+        assert_eq!(super::even_cu_seqlens(2048, 1), vec![0, 2048]);
+        assert_eq!(super::even_cu_seqlens(10, 4), vec![0, 3, 6, 8, 10]);
+        assert_eq!(super::even_cu_seqlens(3, 3), vec![0, 1, 2, 3]);
+        for (rows, requests) in [(64, 7), (2048, 3), (5, 5), (1, 1)] {
+            let cu = super::even_cu_seqlens(rows, requests);
+            assert_eq!((cu.len(), cu[0], cu[requests]), (requests + 1, 0, rows as i32));
+            let sizes: Vec<i32> = cu.windows(2).map(|w| w[1] - w[0]).collect();
+            assert!(sizes.iter().all(|&s| s >= 1) && sizes.iter().max().unwrap() - sizes.iter().min().unwrap() <= 1);
+        }
     }
 
     #[test]
