@@ -375,8 +375,9 @@ fn topk_bench(
         };
         let table: Vec<i32> = (0..(table_rows * n) as i32).collect();
         let d_table = upload(&stream, &table)?;
-        let d_cu = upload(&stream, &even_cu_seqlens(rows, paged_requests.unwrap_or(1)))?;
-        let cu_view = d_cu.slice(0..);
+        // The prefill form's cu_seqlens_q (none in the decode form).
+        let d_cu = paged_requests.map(|r| upload(&stream, &even_cu_seqlens(rows, r))).transpose()?;
+        let cu_view = d_cu.as_ref().map(|cu| cu.slice(0..));
         let d_offsets = upload(&stream, &vec![17i32; rows])?;
         let mut d_out: CudaSlice<i32> = stream.alloc_zeros(rows * k as usize).map_err(Error::driver("alloc"))?;
         let (sv, lv, tv, ov) = (d_scores.slice(0..), d_lengths.slice(0..), d_table.slice(0..), d_offsets.slice(0..));
@@ -403,7 +404,7 @@ fn topk_bench(
                 TopkTransform::Plain => TopkOutput::Plain,
                 TopkTransform::Ragged => TopkOutput::Ragged { offsets: &ov },
                 TopkTransform::Paged => {
-                    let cu_seqlens_q = paged_requests.map(|_| &cu_view);
+                    let cu_seqlens_q = cu_view.as_ref();
                     TopkOutput::Paged(PageTable { table: &tv, rows: table_rows, stride: n, width: n, cu_seqlens_q })
                 }
             };
