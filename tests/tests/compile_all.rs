@@ -3,7 +3,8 @@
 //! run the tests through `bash .ci/env.sh`, which provisions it.
 
 use nsa_kernels::{kernel_set, render, KernelSpec, NsaConfig, Target};
-use nsa_runtime::jit::{nvrtc::NvrtcCompiler, Compiler};
+use nsa_runtime::jit::nvrtc::{function_spills, FunctionSpills, NvrtcCompiler};
+use nsa_runtime::jit::Compiler;
 use std::collections::BTreeSet;
 
 fn matrix() -> BTreeSet<KernelSpec> {
@@ -21,6 +22,21 @@ fn matrix() -> BTreeSet<KernelSpec> {
     specs
 }
 
+/// The one spill accepted, until a GPU A/B measures its removal: the top-k
+/// histogram fallback that the split and cluster kernels compile apart
+/// (`histogram_row`) keeps a few scalars in local memory across its whole-row passes
+/// (sm_90a, 64 registers a thread: at most 32 bytes stored, 128 loaded). Branch
+/// `topk-fallback-no-spills` removes it, but that changes those kernels' entry code,
+/// which the few-long-row timings depend on. Any other spill, or a larger one, fails.
+fn spill_accepted(id: &str, f: &FunctionSpills) -> bool {
+    let none = f.store_bytes == 0 && f.load_bytes == 0;
+    let fallback = (id.starts_with("topk_split.") || id.starts_with("topk_cluster."))
+        && f.function.contains("4topk13histogram_row")
+        && f.store_bytes <= 32
+        && f.load_bytes <= 128;
+    none || fallback
+}
+
 /// An ELF whose header says machine EM_CUDA (190).
 fn assert_cubin(bytes: &[u8], id: &str) {
     assert!(bytes.len() > 64 && &bytes[..4] == b"\x7fELF", "{id}: not an ELF image");
@@ -33,20 +49,36 @@ fn every_nvidia_variant_compiles_to_cubin() {
     let compiler = NvrtcCompiler::new().unwrap_or_else(|e| panic!("{e}"));
     let specs = matrix();
     assert!(specs.iter().any(|s| s.target == Target::Sm90a) && specs.iter().any(|s| s.target == Target::Sm100a));
+    // NSA_COMPILE_ALL_DUMP=dir: also write each rendered source and CUBIN there
+    // (`<id>.cu`, `<id>.cubin`), to compare two builds' SASS without a GPU.
+    let dump = std::env::var_os("NSA_COMPILE_ALL_DUMP").map(std::path::PathBuf::from);
+    if let Some(dir) = &dump {
+        std::fs::create_dir_all(dir).unwrap_or_else(|e| panic!("creating {}: {e}", dir.display()));
+    }
+    let mut spills = Vec::new();
     for spec in specs {
         let kernel = render(&spec).unwrap();
         let image = compiler.compile(&kernel).unwrap_or_else(|e| panic!("{e}"));
+        if let Some(dir) = &dump {
+            std::fs::write(dir.join(format!("{}.cu", kernel.id)), &kernel.source).unwrap();
+            std::fs::write(dir.join(format!("{}.cubin", kernel.id)), &image.bytes).unwrap();
+        }
         assert_cubin(&image.bytes, &kernel.id);
         let symbol = kernel.symbol.as_bytes();
         assert!(image.bytes.windows(symbol.len()).any(|w| w == symbol), "{}: symbol missing", kernel.id);
         let r = image.resources;
         assert!(r.registers.is_some(), "{}: ptxas -v gave no register count:\n{}", kernel.id, image.log);
-        assert_eq!(r.spill_store_bytes, Some(0), "{}: spills\n{}", kernel.id, image.log);
-        assert_eq!(r.spill_load_bytes, Some(0), "{}: spills\n{}", kernel.id, image.log);
+        // Spills of the entry function and of every callee compiled apart.
+        let functions = function_spills(&image.log);
+        assert!(!functions.is_empty(), "{}: ptxas -v gave no spill line:\n{}", kernel.id, image.log);
+        if functions.iter().any(|f| !spill_accepted(&kernel.id, f)) {
+            spills.push(format!("{}: {functions:?}\n{}", kernel.id, image.log));
+        }
         // C7512: ptxas serialized the wgmma chains (too few registers for them in
         // flight); the kernel still runs, several times slower.
         assert!(!image.log.contains("C7512"), "{}: wgmma serialized\n{}", kernel.id, image.log);
     }
+    assert!(spills.is_empty(), "{} kernel(s) spill registers:\n{}", spills.len(), spills.join("\n"));
 }
 
 #[test]
@@ -61,4 +93,19 @@ fn compile_error_returns_log_options_and_dumped_source() {
     let path = err.lines().find_map(|l| l.strip_prefix("source dumped to: ")).expect("source path line");
     let dumped = std::fs::read_to_string(path).unwrap();
     assert!(dumped.contains("this_is_not_cuda"));
+}
+
+#[test]
+fn only_the_bounded_fallback_spill_is_accepted() {
+    let f =
+        |function: &str, store_bytes, load_bytes| FunctionSpills { function: function.into(), store_bytes, load_bytes };
+    let fallback = "_ZN3nsa4topk13histogram_rowILi2048ELi0ELi1024ELi4096ELi40960ELi57416EEEvRKNS0_6ParamsEPji";
+    let cluster = "topk_cluster.k2048.plain.c8.sm_90a";
+    assert!(spill_accepted(cluster, &f(fallback, 16, 64)));
+    assert!(spill_accepted("topk_split.k2048.paged.sm_90a", &f(fallback, 32, 128)));
+    assert!(spill_accepted("kv_store.fp8_656.sm_90a", &f("nsa_kv_store", 0, 0)));
+    assert!(!spill_accepted(cluster, &f(fallback, 36, 64)), "over the store bound");
+    assert!(!spill_accepted(cluster, &f(fallback, 16, 132)), "over the load bound");
+    assert!(!spill_accepted(cluster, &f("nsa_topk_cluster__k2048__plain__c8__sm_90a", 4, 4)), "an entry function");
+    assert!(!spill_accepted("topk.k2048.plain.sm_90a", &f(fallback, 16, 64)), "a one-block kernel");
 }

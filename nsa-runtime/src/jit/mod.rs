@@ -26,7 +26,9 @@ pub struct CompiledImage {
     pub resources: ResourceUsage,
 }
 
-/// Per-kernel resources as ptxas reports them (`-v`), when known.
+/// Per-kernel resources as ptxas reports them (`-v`), when known: the entry
+/// function's registers and shared memory, and the spills of every function in
+/// the image (the entry and any callee compiled apart).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ResourceUsage {
     pub registers: Option<u32>,

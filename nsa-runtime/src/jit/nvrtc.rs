@@ -180,8 +180,9 @@ fn dump_failed_source(kernel: &RenderedKernel) -> String {
     }
 }
 
-/// Reads ptxas `-v` lines for `symbol`: "Used N registers, ... N bytes smem" and
-/// "N bytes stack frame, N bytes spill stores, N bytes spill loads".
+/// Reads ptxas `-v` lines: registers and smem ("Used N registers, ... N bytes smem")
+/// of the entry function `symbol`, and the spills of every function in the image
+/// (see [`function_spills`]).
 pub fn parse_ptxas_log(log: &str, symbol: &str) -> ResourceUsage {
     let mut usage = ResourceUsage::default();
     let mut in_symbol = false;
@@ -194,14 +195,47 @@ pub fn parse_ptxas_log(log: &str, symbol: &str) -> ResourceUsage {
         }
         usage.registers = usage.registers.or_else(|| number_before(line, " registers"));
         usage.smem_bytes = usage.smem_bytes.or_else(|| number_before(line, " bytes smem"));
-        usage.spill_store_bytes = usage.spill_store_bytes.or_else(|| number_before(line, " bytes spill stores"));
-        usage.spill_load_bytes = usage.spill_load_bytes.or_else(|| number_before(line, " bytes spill loads"));
     }
     // ptxas leaves out "bytes smem" for kernels that use none.
     if usage.registers.is_some() && usage.smem_bytes.is_none() {
         usage.smem_bytes = Some(0);
     }
+    let spills = function_spills(log);
+    if !spills.is_empty() {
+        usage.spill_store_bytes = Some(spills.iter().map(|f| f.store_bytes).sum());
+        usage.spill_load_bytes = Some(spills.iter().map(|f| f.load_bytes).sum());
+    }
     usage
+}
+
+/// One function's spills as ptxas `-v` reports them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FunctionSpills {
+    /// The (mangled) function name.
+    pub function: String,
+    pub store_bytes: u32,
+    pub load_bytes: u32,
+}
+
+/// The spills ("N bytes spill stores, N bytes spill loads") of every function in
+/// the image, in log order: the entry and each callee ptxas keeps apart
+/// (`__noinline__`), whose spills the entry's line leaves out.
+pub fn function_spills(log: &str) -> Vec<FunctionSpills> {
+    let mut out = Vec::new();
+    let mut function = None;
+    for line in log.lines() {
+        if let Some((_, name)) = line.split_once("Function properties for ") {
+            function = Some(name.trim().to_string());
+        }
+        let (Some(store), Some(load)) =
+            (number_before(line, " bytes spill stores"), number_before(line, " bytes spill loads"))
+        else {
+            continue;
+        };
+        let function = function.take().unwrap_or_default();
+        out.push(FunctionSpills { function, store_bytes: store, load_bytes: load });
+    }
+    out
 }
 
 fn number_before(line: &str, suffix: &str) -> Option<u32> {
@@ -228,5 +262,24 @@ mod tests {
         assert_eq!(u.smem_bytes, Some(1024));
         assert_eq!(u.spill_store_bytes, Some(4));
         assert_eq!(u.spill_load_bytes, Some(12));
+    }
+
+    #[test]
+    fn counts_the_spills_of_non_inlined_callees() {
+        let log = "ptxas info    : Compiling entry function 'nsa_x' for 'sm_90a'\n\
+                   ptxas info    : Function properties for nsa_x\n\
+                   \x20   104 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n\
+                   ptxas info    : Used 64 registers, used 1 barriers, 104 bytes cumulative stack size\n\
+                   ptxas info    : Function properties for _ZN3nsa4topk13histogram_rowEv\n\
+                   \x20   0 bytes stack frame, 16 bytes spill stores, 64 bytes spill loads";
+        let u = parse_ptxas_log(log, "nsa_x");
+        assert_eq!(u.registers, Some(64));
+        assert_eq!(u.spill_store_bytes, Some(16));
+        assert_eq!(u.spill_load_bytes, Some(64));
+        let per_function = function_spills(log);
+        assert_eq!(per_function.len(), 2);
+        assert_eq!(per_function[0], FunctionSpills { function: "nsa_x".into(), store_bytes: 0, load_bytes: 0 });
+        assert_eq!(per_function[1].function, "_ZN3nsa4topk13histogram_rowEv");
+        assert_eq!((per_function[1].store_bytes, per_function[1].load_bytes), (16, 64));
     }
 }

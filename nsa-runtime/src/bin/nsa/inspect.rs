@@ -38,6 +38,7 @@ pub fn run(args: InspectArgs) -> Result<()> {
     println!("key:       {}", cached.key_digest);
     println!("image:     {} bytes ({:?})", cached.image.bytes.len(), cached.image.kind);
     println!("resources: {:?}", cached.image.resources);
+    println!("launch:    {} threads a block, {} bytes dynamic smem", spec.block_threads(), spec.dynamic_smem_bytes());
     if args.source {
         println!("\n{}", kernel.source);
     }

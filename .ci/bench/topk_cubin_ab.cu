@@ -1,0 +1,148 @@
+// Times two CUBINs of one top-k kernel through the same launch path, interleaved, on
+// the same uniform rows: e.g. NVRTC's image (from the nsa cache) against nvcc's build
+// of the same rendered source. It separates code generation from everything else
+// that differs between `nsa bench` and the nvcc harnesses. Not part of the product;
+// on the GPU machine:
+//   nvcc -std=c++17 -O3 -arch=sm_90a -I kernels/include -o topk_cubin_ab .ci/bench/topk_cubin_ab.cu -lcuda
+//   ./topk_cubin_ab ROWS N CTAS_PER_ROW THREADS SMEM_BYTES SYMBOL A.cubin B.cubin [REPS]
+// A symbol with "paged" in it gets an identity page table (slot = row * N + position).
+#include "nsa/cuda/arch.cuh"
+#include "nsa/topk.cuh"
+
+#include <cuda.h>
+
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <iterator>
+#include <vector>
+
+#include "harness.cuh"
+
+#define CU(x)                                                          \
+  do {                                                                 \
+    CUresult e = (x);                                                  \
+    if (e != CUDA_SUCCESS) {                                           \
+      const char* s = nullptr;                                         \
+      cuGetErrorString(e, &s);                                         \
+      printf("driver error %s at line %d\n", s ? s : "?", __LINE__);   \
+      exit(1);                                                         \
+    }                                                                  \
+  } while (0)
+
+constexpr int K = 2048;
+
+static CUfunction load(const char* path, const char* symbol, int smem) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) {
+    printf("cannot read %s\n", path);
+    exit(1);
+  }
+  std::vector<char> image((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  CUmodule m;
+  CUfunction fn;
+  CU(cuModuleLoadData(&m, image.data()));
+  CU(cuModuleGetFunction(&fn, m, symbol));
+  CU(cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem));
+  return fn;
+}
+
+// Every row's K outputs are distinct positions (slots, when paged) whose scores are
+// at least the row's K-th largest, and every score above it is chosen.
+static bool check(const std::vector<float>& scores, const std::vector<int>& out, int rows, int n, bool paged) {
+  for (int r = 0; r < rows; ++r) {
+    const float* row = scores.data() + (size_t)r * n;
+    std::vector<float> sorted(row, row + n);
+    std::nth_element(sorted.begin(), sorted.begin() + (K - 1), sorted.end(), std::greater<float>());
+    const float kth = sorted[K - 1];
+    long above = 0, got_above = 0;
+    for (int i = 0; i < n; ++i) above += row[i] > kth;
+    std::vector<char> seen(n, 0);
+    for (int k = 0; k < K; ++k) {
+      const int i = out[(size_t)r * K + k] - (paged ? r * n : 0);
+      if (i < 0 || i >= n || seen[i] || row[i] < kth) return false;
+      seen[i] = 1;
+      got_above += row[i] > kth;
+    }
+    if (got_above != above) return false;
+  }
+  return true;
+}
+
+int main(int argc, char** argv) {
+  if (argc < 9) {
+    printf("usage: %s ROWS N CTAS_PER_ROW THREADS SMEM_BYTES SYMBOL A.cubin B.cubin [REPS]\n", argv[0]);
+    return 2;
+  }
+  const int rows = atoi(argv[1]), n = atoi(argv[2]), per_row = atoi(argv[3]), threads = atoi(argv[4]);
+  const int smem = atoi(argv[5]);
+  const char* symbol = argv[6];
+  const int reps = argc > 9 ? atoi(argv[9]) : 200;
+  const bool paged = strstr(symbol, "paged") != nullptr;
+  CK(cudaFree(nullptr));  // creates the primary context the driver calls below use
+  CUfunction fns[2] = {load(argv[7], symbol, smem), load(argv[8], symbol, smem)};
+
+  float* scores;
+  int *lengths, *out, *table = nullptr;
+  nsa::u32* status;
+  CK(cudaMalloc(&scores, (size_t)rows * n * 4));
+  fill_uniform<<<256, 256>>>(scores, (long long)rows * n, 4242u);
+  CK(cudaMalloc(&lengths, rows * 4));
+  std::vector<int> len(rows, n);
+  CK(cudaMemcpy(lengths, len.data(), rows * 4, cudaMemcpyHostToDevice));
+  CK(cudaMalloc(&out, (size_t)rows * K * 4));
+  CK(cudaMalloc(&status, 64));
+  CK(cudaMemset(status, 0, 64));
+  nsa::topk::Params p{};
+  if (paged) {
+    std::vector<int> t((size_t)rows * n);
+    for (size_t i = 0; i < t.size(); ++i) t[i] = (int)i;
+    CK(cudaMalloc(&table, t.size() * 4));
+    CK(cudaMemcpy(table, t.data(), t.size() * 4, cudaMemcpyHostToDevice));
+    p.page_table = table;
+    p.table_stride = n;
+    p.table_rows = rows;
+    p.table_width = n;
+  }
+  p.scores = scores;
+  p.lengths = lengths;
+  p.out = out;
+  p.row_stride = n;
+  p.rows = rows;
+  p.row_capacity = n;
+  void* args[] = {&p, &status};
+  auto launch = [&](CUfunction fn) {
+    CU(cuLaunchKernel(fn, rows * per_row, 1, 1, threads, 1, 1, smem, nullptr, args, nullptr));
+  };
+
+  std::vector<float> host((size_t)rows * n);
+  std::vector<int> got((size_t)rows * K);
+  CK(cudaMemcpy(host.data(), scores, host.size() * 4, cudaMemcpyDeviceToHost));
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  printf("%s, %d x %d, %d CTAs a row, %d threads, %d B smem, %d back-to-back launches per timing\n", symbol, rows, n,
+         per_row, threads, smem, reps);
+  double sum[2] = {0, 0};
+  const int rounds = 5;
+  for (int round = 0; round < rounds; ++round) {
+    for (int v = 0; v < 2; ++v) {
+      CK(cudaMemset(out, 0xff, (size_t)rows * K * 4));
+      for (int i = 0; i < 3; ++i) launch(fns[v]);
+      CK(cudaEventRecord(a));
+      for (int r = 0; r < reps; ++r) launch(fns[v]);
+      CK(cudaEventRecord(b));
+      CK(cudaEventSynchronize(b));
+      float ms;
+      CK(cudaEventElapsedTime(&ms, a, b));
+      CK(cudaMemcpy(got.data(), out, got.size() * 4, cudaMemcpyDeviceToHost));
+      const bool ok = check(host, got, rows, n, paged);
+      printf("  round %d  %s  %8.2f us  set %s\n", round, v == 0 ? "A" : "B", ms * 1000.f / reps,
+             ok ? "correct" : "WRONG");
+      sum[v] += ms * 1000.0 / reps;
+    }
+  }
+  printf("mean: A %.2f us (%s), B %.2f us (%s)\n", sum[0] / rounds, argv[7], sum[1] / rounds, argv[8]);
+  return 0;
+}
