@@ -1,7 +1,10 @@
 // Shared by the nvcc bench harnesses in this folder (not part of the product).
 #pragma once
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
+#include <vector>
 
 #define CK(x)                                                                \
   do {                                                                       \
@@ -23,4 +26,64 @@ __global__ void fill_uniform(float* s, long long n, unsigned seed) {
     x ^= x >> 16;
     s[i] = (x >> 8) * (1.0f / 16777216.0f);
   }
+}
+
+// `rows` full-length rows of n uniform scores (fill_uniform, seed 4242) and the
+// top-k kernels' other buffers: lengths, a rows x k output and a zeroed status word.
+struct TopkRows {
+  float* scores;
+  int* lengths;
+  int* out;
+  unsigned* status;
+  int rows, n;
+  // nsa::topk::Params over these rows (plain; no row starts).
+  template <class Params>
+  Params params() const {
+    Params p{};
+    p.scores = scores;
+    p.lengths = lengths;
+    p.out = out;
+    p.row_stride = n;
+    p.rows = rows;
+    p.row_capacity = n;
+    return p;
+  }
+};
+inline TopkRows alloc_topk_rows(int rows, int n, int k) {
+  TopkRows t;
+  t.rows = rows;
+  t.n = n;
+  CK(cudaMalloc(&t.scores, (size_t)rows * n * 4));
+  fill_uniform<<<256, 256>>>(t.scores, (long long)rows * n, 4242u);
+  CK(cudaMalloc(&t.lengths, rows * 4));
+  std::vector<int> len(rows, n);
+  CK(cudaMemcpy(t.lengths, len.data(), rows * 4, cudaMemcpyHostToDevice));
+  CK(cudaMalloc(&t.out, (size_t)rows * k * 4));
+  CK(cudaMalloc(&t.status, 64));
+  CK(cudaMemset(t.status, 0, 64));
+  return t;
+}
+
+// Every row's k outputs, less row * n when `paged` (an identity page table), are
+// distinct positions whose scores are at least the row's k-th largest, and every
+// score above it is chosen.
+inline bool topk_sets_ok(const std::vector<float>& scores, const std::vector<int>& out, int rows, int n, int k,
+                         bool paged) {
+  for (int r = 0; r < rows; ++r) {
+    const float* row = scores.data() + (size_t)r * n;
+    std::vector<float> sorted(row, row + n);
+    std::nth_element(sorted.begin(), sorted.begin() + (k - 1), sorted.end(), std::greater<float>());
+    const float kth = sorted[k - 1];
+    long above = 0, got_above = 0;
+    for (int i = 0; i < n; ++i) above += row[i] > kth;
+    std::vector<char> seen(n, 0);
+    for (int j = 0; j < k; ++j) {
+      const int i = out[(size_t)r * k + j] - (paged ? r * n : 0);
+      if (i < 0 || i >= n || seen[i] || row[i] < kth) return false;
+      seen[i] = 1;
+      got_above += row[i] > kth;
+    }
+    if (got_above != above) return false;
+  }
+  return true;
 }

@@ -55,29 +55,13 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1) 
 
 int main() {
   const int rows = 1, n = 131072, reps = 50;
-  float* scores;
-  int *lengths, *out;
-  u32* status;
+  const TopkRows t = alloc_topk_rows(rows, n, K);
   long long* marks;
-  CK(cudaMalloc(&scores, (size_t)rows * n * 4));
-  fill_uniform<<<256, 256>>>(scores, (long long)rows * n, 4242u);
-  CK(cudaMalloc(&lengths, rows * 4));
-  std::vector<int> len(rows, n);
-  CK(cudaMemcpy(lengths, len.data(), rows * 4, cudaMemcpyHostToDevice));
-  CK(cudaMalloc(&out, (size_t)rows * K * 4));
-  CK(cudaMalloc(&status, 64));
-  CK(cudaMemset(status, 0, 64));
   const int ctas = rows * kCluster;
   CK(cudaMalloc(&marks, (size_t)ctas * kMarks * 2 * 8));
   CK(cudaMemset(marks, 0, (size_t)ctas * kMarks * 2 * 8));
   CK(cudaMemcpyToSymbol(g_marks, &marks, sizeof(marks)));
-  Params p{};
-  p.scores = scores;
-  p.lengths = lengths;
-  p.out = out;
-  p.row_stride = n;
-  p.rows = rows;
-  p.row_capacity = n;
+  auto p = t.params<Params>();
   const int smem = kSmemWords * 4;
   CK(cudaFuncSetAttribute(marked, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
 
@@ -86,11 +70,11 @@ int main() {
   CK(cudaEventCreate(&b));
   std::vector<double> cycles(kCluster * (kMarks - 1), 0.0), start_ns(kCluster, 0.0), end_ns(kCluster, 0.0);
   std::vector<long long> m((size_t)ctas * kMarks * 2);
-  for (int i = 0; i < 3; ++i) marked<<<ctas, kThreads, smem>>>(p, status);
+  for (int i = 0; i < 3; ++i) marked<<<ctas, kThreads, smem>>>(p, t.status);
   CK(cudaEventRecord(a));
   for (int r = 0; r < reps; ++r) {
     CK(cudaMemset(marks, 0, (size_t)ctas * kMarks * 2 * 8));
-    marked<<<ctas, kThreads, smem>>>(p, status);
+    marked<<<ctas, kThreads, smem>>>(p, t.status);
     CK(cudaMemcpy(m.data(), marks, m.size() * 8, cudaMemcpyDeviceToHost));
     long long first = m[1];
     for (int c = 0; c < kCluster; ++c) first = std::min(first, m[((size_t)c * kMarks) * 2 + 1]);
@@ -117,21 +101,9 @@ int main() {
   // Check the last launch's set against the CPU.
   std::vector<float> host((size_t)n);
   std::vector<int> got(K);
-  CK(cudaMemcpy(host.data(), scores, (size_t)n * 4, cudaMemcpyDeviceToHost));
-  CK(cudaMemcpy(got.data(), out, K * 4, cudaMemcpyDeviceToHost));
-  std::vector<float> sorted(host);
-  std::nth_element(sorted.begin(), sorted.begin() + (K - 1), sorted.end(), std::greater<float>());
-  const float kth = sorted[K - 1];
-  std::vector<char> seen(n, 0);
-  bool ok = true;
-  long above = 0, got_above = 0;
-  for (int i = 0; i < n; ++i) above += host[i] > kth;
-  for (int k = 0; k < K && ok; ++k) {
-    const int i = got[k];
-    ok = i >= 0 && i < n && !seen[i] && host[i] >= kth;
-    if (ok) seen[i] = 1, got_above += host[i] > kth;
-  }
-  printf("set %s\n", ok && got_above == above ? "correct" : "WRONG");
+  CK(cudaMemcpy(host.data(), t.scores, (size_t)n * 4, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(got.data(), t.out, K * 4, cudaMemcpyDeviceToHost));
+  printf("set %s\n", topk_sets_ok(host, got, rows, n, K, false) ? "correct" : "WRONG");
 
   int clock_khz;
   CK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, 0));

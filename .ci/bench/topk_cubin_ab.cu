@@ -11,10 +11,8 @@
 
 #include <cuda.h>
 
-#include <algorithm>
 #include <cstring>
 #include <fstream>
-#include <functional>
 #include <iterator>
 #include <vector>
 
@@ -48,28 +46,6 @@ static CUfunction load(const char* path, const char* symbol, int smem) {
   return fn;
 }
 
-// Every row's K outputs are distinct positions (slots, when paged) whose scores are
-// at least the row's K-th largest, and every score above it is chosen.
-static bool check(const std::vector<float>& scores, const std::vector<int>& out, int rows, int n, bool paged) {
-  for (int r = 0; r < rows; ++r) {
-    const float* row = scores.data() + (size_t)r * n;
-    std::vector<float> sorted(row, row + n);
-    std::nth_element(sorted.begin(), sorted.begin() + (K - 1), sorted.end(), std::greater<float>());
-    const float kth = sorted[K - 1];
-    long above = 0, got_above = 0;
-    for (int i = 0; i < n; ++i) above += row[i] > kth;
-    std::vector<char> seen(n, 0);
-    for (int k = 0; k < K; ++k) {
-      const int i = out[(size_t)r * K + k] - (paged ? r * n : 0);
-      if (i < 0 || i >= n || seen[i] || row[i] < kth) return false;
-      seen[i] = 1;
-      got_above += row[i] > kth;
-    }
-    if (got_above != above) return false;
-  }
-  return true;
-}
-
 int main(int argc, char** argv) {
   if (argc < 9) {
     printf("usage: %s ROWS N CTAS_PER_ROW THREADS SMEM_BYTES SYMBOL A.cubin B.cubin [REPS]\n", argv[0]);
@@ -83,34 +59,20 @@ int main(int argc, char** argv) {
   CK(cudaFree(nullptr));  // creates the primary context the driver calls below use
   CUfunction fns[2] = {load(argv[7], symbol, smem), load(argv[8], symbol, smem)};
 
-  float* scores;
-  int *lengths, *out, *table = nullptr;
-  nsa::u32* status;
-  CK(cudaMalloc(&scores, (size_t)rows * n * 4));
-  fill_uniform<<<256, 256>>>(scores, (long long)rows * n, 4242u);
-  CK(cudaMalloc(&lengths, rows * 4));
-  std::vector<int> len(rows, n);
-  CK(cudaMemcpy(lengths, len.data(), rows * 4, cudaMemcpyHostToDevice));
-  CK(cudaMalloc(&out, (size_t)rows * K * 4));
-  CK(cudaMalloc(&status, 64));
-  CK(cudaMemset(status, 0, 64));
-  nsa::topk::Params p{};
+  const TopkRows t = alloc_topk_rows(rows, n, K);
+  int* table = nullptr;
+  auto p = t.params<nsa::topk::Params>();
   if (paged) {
-    std::vector<int> t((size_t)rows * n);
-    for (size_t i = 0; i < t.size(); ++i) t[i] = (int)i;
-    CK(cudaMalloc(&table, t.size() * 4));
-    CK(cudaMemcpy(table, t.data(), t.size() * 4, cudaMemcpyHostToDevice));
+    std::vector<int> slots((size_t)rows * n);
+    for (size_t i = 0; i < slots.size(); ++i) slots[i] = (int)i;
+    CK(cudaMalloc(&table, slots.size() * 4));
+    CK(cudaMemcpy(table, slots.data(), slots.size() * 4, cudaMemcpyHostToDevice));
     p.page_table = table;
     p.table_stride = n;
     p.table_rows = rows;
     p.table_width = n;
   }
-  p.scores = scores;
-  p.lengths = lengths;
-  p.out = out;
-  p.row_stride = n;
-  p.rows = rows;
-  p.row_capacity = n;
+  nsa::u32* status = t.status;
   void* args[] = {&p, &status};
   auto launch = [&](CUfunction fn) {
     CU(cuLaunchKernel(fn, rows * per_row, 1, 1, threads, 1, 1, smem, nullptr, args, nullptr));
@@ -118,7 +80,7 @@ int main(int argc, char** argv) {
 
   std::vector<float> host((size_t)rows * n);
   std::vector<int> got((size_t)rows * K);
-  CK(cudaMemcpy(host.data(), scores, host.size() * 4, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(host.data(), t.scores, host.size() * 4, cudaMemcpyDeviceToHost));
   cudaEvent_t a, b;
   CK(cudaEventCreate(&a));
   CK(cudaEventCreate(&b));
@@ -128,7 +90,7 @@ int main(int argc, char** argv) {
   const int rounds = 5;
   for (int round = 0; round < rounds; ++round) {
     for (int v = 0; v < 2; ++v) {
-      CK(cudaMemset(out, 0xff, (size_t)rows * K * 4));
+      CK(cudaMemset(t.out, 0xff, (size_t)rows * K * 4));
       for (int i = 0; i < 3; ++i) launch(fns[v]);
       CK(cudaEventRecord(a));
       for (int r = 0; r < reps; ++r) launch(fns[v]);
@@ -136,8 +98,8 @@ int main(int argc, char** argv) {
       CK(cudaEventSynchronize(b));
       float ms;
       CK(cudaEventElapsedTime(&ms, a, b));
-      CK(cudaMemcpy(got.data(), out, got.size() * 4, cudaMemcpyDeviceToHost));
-      const bool ok = check(host, got, rows, n, paged);
+      CK(cudaMemcpy(got.data(), t.out, got.size() * 4, cudaMemcpyDeviceToHost));
+      const bool ok = topk_sets_ok(host, got, rows, n, K, paged);
       printf("  round %d  %s  %8.2f us  set %s\n", round, v == 0 ? "A" : "B", ms * 1000.f / reps,
              ok ? "correct" : "WRONG");
       sum[v] += ms * 1000.0 / reps;

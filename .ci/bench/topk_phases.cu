@@ -64,7 +64,7 @@ __global__ void __launch_bounds__(T, kMinBlocks) phases(Params p, long long* mar
   }
   list_cut<T>(fkey, kept, (u32)K, hist, sm, thr, ties);
   mark();
-  place_listed<K, kPlain, T>(p, row, 0, p.out + (i64)row * K, fidx, fkey, kept, thr, ties, hist, sm);
+  place_listed<K, kPlain, T, false>(p, row, 0, p.out + (i64)row * K, fidx, fkey, kept, thr, ties, hist, sm);
   mark();
 }
 
