@@ -25,9 +25,10 @@ fn matrix() -> BTreeSet<KernelSpec> {
 /// The one spill accepted, until a GPU A/B measures its removal: the top-k
 /// histogram fallback that the split and cluster kernels compile apart
 /// (`histogram_row`) keeps a few scalars in local memory across its whole-row passes
-/// (sm_90a, 64 registers a thread: at most 32 bytes stored, 128 loaded). Branch
-/// `topk-fallback-no-spills` removes it, but that changes those kernels' entry code,
-/// which the few-long-row timings depend on. Any other spill, or a larger one, fails.
+/// (sm_90a, 64 registers a thread: at most 32 bytes stored, 128 loaded).
+/// `.ci/bench/topk_fallback_no_spills.patch` removes it, but changes those
+/// kernels' entry code, which the few-long-row timings depend on. Any other
+/// spill, or a larger one, fails.
 fn spill_accepted(id: &str, f: &FunctionSpills) -> bool {
     let none = f.store_bytes == 0 && f.load_bytes == 0;
     let fallback = (id.starts_with("topk_split.") || id.starts_with("topk_cluster."))
