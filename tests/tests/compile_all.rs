@@ -32,6 +32,7 @@ fn matrix() -> BTreeSet<KernelSpec> {
 fn spill_accepted(id: &str, f: &FunctionSpills) -> bool {
     let none = f.store_bytes == 0 && f.load_bytes == 0;
     let fallback = (id.starts_with("topk_split.") || id.starts_with("topk_cluster."))
+        && id.ends_with(".sm_90a")
         && f.function.contains("4topk13histogram_row")
         && f.store_bytes <= 32
         && f.load_bytes <= 128;
@@ -109,4 +110,5 @@ fn only_the_bounded_fallback_spill_is_accepted() {
     assert!(!spill_accepted(cluster, &f(fallback, 16, 132)), "over the load bound");
     assert!(!spill_accepted(cluster, &f("nsa_topk_cluster__k2048__plain__c8__sm_90a", 4, 4)), "an entry function");
     assert!(!spill_accepted("topk.k2048.plain.sm_90a", &f(fallback, 16, 64)), "a one-block kernel");
+    assert!(!spill_accepted("topk_cluster.k2048.plain.c8.sm_100a", &f(fallback, 16, 64)), "sm_100a");
 }
