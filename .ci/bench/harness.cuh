@@ -28,8 +28,27 @@ __global__ void fill_uniform(float* s, long long n, unsigned seed) {
   }
 }
 
-// `rows` full-length rows of n uniform scores (fill_uniform, seed 4242) and the
-// top-k kernels' other buffers: lengths, a rows x k output and a zeroed status word.
+// µs per launch of `launch()` over `reps` back-to-back launches after 3 warm-ups,
+// between events on the default stream.
+template <typename F>
+float events_us(F launch, int reps) {
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  for (int i = 0; i < 3; ++i) launch();
+  CK(cudaEventRecord(a));
+  for (int i = 0; i < reps; ++i) launch();
+  CK(cudaEventRecord(b));
+  CK(cudaEventSynchronize(b));
+  float ms;
+  CK(cudaEventElapsedTime(&ms, a, b));
+  CK(cudaEventDestroy(a));
+  CK(cudaEventDestroy(b));
+  return ms * 1000.f / reps;
+}
+
+// `rows` full-length rows of n uniform scores (fill_uniform) and the top-k
+// kernels' other buffers: lengths, a rows x k output and a zeroed status word.
 struct TopkRows {
   float* scores;
   int* lengths;
@@ -49,12 +68,12 @@ struct TopkRows {
     return p;
   }
 };
-inline TopkRows alloc_topk_rows(int rows, int n, int k) {
+inline TopkRows alloc_topk_rows(int rows, int n, int k, unsigned seed = 4242u) {
   TopkRows t;
   t.rows = rows;
   t.n = n;
   CK(cudaMalloc(&t.scores, (size_t)rows * n * 4));
-  fill_uniform<<<256, 256>>>(t.scores, (long long)rows * n, 4242u);
+  fill_uniform<<<256, 256>>>(t.scores, (long long)rows * n, seed);
   CK(cudaMalloc(&t.lengths, rows * 4));
   std::vector<int> len(rows, n);
   CK(cudaMemcpy(t.lengths, len.data(), rows * 4, cudaMemcpyHostToDevice));
@@ -64,12 +83,13 @@ inline TopkRows alloc_topk_rows(int rows, int n, int k) {
   return t;
 }
 
-// Every row's k outputs, less row * n when `paged` (an identity page table), are
-// distinct positions whose scores are at least the row's k-th largest, and every
-// score above it is chosen.
-inline bool topk_sets_ok(const std::vector<float>& scores, const std::vector<int>& out, int rows, int n, int k,
-                         bool paged) {
-  for (int r = 0; r < rows; ++r) {
+// Rows among the first `check_rows` whose k outputs (less row * n when `paged`: an
+// identity page table) are not distinct positions with scores at least the row's
+// k-th largest, every score above it chosen.
+inline int topk_wrong_rows(const std::vector<float>& scores, const std::vector<int>& out, int rows, int n, int k,
+                           bool paged, int check_rows) {
+  int wrong = 0;
+  for (int r = 0; r < rows && r < check_rows; ++r) {
     const float* row = scores.data() + (size_t)r * n;
     std::vector<float> sorted(row, row + n);
     std::nth_element(sorted.begin(), sorted.begin() + (k - 1), sorted.end(), std::greater<float>());
@@ -77,13 +97,13 @@ inline bool topk_sets_ok(const std::vector<float>& scores, const std::vector<int
     long above = 0, got_above = 0;
     for (int i = 0; i < n; ++i) above += row[i] > kth;
     std::vector<char> seen(n, 0);
-    for (int j = 0; j < k; ++j) {
+    bool ok = true;
+    for (int j = 0; j < k && ok; ++j) {
       const int i = out[(size_t)r * k + j] - (paged ? r * n : 0);
-      if (i < 0 || i >= n || seen[i] || row[i] < kth) return false;
-      seen[i] = 1;
-      got_above += row[i] > kth;
+      ok = i >= 0 && i < n && !seen[i] && row[i] >= kth;
+      if (ok) seen[i] = 1, got_above += row[i] > kth;
     }
-    if (got_above != above) return false;
+    wrong += !ok || got_above != above;
   }
-  return true;
+  return wrong;
 }

@@ -73,10 +73,7 @@ struct Shape {
 };
 
 struct Buffers {
-  float* scores;
-  int* lengths;
-  int* out;
-  u32* status;
+  TopkRows t;
   long long* marks;
   u32* declined;
   std::vector<float> host;
@@ -84,70 +81,19 @@ struct Buffers {
 
 static Buffers make(Shape sh, int K) {
   Buffers b;
-  const size_t total = (size_t)sh.rows * sh.n;
-  CK(cudaMalloc(&b.scores, total * 4));
-  fill_uniform<<<1024, 256>>>(b.scores, total, 12345u + sh.rows);
-  CK(cudaMalloc(&b.lengths, sh.rows * 4));
-  std::vector<int> len(sh.rows, sh.n);
-  CK(cudaMemcpy(b.lengths, len.data(), sh.rows * 4, cudaMemcpyHostToDevice));
-  CK(cudaMalloc(&b.out, (size_t)sh.rows * K * 4));
-  CK(cudaMalloc(&b.status, 64));
-  CK(cudaMemset(b.status, 0, 64));
+  b.t = alloc_topk_rows(sh.rows, sh.n, K, 12345u + sh.rows);
   CK(cudaMalloc(&b.marks, (size_t)sh.rows * (kPhases + 1) * 8));
   CK(cudaMalloc(&b.declined, sh.rows * 4));
-  b.host.resize(total);
-  CK(cudaMemcpy(b.host.data(), b.scores, total * 4, cudaMemcpyDeviceToHost));
+  b.host.resize((size_t)sh.rows * sh.n);
+  CK(cudaMemcpy(b.host.data(), b.t.scores, b.host.size() * 4, cudaMemcpyDeviceToHost));
   return b;
-}
-
-static Params params(const Buffers& b, Shape sh) {
-  Params p{};
-  p.scores = b.scores;
-  p.lengths = b.lengths;
-  p.out = b.out;
-  p.row_stride = sh.n;
-  p.rows = sh.rows;
-  p.row_capacity = sh.n;
-  return p;
 }
 
 // Rows (of the first 16) whose output is not a top-k set of distinct positions.
 static int wrong_rows(const Buffers& b, Shape sh, int K) {
   std::vector<int> out((size_t)sh.rows * K);
-  CK(cudaMemcpy(out.data(), b.out, out.size() * 4, cudaMemcpyDeviceToHost));
-  int bad = 0;
-  for (int r = 0; r < sh.rows && r < 16; ++r) {
-    const float* row = b.host.data() + (size_t)r * sh.n;
-    std::vector<float> sorted(row, row + sh.n);
-    std::nth_element(sorted.begin(), sorted.begin() + (K - 1), sorted.end(), std::greater<float>());
-    const float kth = sorted[K - 1];
-    long above = 0, got_above = 0;
-    for (int i = 0; i < sh.n; ++i) above += row[i] > kth;
-    std::vector<char> seen(sh.n, 0);
-    bool ok = true;
-    for (int k = 0; k < K && ok; ++k) {
-      const int i = out[(size_t)r * K + k];
-      ok = i >= 0 && i < sh.n && !seen[i] && row[i] >= kth;
-      if (ok) seen[i] = 1, got_above += row[i] > kth;
-    }
-    bad += !ok || got_above != above;
-  }
-  return bad;
-}
-
-template <typename F>
-static float time_us(F launch, int reps) {
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
-  for (int i = 0; i < 3; ++i) launch();
-  CK(cudaEventRecord(a));
-  for (int i = 0; i < reps; ++i) launch();
-  CK(cudaEventRecord(b));
-  CK(cudaEventSynchronize(b));
-  float ms;
-  CK(cudaEventElapsedTime(&ms, a, b));
-  return ms * 1000.f / reps;
+  CK(cudaMemcpy(out.data(), b.t.out, out.size() * 4, cudaMemcpyDeviceToHost));
+  return topk_wrong_rows(b.host, out, sh.rows, sh.n, K, false, 16);
 }
 
 template <typename Kern>
@@ -160,15 +106,15 @@ static void kernel_info(Kern kern, int threads, int smem, int& occupancy, cudaFu
 template <int K, int T, int kCandCap, int kCacheCap, int kMinBlocks>
 static void run(const char* layout, Shape sh, int reps, int clock_khz) {
   Buffers b = make(sh, K);
-  const Params p = params(b, sh);
+  const Params p = b.t.params<Params>();
   int occupancy;
   cudaFuncAttributes fa;
 
   auto prod = product<K, T, kCandCap, kCacheCap, kMinBlocks>;
   const int prod_smem = (kFixedWords + 2 * kCandCap + kCacheCap) * 4;
   kernel_info(prod, T, prod_smem, occupancy, fa);
-  CK(cudaMemset(b.out, 0xff, (size_t)sh.rows * K * 4));
-  const float prod_us = time_us([&] { prod<<<sh.rows, T, prod_smem>>>(p, b.status); }, reps);
+  CK(cudaMemset(b.t.out, 0xff, (size_t)sh.rows * K * 4));
+  const float prod_us = events_us([&] { prod<<<sh.rows, T, prod_smem>>>(p, b.t.status); }, reps);
   CK(cudaGetLastError());
   printf("%-10s %5d x %-7d product kernel %8.2f us  (%d per SM, %d registers, %d B spilled)  wrong rows %d\n", layout,
          sh.rows, sh.n, prod_us, occupancy, fa.numRegs, (int)fa.localSizeBytes, wrong_rows(b, sh, K));
@@ -177,9 +123,9 @@ static void run(const char* layout, Shape sh, int reps, int clock_khz) {
   auto ph = phases<K, T, kCap, kMinBlocks>;
   const int ph_smem = (kBins + kScalarWords + 2 * kCap) * 4;
   kernel_info(ph, T, ph_smem, occupancy, fa);
-  CK(cudaMemset(b.out, 0xff, (size_t)sh.rows * K * 4));
+  CK(cudaMemset(b.t.out, 0xff, (size_t)sh.rows * K * 4));
   CK(cudaMemset(b.declined, 0, sh.rows * 4));
-  const float ph_us = time_us([&] { ph<<<sh.rows, T, ph_smem>>>(p, b.marks, b.declined); }, reps);
+  const float ph_us = events_us([&] { ph<<<sh.rows, T, ph_smem>>>(p, b.marks, b.declined); }, reps);
   CK(cudaGetLastError());
   std::vector<long long> marks((size_t)sh.rows * (kPhases + 1));
   CK(cudaMemcpy(marks.data(), b.marks, marks.size() * 8, cudaMemcpyDeviceToHost));
