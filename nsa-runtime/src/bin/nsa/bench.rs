@@ -336,6 +336,19 @@ fn even_cu_seqlens(rows: usize, requests: usize) -> Vec<i32> {
     cu
 }
 
+/// `--topk-paged-requests` against every shape, before any data is made: at most one
+/// request per score row.
+fn check_paged_requests(cases: &[(usize, usize)], paged_requests: Option<usize>) -> Result<()> {
+    let Some(r) = paged_requests else { return Ok(()) };
+    match cases.iter().find(|&&(rows, _)| r > rows) {
+        Some(&(rows, n)) => Err(Error::Other(format!(
+            "--topk-paged-requests: {r} requests for the {rows}x{n} shape; at most one request per row \
+             (use at most {rows}, or leave that shape out of --topk-shapes)"
+        ))),
+        None => Ok(()),
+    }
+}
+
 /// Top-k of f32 rows (uniform [0, 1) scores, every row full length) for each transform,
 /// on every plan `choose_plan` can return (or only the one it picks). PAGED takes the
 /// decode form (a table row per score row) or, with `paged_requests`, the prefill form.
@@ -351,6 +364,7 @@ fn topk_bench(
         choose_plan, cluster_size, split_plan, topk_cluster, topk_split, topk_with_layout, PageTable, TopkOutput,
         TopkPlan, TopkScores, TopkWorkspace,
     };
+    check_paged_requests(cases, paged_requests)?;
     let stream = rt.gpu().stream().clone();
     let k = 2048u32;
     let copy_gbps = {
@@ -363,16 +377,7 @@ fn topk_bench(
         let scores: Vec<f32> = (0..rows * n).map(|_| rand::Rng::random::<f32>(&mut rng)).collect();
         let d_scores = upload(&stream, &scores)?;
         let d_lengths = upload(&stream, &vec![n as i32; rows])?;
-        let table_rows = match paged_requests {
-            Some(r) if r > rows => {
-                return Err(Error::Other(format!(
-                    "--topk-paged-requests: {r} requests for a {rows}-row shape; at most one request per row \
-                     (use at most {rows}, or a shape with more rows)"
-                )))
-            }
-            Some(r) => r,
-            None => rows,
-        };
+        let table_rows = paged_requests.unwrap_or(rows);
         let table: Vec<i32> = (0..(table_rows * n) as i32).collect();
         let d_table = upload(&stream, &table)?;
         // The prefill form's cu_seqlens_q (none in the decode form).
@@ -615,6 +620,18 @@ mod tests {
         assert_eq!(parse(&["bench", "--topk-paged-requests", "4"]).unwrap().topk_paged_requests, Some(4));
         let err = parse(&["bench", "--topk-paged-requests", "0"]).unwrap_err().to_string();
         assert!(err.contains("--topk-paged-requests") && err.contains('0') && err.contains("1.."), "{err}");
+    }
+
+    #[test]
+    fn paged_requests_above_a_shapes_rows_are_refused_up_front() {
+        let cases = [(64, 131_072), (1, 131_072)];
+        assert!(super::check_paged_requests(&cases, None).is_ok());
+        assert!(super::check_paged_requests(&cases, Some(1)).is_ok());
+        let err = super::check_paged_requests(&cases, Some(4)).unwrap_err().to_string();
+        assert!(
+            err.contains("--topk-paged-requests") && err.contains("1x131072") && err.contains("at most 1"),
+            "{err}"
+        );
     }
 
     #[test]
