@@ -29,16 +29,16 @@ __global__ void fill_uniform(float* s, long long n, unsigned seed) {
 }
 
 // µs per launch of `launch()` over `reps` back-to-back launches after 3 warm-ups,
-// between events on the default stream.
+// between events on `stream` (the default stream unless given).
 template <typename F>
-float events_us(F launch, int reps) {
+float events_us(F launch, int reps, cudaStream_t stream = nullptr) {
   cudaEvent_t a, b;
   CK(cudaEventCreate(&a));
   CK(cudaEventCreate(&b));
   for (int i = 0; i < 3; ++i) launch();
-  CK(cudaEventRecord(a));
+  CK(cudaEventRecord(a, stream));
   for (int i = 0; i < reps; ++i) launch();
-  CK(cudaEventRecord(b));
+  CK(cudaEventRecord(b, stream));
   CK(cudaEventSynchronize(b));
   float ms;
   CK(cudaEventElapsedTime(&ms, a, b));

@@ -4,8 +4,11 @@
 // that differs between `nsa bench` and the nvcc harnesses. Not part of the product;
 // on the GPU machine:
 //   nvcc -std=c++17 -O3 -arch=sm_90a -I kernels/include -o topk_cubin_ab .ci/bench/topk_cubin_ab.cu -lcuda
-//   ./topk_cubin_ab ROWS N CTAS_PER_ROW THREADS SMEM_BYTES SYMBOL A.cubin B.cubin [REPS]
+//   ./topk_cubin_ab ROWS N CTAS_PER_ROW THREADS SMEM_BYTES SYMBOL A.cubin B.cubin [REPS] [pdl]
 // A symbol with "paged" in it gets an identity page table (slot = row * N + position).
+// `pdl`: B is launched with programmatic stream serialization (cuLaunchKernelEx), so
+// each launch may start while the previous one runs; B's kernel must then execute
+// `griddepcontrol.wait` before it reads anything (topk_pdl_probe.sh builds such a B).
 #include "nsa/cuda/arch.cuh"
 #include "nsa/topk.cuh"
 
@@ -48,15 +51,18 @@ static CUfunction load(const char* path, const char* symbol, int smem) {
 
 int main(int argc, char** argv) {
   if (argc < 9) {
-    printf("usage: %s ROWS N CTAS_PER_ROW THREADS SMEM_BYTES SYMBOL A.cubin B.cubin [REPS]\n", argv[0]);
+    printf("usage: %s ROWS N CTAS_PER_ROW THREADS SMEM_BYTES SYMBOL A.cubin B.cubin [REPS] [pdl]\n", argv[0]);
     return 2;
   }
   const int rows = atoi(argv[1]), n = atoi(argv[2]), per_row = atoi(argv[3]), threads = atoi(argv[4]);
   const int smem = atoi(argv[5]);
   const char* symbol = argv[6];
   const int reps = argc > 9 ? atoi(argv[9]) : 200;
+  const bool pdl_b = argc > 10 && strcmp(argv[10], "pdl") == 0;
   const bool paged = strstr(symbol, "paged") != nullptr;
   CK(cudaFree(nullptr));  // creates the primary context the driver calls below use
+  cudaStream_t stream;
+  CK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   CUfunction fns[2] = {load(argv[7], symbol, smem), load(argv[8], symbol, smem)};
 
   const TopkRows t = alloc_topk_rows(rows, n, K);
@@ -74,21 +80,34 @@ int main(int argc, char** argv) {
   }
   nsa::u32* status = t.status;
   void* args[] = {&p, &status};
-  auto launch = [&](CUfunction fn) {
-    CU(cuLaunchKernel(fn, rows * per_row, 1, 1, threads, 1, 1, smem, nullptr, args, nullptr));
+  CUlaunchAttribute attr{};
+  attr.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+  attr.value.programmaticStreamSerializationAllowed = 1;
+  auto launch = [&](int v) {
+    CUlaunchConfig cfg{};
+    cfg.gridDimX = rows * per_row;
+    cfg.gridDimY = cfg.gridDimZ = 1;
+    cfg.blockDimX = threads;
+    cfg.blockDimY = cfg.blockDimZ = 1;
+    cfg.sharedMemBytes = smem;
+    cfg.hStream = (CUstream)stream;
+    cfg.attrs = v == 1 && pdl_b ? &attr : nullptr;
+    cfg.numAttrs = v == 1 && pdl_b ? 1 : 0;
+    CU(cuLaunchKernelEx(&cfg, fns[v], args, nullptr));
   };
 
   std::vector<float> host((size_t)rows * n);
   std::vector<int> got((size_t)rows * K);
   CK(cudaMemcpy(host.data(), t.scores, host.size() * 4, cudaMemcpyDeviceToHost));
-  printf("%s, %d x %d, %d CTAs a row, %d threads, %d B smem, %d back-to-back launches per timing\n", symbol, rows, n,
-         per_row, threads, smem, reps);
+  printf("%s, %d x %d, %d CTAs a row, %d threads, %d B smem, %d back-to-back launches per timing%s\n", symbol, rows,
+         n, per_row, threads, smem, reps, pdl_b ? ", B with PDL" : "");
   double sum[2] = {0, 0};
   const int rounds = 5;
   for (int round = 0; round < rounds; ++round) {
     for (int v = 0; v < 2; ++v) {
       CK(cudaMemset(t.out, 0xff, (size_t)rows * K * 4));
-      const float us = events_us([&] { launch(fns[v]); }, reps);
+      CK(cudaDeviceSynchronize());  // the memset (default stream) is done before `stream` launches
+      const float us = events_us([&] { launch(v); }, reps, stream);
       CK(cudaMemcpy(got.data(), t.out, got.size() * 4, cudaMemcpyDeviceToHost));
       const bool ok = topk_wrong_rows(host, got, rows, n, K, paged, rows) == 0;
       printf("  round %d  %s  %8.2f us  set %s\n", round, v == 0 ? "A" : "B", us, ok ? "correct" : "WRONG");
