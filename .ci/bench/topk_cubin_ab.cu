@@ -8,7 +8,7 @@
 // A symbol with "paged" in it gets an identity page table (slot = row * N + position).
 // `pdl`: B is launched with programmatic stream serialization (cuLaunchKernelEx), so
 // each launch may start while the previous one runs; B's kernel must then execute
-// `griddepcontrol.wait` before it reads anything (topk_pdl_probe.sh builds such a B).
+// `griddepcontrol.wait` before it reads anything (topk_cubin_ab.sh, pdl mode, builds such a B).
 #include "nsa/cuda/arch.cuh"
 #include "nsa/topk.cuh"
 
