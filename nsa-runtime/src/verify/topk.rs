@@ -7,7 +7,7 @@ use crate::reference::topk::{check_row, topk_deterministic};
 use crate::runtime::Runtime;
 use crate::testdata::{self, ScorePattern};
 use crate::Result;
-use nsa_kernels::{KernelFamily, KernelSpec, TopkLayout, TopkTransform};
+use nsa_kernels::{KernelFamily, KernelSpec, Target, TopkLayout, TopkTransform};
 use rand::Rng;
 use std::collections::HashMap;
 
@@ -43,107 +43,239 @@ pub enum TopkPath {
 /// Value outside every row's window: a kernel that reads past its window picks it.
 const POISON: f32 = 1e30;
 
-pub fn run(rt: &Runtime, case: &TopkCase) -> Result<Check> {
-    let stream = rt.gpu().stream();
-    let mut rng = testdata::rng(case.seed);
-    let rows = case.lengths.len();
-    let k = case.k as usize;
-    let starts: Vec<i32> = (0..rows).map(|_| if case.row_starts { rng.random_range(0..=37) } else { 0 }).collect();
-    let capacity = (0..rows).map(|b| starts[b] + case.lengths[b].max(0)).max().unwrap_or(0).max(1) as usize;
-    let stride = capacity + 3; // rows start at every alignment
-    let mut scores = vec![POISON; rows * stride];
-    let mut row_values = Vec::with_capacity(rows);
-    for b in 0..rows {
-        let n = case.lengths[b].max(0) as usize;
-        let values = testdata::score_row(case.pattern, n, &mut rng);
-        scores[b * stride + starts[b] as usize..][..n].copy_from_slice(&values);
-        row_values.push(values);
+/// Where top-k cases run: the GPU ([`Runtime`]), or the test suite's CPU emulation
+/// of the same kernels. Cases, inputs and checks are shared; only the launch differs.
+pub trait TopkDevice {
+    fn target(&self) -> Target;
+    /// SMs the launch plans are made for.
+    fn sm_count(&self) -> u32;
+    /// Runs `family` (a top-k family) over `inputs` and returns its `rows × k`
+    /// output. The split path runs twice on one workspace, which must come back
+    /// zeroed (the second run reads it).
+    fn topk(&self, family: KernelFamily, inputs: &TopkInputs) -> Result<Vec<i32>>;
+    /// The unfused page-table transform of `idx` (`rows × k`).
+    fn page_table_transform(&self, k: u32, idx: &[i32], table: &HostPageTable) -> Result<Vec<i32>>;
+}
+
+/// A page table in host memory (see [`PageTable`]).
+#[derive(Clone, Debug)]
+pub struct HostPageTable {
+    pub table: Vec<i32>,
+    pub rows: usize,
+    /// Stride and width (equal here).
+    pub width: usize,
+    /// `Some`: prefill form (rows grouped into requests).
+    pub cu_seqlens_q: Option<Vec<i32>>,
+}
+
+/// A case's inputs in host memory, as a launch takes them.
+#[derive(Clone, Debug)]
+pub struct TopkInputs {
+    pub k: u32,
+    pub transform: TopkTransform,
+    /// `[rows, row_stride]`, poisoned outside each row's window.
+    pub scores: Vec<f32>,
+    pub row_stride: usize,
+    pub row_capacity: usize,
+    pub lengths: Vec<i32>,
+    /// `None`: every row starts at 0.
+    pub row_starts: Option<Vec<i32>>,
+    /// PAGED only.
+    pub table: Option<HostPageTable>,
+    /// RAGGED only: one per row.
+    pub offsets: Vec<i32>,
+    /// Each row's candidates (what the reference sees).
+    row_values: Vec<Vec<f32>>,
+}
+
+impl TopkInputs {
+    pub fn new(case: &TopkCase) -> TopkInputs {
+        let mut rng = testdata::rng(case.seed);
+        let rows = case.lengths.len();
+        let starts: Vec<i32> =
+            (0..rows).map(|_| if case.row_starts { rng.random_range(0..=37) } else { 0 }).collect();
+        let capacity = (0..rows).map(|b| starts[b] + case.lengths[b].max(0)).max().unwrap_or(0).max(1) as usize;
+        let stride = capacity + 3; // rows start at every alignment
+        let mut scores = vec![POISON; rows * stride];
+        let mut row_values = Vec::with_capacity(rows);
+        for b in 0..rows {
+            let n = case.lengths[b].max(0) as usize;
+            let values = testdata::score_row(case.pattern, n, &mut rng);
+            scores[b * stride + starts[b] as usize..][..n].copy_from_slice(&values);
+            row_values.push(values);
+        }
+        let (table, offsets) = match case.transform {
+            TopkTransform::Paged => {
+                let cu: Vec<i32> =
+                    if case.grouped { group_rows(rows, &mut rng) } else { (0..=rows as i32).collect() };
+                let requests = cu.len() - 1;
+                let width = (0..requests)
+                    .map(|i| (cu[i]..cu[i + 1]).map(|b| case.lengths[b as usize].max(0)).max().unwrap_or(0))
+                    .max()
+                    .unwrap_or(0)
+                    .max(1) as usize;
+                // Each table row is a distinct shuffled run of slots, so slots invert to positions.
+                let mut table = Vec::with_capacity(requests * width);
+                for i in 0..requests {
+                    let perm = testdata::distinct_slots(width, width, case.seed ^ (i as u64 + 7));
+                    table.extend(perm.iter().map(|&p| (i * width) as i32 + p));
+                }
+                (Some(HostPageTable { table, rows: requests, width, cu_seqlens_q: Some(cu) }), vec![])
+            }
+            TopkTransform::Ragged => (None, (0..rows).map(|_| rng.random_range(0..1_000_000)).collect()),
+            TopkTransform::Plain => (None, vec![]),
+        };
+        TopkInputs {
+            k: case.k,
+            transform: case.transform,
+            scores,
+            row_stride: stride,
+            row_capacity: capacity,
+            lengths: case.lengths.clone(),
+            row_starts: case.row_starts.then_some(starts),
+            table: table.map(|t| HostPageTable { cu_seqlens_q: if case.grouped { t.cu_seqlens_q } else { None }, ..t }),
+            offsets,
+            row_values,
+        }
     }
 
-    // Output transform and its inverse (slot or offset position → relative position).
-    let (table, cu, table_rows, width, offsets) = match case.transform {
-        TopkTransform::Paged => {
-            let cu: Vec<i32> = if case.grouped { group_rows(rows, &mut rng) } else { (0..=rows as i32).collect() };
-            let requests = cu.len() - 1;
-            let width = (0..requests)
-                .map(|i| (cu[i]..cu[i + 1]).map(|b| case.lengths[b as usize].max(0)).max().unwrap_or(0))
-                .max()
-                .unwrap_or(0)
-                .max(1) as usize;
-            // Each table row is a distinct shuffled run of slots, so slots invert to positions.
-            let mut table = Vec::with_capacity(requests * width);
-            for i in 0..requests {
-                let perm = testdata::distinct_slots(width, width, case.seed ^ (i as u64 + 7));
-                table.extend(perm.iter().map(|&p| (i * width) as i32 + p));
-            }
-            (table, Some(cu), requests, width, vec![])
-        }
-        TopkTransform::Ragged => (vec![], None, 0, 0, (0..rows).map(|_| rng.random_range(0..1_000_000)).collect()),
-        TopkTransform::Plain => (vec![], None, 0, 0, vec![]),
-    };
+    pub fn rows(&self) -> usize {
+        self.lengths.len()
+    }
 
-    let d_scores = upload(stream, &scores)?;
-    let d_lengths = upload(stream, &case.lengths)?;
-    let d_starts = upload(stream, &starts)?;
-    let d_table = upload(stream, &table)?;
-    let d_cu = upload(stream, cu.as_deref().unwrap_or(&[]))?;
-    let d_offsets = upload(stream, &offsets)?;
-    let mut d_out = upload(stream, &vec![i32::MIN; rows * k])?;
-    let scores_view = d_scores.slice(0..);
-    let lengths_view = d_lengths.slice(0..rows);
-    let starts_view = d_starts.slice(0..rows);
-    let table_view = d_table.slice(0..table.len());
-    let cu_view = d_cu.slice(0..cu.as_ref().map_or(0, Vec::len));
-    let offsets_view = d_offsets.slice(0..offsets.len());
-    let input = TopkScores {
-        scores: &scores_view,
-        row_stride: stride,
-        row_capacity: capacity,
-        lengths: &lengths_view,
-        row_starts: case.row_starts.then_some(&starts_view),
-    };
-    let output = match case.transform {
-        TopkTransform::Plain => TopkOutput::Plain,
-        TopkTransform::Ragged => TopkOutput::Ragged { offsets: &offsets_view },
-        TopkTransform::Paged => TopkOutput::Paged(PageTable {
-            table: &table_view,
-            rows: table_rows,
-            stride: width,
-            width,
-            cu_seqlens_q: case.grouped.then_some(&cu_view),
-        }),
-    };
-    let (k32, transform) = (case.k, case.transform);
-    let family = match case.path {
+    /// Table row `i` serving score row `b` (decode form: row b).
+    fn table_row_of(&self, b: usize) -> usize {
+        match self.table.as_ref().and_then(|t| t.cu_seqlens_q.as_ref()) {
+            Some(cu) => cu.partition_point(|&c| c <= b as i32) - 1,
+            None => b,
+        }
+    }
+}
+
+/// The kernel family `case` runs on a device with `sm_count` SMs.
+pub fn case_family(case: &TopkCase, sm_count: u32) -> KernelFamily {
+    let (k, transform) = (case.k, case.transform);
+    match case.path {
         TopkPath::Single(layout) => {
-            let layout = layout.unwrap_or_else(|| topk::choose_layout(rows, rt.gpu().caps().sm_count).0);
-            KernelFamily::TopK { k: k32, transform, deterministic: case.deterministic, layout }
+            let layout = layout.unwrap_or_else(|| topk::choose_layout(case.lengths.len(), sm_count).0);
+            KernelFamily::TopK { k, transform, deterministic: case.deterministic, layout }
         }
-        TopkPath::Split => KernelFamily::TopkSplit { k: k32, transform },
-        TopkPath::Cluster(cluster) => KernelFamily::TopkCluster { k: k32, transform, cluster },
-    };
-    let mut out_view = d_out.slice_mut(0..rows * k);
-    match family {
-        KernelFamily::TopkSplit { .. } => {
-            let mut ws = topk::TopkWorkspace::new(rt, rows)?;
-            let chunk = 4096;
-            for _ in 0..2 {
-                topk::topk_split(rt, k32, chunk, capacity.div_ceil(chunk), &input, &output, &mut out_view, &mut ws)?;
-            }
-        }
-        KernelFamily::TopkCluster { cluster, .. } => {
-            topk::topk_cluster(rt, k32, cluster, &input, &output, &mut out_view)?
-        }
-        KernelFamily::TopK { layout, .. } => {
-            topk::topk_with_layout(rt, k32, case.deterministic, layout, &input, &output, &mut out_view)?
-        }
-        _ => unreachable!("a top-k family"),
+        TopkPath::Split => KernelFamily::TopkSplit { k, transform },
+        TopkPath::Cluster(cluster) => KernelFamily::TopkCluster { k, transform, cluster },
     }
-    let out = download(stream, &d_out, rows * k)?;
+}
 
-    let inverse: Vec<HashMap<i32, i32>> = match &cu {
-        Some(_) => (0..table_rows)
-            .map(|i| table[i * width..][..width].iter().enumerate().map(|(p, &s)| (s, p as i32)).collect())
+/// Chunk of the split path in these checks: rows of up to 1M keys span many blocks.
+pub const CHECK_SPLIT_CHUNK: usize = 4096;
+
+/// Runs `case` on `dev` and checks every row against the CPU reference.
+pub fn run_on(dev: &impl TopkDevice, case: &TopkCase) -> Result<Check> {
+    let inputs = TopkInputs::new(case);
+    let family = case_family(case, dev.sm_count());
+    let out = dev.topk(family, &inputs)?;
+    Ok(check_output(case, &inputs, &out, KernelSpec::new(family, dev.target()).id()))
+}
+
+/// Runs `case` on the GPU and checks every row against the CPU reference.
+pub fn run(rt: &Runtime, case: &TopkCase) -> Result<Check> {
+    run_on(rt, case)
+}
+
+impl TopkDevice for Runtime {
+    fn target(&self) -> Target {
+        Runtime::target(self)
+    }
+
+    fn sm_count(&self) -> u32 {
+        self.gpu().caps().sm_count
+    }
+
+    fn topk(&self, family: KernelFamily, inputs: &TopkInputs) -> Result<Vec<i32>> {
+        let stream = self.gpu().stream();
+        let rows = inputs.rows();
+        let k = inputs.k as usize;
+        let no_table = HostPageTable { table: vec![], rows: 0, width: 0, cu_seqlens_q: None };
+        let t = inputs.table.as_ref().unwrap_or(&no_table);
+        let d_scores = upload(stream, &inputs.scores)?;
+        let d_lengths = upload(stream, &inputs.lengths)?;
+        let d_starts = upload(stream, inputs.row_starts.as_deref().unwrap_or(&[]))?;
+        let d_table = upload(stream, &t.table)?;
+        let d_cu = upload(stream, t.cu_seqlens_q.as_deref().unwrap_or(&[]))?;
+        let d_offsets = upload(stream, &inputs.offsets)?;
+        let mut d_out = upload(stream, &vec![i32::MIN; rows * k])?;
+        let scores_view = d_scores.slice(0..);
+        let lengths_view = d_lengths.slice(0..rows);
+        let starts_view = d_starts.slice(0..inputs.row_starts.as_ref().map_or(0, Vec::len));
+        let table_view = d_table.slice(0..t.table.len());
+        let cu_view = d_cu.slice(0..t.cu_seqlens_q.as_ref().map_or(0, Vec::len));
+        let offsets_view = d_offsets.slice(0..inputs.offsets.len());
+        let input = TopkScores {
+            scores: &scores_view,
+            row_stride: inputs.row_stride,
+            row_capacity: inputs.row_capacity,
+            lengths: &lengths_view,
+            row_starts: inputs.row_starts.is_some().then_some(&starts_view),
+        };
+        let output = match inputs.transform {
+            TopkTransform::Plain => TopkOutput::Plain,
+            TopkTransform::Ragged => TopkOutput::Ragged { offsets: &offsets_view },
+            TopkTransform::Paged => TopkOutput::Paged(PageTable {
+                table: &table_view,
+                rows: t.rows,
+                stride: t.width,
+                width: t.width,
+                cu_seqlens_q: t.cu_seqlens_q.is_some().then_some(&cu_view),
+            }),
+        };
+        let k32 = inputs.k;
+        let mut out_view = d_out.slice_mut(0..rows * k);
+        match family {
+            KernelFamily::TopkSplit { .. } => {
+                let mut ws = topk::TopkWorkspace::new(self, rows)?;
+                let chunk = CHECK_SPLIT_CHUNK;
+                let chunks = inputs.row_capacity.div_ceil(chunk);
+                for _ in 0..2 {
+                    topk::topk_split(self, k32, chunk, chunks, &input, &output, &mut out_view, &mut ws)?;
+                }
+            }
+            KernelFamily::TopkCluster { cluster, .. } => {
+                topk::topk_cluster(self, k32, cluster, &input, &output, &mut out_view)?
+            }
+            KernelFamily::TopK { layout, deterministic, .. } => {
+                topk::topk_with_layout(self, k32, deterministic, layout, &input, &output, &mut out_view)?
+            }
+            other => unreachable!("{other:?} is not a top-k family"),
+        }
+        download(stream, &d_out, rows * k)
+    }
+
+    fn page_table_transform(&self, k: u32, idx: &[i32], table: &HostPageTable) -> Result<Vec<i32>> {
+        let stream = self.gpu().stream();
+        let d_idx = upload(stream, idx)?;
+        let d_table = upload(stream, &table.table)?;
+        let d_cu = upload(stream, table.cu_seqlens_q.as_deref().unwrap_or(&[]))?;
+        let mut d_out = upload(stream, &vec![i32::MIN; idx.len()])?;
+        let (tv, cv) = (d_table.slice(0..), d_cu.slice(0..));
+        let pt = PageTable {
+            table: &tv,
+            rows: table.rows,
+            stride: table.width,
+            width: table.width,
+            cu_seqlens_q: table.cu_seqlens_q.is_some().then_some(&cv),
+        };
+        topk::page_table_transform(self, k, &d_idx.slice(0..idx.len()), &pt, &mut d_out.slice_mut(0..idx.len()))?;
+        download(stream, &d_out, idx.len())
+    }
+}
+
+/// Checks a top-k output (`rows × k`) of `case` against the CPU reference.
+pub fn check_output(case: &TopkCase, inputs: &TopkInputs, out: &[i32], kernel: String) -> Check {
+    let rows = inputs.rows();
+    let k = case.k as usize;
+    // Slot → relative position, per table row.
+    let inverse: Vec<HashMap<i32, i32>> = match &inputs.table {
+        Some(t) => (0..t.rows)
+            .map(|i| t.table[i * t.width..][..t.width].iter().enumerate().map(|(p, &s)| (s, p as i32)).collect())
             .collect(),
         None => vec![],
     };
@@ -156,16 +288,13 @@ pub fn run(rt: &Runtime, case: &TopkCase) -> Result<Check> {
             .map(|&v| match case.transform {
                 _ if v == -1 => Some(-1),
                 TopkTransform::Plain => Some(v),
-                TopkTransform::Ragged => Some(v - offsets[b]),
-                TopkTransform::Paged => {
-                    let cu = cu.as_ref().expect("paged has cu");
-                    let i = cu.partition_point(|&c| c <= b as i32) - 1;
-                    inverse[i].get(&v).copied()
-                }
+                TopkTransform::Ragged => Some(v - inputs.offsets[b]),
+                TopkTransform::Paged => inverse[inputs.table_row_of(b)].get(&v).copied(),
             })
             .collect();
+        let row_values = &inputs.row_values[b];
         let verdict = if case.deterministic {
-            let want: Vec<Option<i32>> = topk_deterministic(&row_values[b], k).into_iter().map(Some).collect();
+            let want: Vec<Option<i32>> = topk_deterministic(row_values, k).into_iter().map(Some).collect();
             if positions == want {
                 Ok(())
             } else {
@@ -173,21 +302,20 @@ pub fn run(rt: &Runtime, case: &TopkCase) -> Result<Check> {
                 Err(format!("entry {j}: got {:?}, want {:?}", positions[j], want[j]))
             }
         } else {
-            check_row(&row_values[b], k, &positions)
+            check_row(row_values, k, &positions)
         };
         if let Err(e) = verdict {
             mismatches += 1;
             first_mismatch.get_or_insert_with(|| format!("row {b} (n={}): {e}", case.lengths[b]));
         }
     }
-    let spec = KernelSpec::new(family, rt.target());
     let n_desc = match (case.lengths.iter().min(), case.lengths.iter().max()) {
         (Some(lo), Some(hi)) if lo == hi => format!("n={lo}"),
         (Some(lo), Some(hi)) => format!("n={lo}..{hi}"),
         _ => "n=-".into(),
     };
-    Ok(Check {
-        kernel: spec.id(),
+    Check {
+        kernel,
         case: format!(
             "{:?} rows={rows} {n_desc}{}{}",
             case.pattern,
@@ -197,7 +325,7 @@ pub fn run(rt: &Runtime, case: &TopkCase) -> Result<Check> {
         items: rows,
         mismatches,
         first_mismatch,
-    })
+    }
 }
 
 /// cu_seqlens over `rows` rows split into requests of 1..=4 rows.
@@ -214,32 +342,37 @@ fn group_rows(rows: usize, rng: &mut impl Rng) -> Vec<i32> {
 /// t uses table row t) or prefill form (rows grouped by `cu`, with rows past the
 /// last request), random positions with −1 holes.
 pub fn index_transform(rt: &Runtime, k: u32, prefill: bool, seed: u64) -> Result<Check> {
-    let stream = rt.gpu().stream();
+    index_transform_on(rt, k, prefill, seed)
+}
+
+/// [`index_transform`] on any [`TopkDevice`].
+pub fn index_transform_on(dev: &impl TopkDevice, k: u32, prefill: bool, seed: u64) -> Result<Check> {
     let mut rng = testdata::rng(seed);
     let k = k as usize;
     let (width, table_rows) = (k + 952, 3usize);
-    let table: Vec<i32> = (0..table_rows * width).map(|i| (i as i32) * 7 + 1).collect();
-    let cu: Vec<i32> = vec![0, 2, 4, 4]; // rows 0-1 → request 0, 2-3 → 1, request 2 empty
+    let table = HostPageTable {
+        table: (0..table_rows * width).map(|i| (i as i32) * 7 + 1).collect(),
+        rows: table_rows,
+        width,
+        // Rows 0-1 → request 0, 2-3 → 1, request 2 empty.
+        cu_seqlens_q: prefill.then(|| vec![0, 2, 4, 4]),
+    };
     let rows = if prefill { 5 } else { table_rows };
     let idx: Vec<i32> = (0..rows * k)
         .map(|_| if rng.random_range(0..10) == 0 { -1 } else { rng.random_range(0..width as i32) })
         .collect();
-    let d_idx = upload(stream, &idx)?;
-    let d_table = upload(stream, &table)?;
-    let d_cu = upload(stream, &cu)?;
-    let mut d_out = upload(stream, &vec![i32::MIN; rows * k])?;
-    let (tv, cv) = (d_table.slice(0..), d_cu.slice(0..));
-    let pt = PageTable { table: &tv, rows: table_rows, stride: width, width, cu_seqlens_q: prefill.then_some(&cv) };
-    topk::page_table_transform(rt, k as u32, &d_idx.slice(0..rows * k), &pt, &mut d_out.slice_mut(0..rows * k))?;
-    let got = download(stream, &d_out, rows * k)?;
+    let got = dev.page_table_transform(k as u32, &idx, &table)?;
     let mut mismatches = 0;
     let mut first_mismatch = None;
     for t in 0..rows {
-        let trow = if prefill { cu.windows(2).position(|w| w[0] <= t as i32 && (t as i32) < w[1]) } else { Some(t) };
+        let trow = match &table.cu_seqlens_q {
+            Some(cu) => cu.windows(2).position(|w| w[0] <= t as i32 && (t as i32) < w[1]),
+            None => Some(t),
+        };
         let want: Vec<i32> = idx[t * k..][..k]
             .iter()
             .map(|&p| match trow {
-                Some(r) if p >= 0 => table[r * width + p as usize],
+                Some(r) if p >= 0 => table.table[r * width + p as usize],
                 _ => -1,
             })
             .collect();
@@ -249,7 +382,7 @@ pub fn index_transform(rt: &Runtime, k: u32, prefill: bool, seed: u64) -> Result
         }
     }
     Ok(Check {
-        kernel: KernelSpec::new(KernelFamily::IndexTransform { k: k as u32 }, rt.target()).id(),
+        kernel: KernelSpec::new(KernelFamily::IndexTransform { k: k as u32 }, dev.target()).id(),
         case: format!("{} rows={rows}", if prefill { "prefill" } else { "decode" }),
         items: rows,
         mismatches,

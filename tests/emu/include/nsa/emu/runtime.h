@@ -1,0 +1,46 @@
+// The CPU emulator's scheduler interface, used by the emulated arch layer
+// (nsa/emu/arch.cuh). A CTA's threads are fibers on one OS thread; they run until
+// they reach a barrier or a warp collective, where the scheduler takes over. Test
+// code only: it lets CI run the kernels' logic without a GPU, not time them.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+namespace nsa_emu {
+
+constexpr int kLanes = 32;
+
+// The lanes of one warp meeting at one warp collective (same call site).
+struct WarpGroup {
+  uint32_t present;       // lanes that arrived
+  uint64_t in[kLanes];    // each lane's operand
+  uint64_t arg[kLanes];   // each lane's second operand (shuffle source, xor mask, counter)
+  uint64_t out[kLanes];   // each lane's result, written by the resolver
+};
+using Resolver = void (*)(WarpGroup&);
+
+uint32_t thread_x();
+uint32_t block_x();
+uint32_t cluster_rank();
+
+// Blocks until every thread of the CTA has arrived.
+void sync_block();
+// Cluster barrier, split like barrier.cluster.arrive / wait.
+void cluster_arrive();
+void cluster_wait();
+// The shared-memory base of CTA `rank` of this thread's cluster.
+unsigned char* cluster_smem(uint32_t rank);
+// This CTA's shared memory (the thread_local `smem` of the kernel's namespace).
+unsigned char* local_smem();
+
+// A warp collective: once no lane of the warp can run on, the lanes that called from
+// the same source position (file, line, column) form one group, resolved when every
+// lane in `required` is among them (a full-warp shuffle), or at once when `required`
+// is 0 ("whichever arrived", as __activemask). `what` names it in errors.
+uint64_t warp_collective(Resolver resolve, uint64_t in, uint64_t arg, uint32_t required, const char* what,
+                         const char* file, int line, int column);
+
+// Ends the launch with an error (a kernel used an operation wrongly).
+[[noreturn]] void fail(const char* what, const char* file, int line);
+
+}  // namespace nsa_emu

@@ -1,0 +1,250 @@
+//! The CPU emulator of the top-k kernels (`tests/emu/`, built by `tests/build.rs`)
+//! as a [`TopkDevice`]: the sm_90a kernels' own code, with each CTA's threads as
+//! fibers, run on the host so that CI (no GPU) checks the kernels' logic against the
+//! CPU reference. It proves what the kernels compute, not how fast, and not the
+//! GPU-only parts (the arch layer's PTX, memory ordering between real warps).
+
+use nsa_kernels::{KernelFamily, KernelSpec, Target};
+use nsa_runtime::verify::topk::{HostPageTable, TopkDevice, TopkInputs, CHECK_SPLIT_CHUNK};
+use nsa_runtime::{Error, Result};
+use std::ffi::{c_char, c_int, CStr, CString};
+use std::ptr;
+
+/// SMs of the GPU whose launch plans the emulator follows (an H200).
+pub const EMULATED_SMS: u32 = 132;
+
+/// `nsa::topk::Params` (topk.cuh); tests/emu/launch.cpp pins the same size.
+#[repr(C)]
+struct TopkParams {
+    scores: *const f32,
+    lengths: *const i32,
+    row_starts: *const i32,
+    page_table: *const i32,
+    cu_seqlens_q: *const i32,
+    offsets: *const i32,
+    out: *mut i32,
+    row_stride: i64,
+    table_stride: i64,
+    rows: i32,
+    row_capacity: i32,
+    table_rows: i32,
+    table_width: i32,
+}
+const _: () = assert!(size_of::<TopkParams>() == 88);
+
+/// `nsa::topk::Split`.
+#[repr(C)]
+struct SplitParams {
+    state: *mut u32,
+    cand_idx: *mut u32,
+    cand_key: *mut u32,
+    chunk: i32,
+    chunks: i32,
+    cand_cap: i32,
+}
+const _: () = assert!(size_of::<SplitParams>() == 40);
+
+/// `nsa::index_transform::Params`.
+#[repr(C)]
+struct TransformParams {
+    idx: *const i32,
+    page_table: *const i32,
+    cu_seqlens_q: *const i32,
+    out: *mut i32,
+    table_stride: i64,
+    rows: i32,
+    table_rows: i32,
+    table_width: i32,
+}
+const _: () = assert!(size_of::<TransformParams>() == 56);
+
+/// `EmuShape` (launch.cpp).
+#[repr(C)]
+struct Shape {
+    grid: u32,
+    block_threads: u32,
+    cluster: u32,
+    smem_bytes: u32,
+    groups: u32,
+    pad: u32,
+    seed: u64,
+}
+
+unsafe extern "C" {
+    fn nsa_emu_topk(
+        id: *const c_char,
+        shape: *const Shape,
+        p: *const TopkParams,
+        status: *mut u32,
+        err: *mut c_char,
+        err_len: usize,
+    ) -> c_int;
+    fn nsa_emu_topk_split(
+        id: *const c_char,
+        shape: *const Shape,
+        p: *const TopkParams,
+        split: *const SplitParams,
+        status: *mut u32,
+        err: *mut c_char,
+        err_len: usize,
+    ) -> c_int;
+    fn nsa_emu_index_transform(
+        id: *const c_char,
+        shape: *const Shape,
+        p: *const TransformParams,
+        status: *mut u32,
+        err: *mut c_char,
+        err_len: usize,
+    ) -> c_int;
+}
+
+/// Runs the sm_90a top-k kernels on the CPU.
+#[derive(Clone, Debug)]
+pub struct Emulator {
+    /// Seeds each CTA's fiber order (a missing barrier then shows as a wrong result).
+    pub seed: u64,
+    /// Clusters (or blocks) run at once, each on OS threads of its own.
+    pub groups: u32,
+}
+
+impl Default for Emulator {
+    fn default() -> Self {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
+        Emulator { seed: 1, groups: cores.min(4) }
+    }
+}
+
+fn or_null<T>(v: Option<&[T]>) -> *const T {
+    v.map_or(ptr::null(), <[T]>::as_ptr)
+}
+
+impl Emulator {
+    fn shape(&self, spec: &KernelSpec, items: usize, cluster: u32) -> Result<Shape> {
+        let grid = items.div_ceil(spec.tokens_per_block() as usize);
+        Ok(Shape {
+            grid: u32::try_from(grid).map_err(|_| Error::Other(format!("{}: grid of {grid} blocks", spec.id())))?,
+            block_threads: spec.block_threads(),
+            cluster,
+            smem_bytes: spec.dynamic_smem_bytes(),
+            groups: self.groups,
+            pad: 0,
+            seed: self.seed,
+        })
+    }
+
+    /// Calls one of the C entry points, turning its status into an error naming `id`.
+    fn call(id: &str, f: impl FnOnce(*const c_char, *mut c_char, usize) -> c_int) -> Result<()> {
+        let cid = CString::new(id).expect("kernel ids have no NUL");
+        let mut err = vec![0 as c_char; 1024];
+        match f(cid.as_ptr(), err.as_mut_ptr(), err.len()) {
+            0 => Ok(()),
+            _ => {
+                // SAFETY: the entry points write a NUL-terminated message into `err`.
+                let msg = unsafe { CStr::from_ptr(err.as_ptr()) }.to_string_lossy().into_owned();
+                Err(Error::Other(format!("emulated {id}: {msg}")))
+            }
+        }
+    }
+}
+
+impl TopkDevice for Emulator {
+    fn target(&self) -> Target {
+        Target::Sm90a
+    }
+
+    fn sm_count(&self) -> u32 {
+        EMULATED_SMS
+    }
+
+    fn topk(&self, family: KernelFamily, inputs: &TopkInputs) -> Result<Vec<i32>> {
+        let spec = KernelSpec::new(family, Target::Sm90a);
+        let id = spec.id();
+        let rows = inputs.rows();
+        let mut out = vec![i32::MIN; rows * inputs.k as usize];
+        if rows == 0 {
+            return Ok(out);
+        }
+        let table = inputs.table.as_ref();
+        let params = TopkParams {
+            scores: inputs.scores.as_ptr(),
+            lengths: inputs.lengths.as_ptr(),
+            row_starts: or_null(inputs.row_starts.as_deref()),
+            page_table: or_null(table.map(|t| &t.table[..])),
+            cu_seqlens_q: or_null(table.and_then(|t| t.cu_seqlens_q.as_deref())),
+            offsets: or_null((!inputs.offsets.is_empty()).then_some(&inputs.offsets[..])),
+            out: out.as_mut_ptr(),
+            row_stride: inputs.row_stride as i64,
+            table_stride: table.map_or(0, |t| t.width as i64),
+            rows: rows as i32,
+            row_capacity: inputs.row_capacity as i32,
+            table_rows: table.map_or(0, |t| t.rows as i32),
+            table_width: table.map_or(0, |t| t.width as i32),
+        };
+        match family {
+            KernelFamily::TopkSplit { .. } => {
+                let chunks = inputs.row_capacity.div_ceil(CHECK_SPLIT_CHUNK);
+                let cap = spec.topk_split_list() as usize;
+                // Zeroed once; every run must leave it zero again (the next reads it).
+                let mut state = vec![0u32; rows * 2];
+                let mut cand_idx = vec![0u32; rows * cap];
+                let mut cand_key = vec![0u32; rows * cap];
+                let split = SplitParams {
+                    state: state.as_mut_ptr(),
+                    cand_idx: cand_idx.as_mut_ptr(),
+                    cand_key: cand_key.as_mut_ptr(),
+                    chunk: CHECK_SPLIT_CHUNK as i32,
+                    chunks: chunks as i32,
+                    cand_cap: cap as i32,
+                };
+                let shape = self.shape(&spec, rows * chunks, 1)?;
+                for run in 0..2 {
+                    Self::call(&id, |cid, err, len| {
+                        // SAFETY: every pointer covers what the kernel reads and writes for
+                        // these rows (the launcher's checks hold for test inputs).
+                        unsafe { nsa_emu_topk_split(cid, &shape, &params, &split, ptr::null_mut(), err, len) }
+                    })?;
+                    if let Some(i) = state.iter().position(|&w| w != 0) {
+                        return Err(Error::Other(format!(
+                            "emulated {id}: run {run} left split state word {i} at {} (must be zero)",
+                            state[i]
+                        )));
+                    }
+                }
+            }
+            KernelFamily::TopK { .. } | KernelFamily::TopkCluster { .. } => {
+                let cluster = match family {
+                    KernelFamily::TopkCluster { cluster, .. } => cluster,
+                    _ => 1,
+                };
+                let shape = self.shape(&spec, rows * cluster as usize, cluster)?;
+                Self::call(&id, |cid, err, len| {
+                    // SAFETY: as above.
+                    unsafe { nsa_emu_topk(cid, &shape, &params, ptr::null_mut(), err, len) }
+                })?;
+            }
+            other => return Err(Error::Other(format!("{other:?} is not a top-k family"))),
+        }
+        Ok(out)
+    }
+
+    fn page_table_transform(&self, k: u32, idx: &[i32], table: &HostPageTable) -> Result<Vec<i32>> {
+        let spec = KernelSpec::new(KernelFamily::IndexTransform { k }, Target::Sm90a);
+        let mut out = vec![i32::MIN; idx.len()];
+        let params = TransformParams {
+            idx: idx.as_ptr(),
+            page_table: table.table.as_ptr(),
+            cu_seqlens_q: or_null(table.cu_seqlens_q.as_deref()),
+            out: out.as_mut_ptr(),
+            table_stride: table.width as i64,
+            rows: (idx.len() / k as usize) as i32,
+            table_rows: table.rows as i32,
+            table_width: table.width as i32,
+        };
+        let shape = self.shape(&spec, idx.len(), 1)?;
+        Self::call(&spec.id(), |cid, err, len| {
+            // SAFETY: idx and out hold rows × k elements, the table rows × width.
+            unsafe { nsa_emu_index_transform(cid, &shape, &params, ptr::null_mut(), err, len) }
+        })?;
+        Ok(out)
+    }
+}
