@@ -9,7 +9,7 @@
 // over the whole row instead: exact either way. Same key order, NaN rule and
 // output as topk.cuh.
 #pragma once
-#include NSA_CLUSTER_HEADER  // nsa/cuda/cluster.cuh on NVIDIA
+#include "nsa/cuda/cluster.cuh"
 #include "nsa/topk.cuh"
 
 // Phase marks for .ci/bench/topk_cluster_phases.cu, which defines this hook; the

@@ -92,8 +92,7 @@ impl TopkInputs {
     pub fn new(case: &TopkCase) -> TopkInputs {
         let mut rng = testdata::rng(case.seed);
         let rows = case.lengths.len();
-        let starts: Vec<i32> =
-            (0..rows).map(|_| if case.row_starts { rng.random_range(0..=37) } else { 0 }).collect();
+        let starts: Vec<i32> = (0..rows).map(|_| if case.row_starts { rng.random_range(0..=37) } else { 0 }).collect();
         let capacity = (0..rows).map(|b| starts[b] + case.lengths[b].max(0)).max().unwrap_or(0).max(1) as usize;
         let stride = capacity + 3; // rows start at every alignment
         let mut scores = vec![POISON; rows * stride];
@@ -106,8 +105,7 @@ impl TopkInputs {
         }
         let (table, offsets) = match case.transform {
             TopkTransform::Paged => {
-                let cu: Vec<i32> =
-                    if case.grouped { group_rows(rows, &mut rng) } else { (0..=rows as i32).collect() };
+                let cu: Vec<i32> = if case.grouped { group_rows(rows, &mut rng) } else { (0..=rows as i32).collect() };
                 let requests = cu.len() - 1;
                 let width = (0..requests)
                     .map(|i| (cu[i]..cu[i + 1]).map(|b| case.lengths[b as usize].max(0)).max().unwrap_or(0))

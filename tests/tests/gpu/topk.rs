@@ -3,9 +3,9 @@
 use super::{assert_all, rt};
 use nsa_runtime::ops::topk::{self, TopkOutput, TopkScores};
 use nsa_runtime::verify::topk::{index_transform, run, TopkCase};
-use nsa_tests::topk_cases as cases;
 use nsa_runtime::verify::{download, upload, Check};
 use nsa_runtime::{DeviceChecks, Error};
+use nsa_tests::topk_cases as cases;
 
 /// Runs every case of a shared list on the GPU.
 fn run_all(cases: Vec<TopkCase>) {

@@ -9,8 +9,6 @@
 // n threads per block, at least m blocks resident per SM.
 #define NSA_LAUNCH_BOUNDS_MIN(n, m) __launch_bounds__(n, m)
 #define NSA_SHARED __shared__
-// Thread-block clusters and DSMEM (the CPU emulator of the tests supplies its own).
-#define NSA_CLUSTER_HEADER "nsa/cuda/cluster.cuh"
 #include "nsa/common/types.cuh"
 
 namespace nsa {

@@ -1,9 +1,11 @@
 // Thread-block clusters (sm_90+): rank, cluster-wide barrier and distributed
 // shared memory (DSMEM) loads and stores by shared-window address.
 #pragma once
-#ifndef NSA_CUDA
+#if defined(NSA_EMU)
+// The tests' CPU emulator (tests/emu/) supplies these from its arch header.
+#elif !defined(NSA_CUDA)
 #error "nsa/cuda/cluster.cuh needs the NVIDIA arch header"
-#endif
+#else
 
 namespace nsa {
 namespace cluster {
@@ -46,3 +48,4 @@ NSA_DEVICE void store(u32 cluster_addr, u32 v) {
 
 }  // namespace cluster
 }  // namespace nsa
+#endif

@@ -16,7 +16,6 @@
 #define __cluster_dims__(x, y, z)
 // Each CTA runs on its own OS thread, so a thread_local array is per-CTA shared memory.
 #define NSA_SHARED thread_local
-#define NSA_CLUSTER_HEADER "nsa/emu/cluster.cuh"
 #define __restrict__ __restrict
 #include "nsa/common/types.cuh"
 #include "nsa/common/numeric_soft.cuh"
@@ -123,3 +122,6 @@ NSA_DEVICE float bf16_to_f32(u16 h) { return u32_as_f32((u32)h << 16); }
 NSA_DEVICE u16 f32_to_bf16(float f) { return soft::f32_to_bf16(f); }
 
 }  // namespace nsa
+
+// nsa/cuda/cluster.cuh is empty under NSA_EMU: its emulation follows.
+#include "nsa/emu/cluster.cuh"
