@@ -98,6 +98,7 @@ fn main() {
     build.file(&registry_path);
     build.file(root.join("tests/emu/runtime.cpp"));
     build.file(root.join("tests/emu/launch.cpp"));
+    build.file(root.join("tests/emu/selftest.cpp"));
     build.compile("nsa_emu");
 }
 

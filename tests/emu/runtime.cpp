@@ -307,7 +307,6 @@ void finish_cta(Cta& c) {
 
 void run_cta(Cta& c) {
   const LaunchSpec& s = c.launch->spec;
-  std::memset(c.smem, 0xa5, s.smem_bytes);  // garbage, as on a GPU: nothing may assume zeros
   prepare_stacks(c, s.block_threads);
   c.rng = (s.seed ^ (0x9e3779b97f4a7c15ull * (c.block + 1))) | 1u;
   c.aborted = false;
@@ -365,6 +364,9 @@ void worker(Launch& L, uint32_t group, uint32_t groups, uint32_t rank) {
   // so none waits for a peer that has stopped.
   for (uint32_t i = group; i < clusters; i += groups) {
     ClusterState& cl = *L.clusters[i];
+    // Garbage, as on a GPU (nothing may assume zeros), before any CTA of the cluster
+    // starts.
+    std::memset(c.smem, 0xa5, L.spec.smem_bytes);
     {
       std::unique_lock<std::mutex> g(cl.m);
       cl.smem[rank] = c.smem;
@@ -418,12 +420,24 @@ void cluster_wait() {
   yield_to_scheduler();
 }
 
-unsigned char* cluster_smem(uint32_t rank) {
+unsigned char* cluster_smem(uint32_t rank, bool access) {
   Cta& c = *t_cta;
-  if (rank >= c.cluster->size) {
-    fail("DSMEM access to a CTA rank outside the cluster", __FILE__, __LINE__);
+  ClusterState& cl = *c.cluster;
+  const char* wrong = nullptr;
+  {
+    std::lock_guard<std::mutex> g(cl.m);
+    // As on a GPU: a CTA's shared memory exists for the others from the cluster's
+    // first barrier until it exits.
+    if (rank >= cl.size) {
+      wrong = "DSMEM access to a CTA rank outside the cluster";
+    } else if (access && cl.phase == 0) {
+      wrong = "DSMEM access before the cluster's first barrier (the other CTA may not have started)";
+    } else if (access && cl.finished[rank]) {
+      wrong = "DSMEM access to a CTA that has exited";
+    }
   }
-  return c.cluster->smem[rank];
+  if (wrong != nullptr) fail(wrong, __FILE__, __LINE__);
+  return cl.smem[rank];
 }
 
 unsigned char* local_smem() { return t_cta->smem; }

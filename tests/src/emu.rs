@@ -88,6 +88,7 @@ unsafe extern "C" {
         err: *mut c_char,
         err_len: usize,
     ) -> c_int;
+    fn nsa_emu_selftest(name: *const c_char, seed: u64, out: *mut u32, err: *mut c_char, err_len: usize) -> c_int;
     fn nsa_emu_index_transform(
         id: *const c_char,
         shape: *const Shape,
@@ -96,6 +97,23 @@ unsafe extern "C" {
         err: *mut c_char,
         err_len: usize,
     ) -> c_int;
+}
+
+/// Runs one of the emulator's own test kernels (`tests/emu/selftest.cpp`) with
+/// fiber order `seed`; `out` must hold what the kernel writes (at most 128 words).
+pub fn selftest(name: &str, seed: u64, out: &mut [u32; 128]) -> std::result::Result<(), String> {
+    let name = CString::new(name).expect("no NUL");
+    let mut err = vec![0 as c_char; 1024];
+    // SAFETY: the self-test kernels write at most 128 words of `out`, and a
+    // NUL-terminated message into `err`.
+    let rc = unsafe { nsa_emu_selftest(name.as_ptr(), seed, out.as_mut_ptr(), err.as_mut_ptr(), err.len()) };
+    // SAFETY: as above.
+    let msg = unsafe { CStr::from_ptr(err.as_ptr()) }.to_string_lossy().into_owned();
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(msg)
+    }
 }
 
 /// Runs the sm_90a top-k kernels on the CPU.

@@ -24,7 +24,7 @@ NSA_DEVICE u32 local_addr(const void* p) {
 NSA_DEVICE u32 map(u32 addr, u32 cta) { return (addr & ((1u << kRankShift) - 1u)) | cta << kRankShift; }
 
 NSA_DEVICE u32* at(u32 cluster_addr) {
-  return reinterpret_cast<u32*>(nsa_emu::cluster_smem(cluster_addr >> kRankShift) +
+  return reinterpret_cast<u32*>(nsa_emu::cluster_smem(cluster_addr >> kRankShift, true) +
                                 (cluster_addr & ((1u << kRankShift) - 1u)));
 }
 

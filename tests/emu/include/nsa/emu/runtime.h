@@ -28,8 +28,11 @@ void sync_block();
 // Cluster barrier, split like barrier.cluster.arrive / wait.
 void cluster_arrive();
 void cluster_wait();
-// The shared-memory base of CTA `rank` of this thread's cluster.
-unsigned char* cluster_smem(uint32_t rank);
+// The shared-memory base of CTA `rank` of this thread's cluster. `access`: for a
+// load or store now, which is an error before the cluster's first barrier (the CTA
+// may not have started) or once that CTA has exited; false for an address only
+// (mapa), whose accesses come later and are not checked.
+unsigned char* cluster_smem(uint32_t rank, bool access);
 // This CTA's shared memory (the thread_local `smem` of the kernel's namespace).
 unsigned char* local_smem();
 

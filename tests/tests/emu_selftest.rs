@@ -1,0 +1,72 @@
+//! The CPU emulator itself (`tests/emu/selftest.cpp`): lanes regroup at a warp
+//! collective as a GPU converges them, DSMEM and the cluster barrier order what they
+//! should, and what would hang or be undefined on a GPU is an error, not a result.
+
+use nsa_tests::emu::selftest;
+
+fn run(name: &str, seed: u64) -> (Result<(), String>, [u32; 128]) {
+    let mut out = [0u32; 128];
+    let r = selftest(name, seed, &mut out);
+    (r, out)
+}
+
+#[test]
+fn lanes_regroup_after_a_detour() {
+    let (r, out) = run("scan_after_detour", 1);
+    r.unwrap();
+    for block in 0..2 {
+        for t in 0..64 {
+            let lane = (t % 32) as u32;
+            let appends = if t == 63 { 4 << 16 } else { 0 };
+            assert_eq!(out[block * 64 + t], (lane + 1) * (lane + 2) / 2 + appends, "block {block} thread {t}");
+        }
+    }
+}
+
+#[test]
+fn a_full_warp_scan_with_lanes_missing_is_an_error() {
+    let (r, _) = run("partial_warp_scan", 1);
+    let e = r.unwrap_err();
+    assert!(e.contains("warp_inclusive_scan") && e.contains("needs lanes 0xffffffff"), "{e}");
+    assert!(e.contains("selftest.cpp"), "names the call's source position: {e}");
+}
+
+#[test]
+fn threads_at_different_barriers_are_an_error() {
+    let e = run("barrier_mismatch", 1).0.unwrap_err();
+    assert!(e.contains("32 threads wait at a block barrier while 32 wait at a cluster barrier"), "{e}");
+}
+
+#[test]
+fn a_cluster_barrier_some_cta_never_reaches_is_an_error() {
+    let e = run("cluster_barrier_missed", 1).0.unwrap_err();
+    assert!(e.contains("cluster barrier: 64 threads of the cluster exited"), "{e}");
+}
+
+#[test]
+fn dsmem_stores_are_visible_after_the_cluster_barrier() {
+    for seed in 1..20 {
+        let (r, out) = run("dsmem_sum", seed);
+        r.unwrap();
+        assert_eq!(out[0], 10, "seed {seed}");
+    }
+}
+
+#[test]
+fn dsmem_before_the_first_cluster_barrier_is_an_error() {
+    let e = run("dsmem_too_early", 1).0.unwrap_err();
+    assert!(e.contains("DSMEM access before the cluster's first barrier"), "{e}");
+}
+
+#[test]
+fn the_fiber_order_varies_with_the_seed() {
+    // Without a barrier, thread 1 sees thread 0's store or the shared-memory poison,
+    // depending on the order: both must occur over a few seeds.
+    let seen: std::collections::BTreeSet<u32> = (1..40).map(|seed| run("missing_barrier", seed).1[0]).collect();
+    assert_eq!(seen, [7, 0xa5a5_a5a5].into(), "values thread 1 read");
+}
+
+#[test]
+fn an_unknown_self_test_is_named() {
+    assert_eq!(run("nope", 1).0.unwrap_err(), "no self-test nope");
+}
