@@ -1,5 +1,6 @@
-//! Top-k GPU checks against the CPU reference (set equality under any tie-break,
-//! exact equality in deterministic mode), for every output transform.
+//! Top-k checks against the CPU reference (set equality under any tie-break, exact
+//! equality in deterministic mode), for every output transform: on the GPU, or on
+//! any other [`TopkDevice`] (the tests' CPU emulation of the kernels).
 
 use super::{download, upload, Check};
 use crate::ops::topk::{self, PageTable, TopkOutput, TopkScores};
@@ -118,7 +119,8 @@ impl TopkInputs {
                     let perm = testdata::distinct_slots(width, width, case.seed ^ (i as u64 + 7));
                     table.extend(perm.iter().map(|&p| (i * width) as i32 + p));
                 }
-                (Some(HostPageTable { table, rows: requests, width, cu_seqlens_q: Some(cu) }), vec![])
+                // Decode form: the identity grouping, passed as no cu_seqlens_q.
+                (Some(HostPageTable { table, rows: requests, width, cu_seqlens_q: case.grouped.then_some(cu) }), vec![])
             }
             TopkTransform::Ragged => (None, (0..rows).map(|_| rng.random_range(0..1_000_000)).collect()),
             TopkTransform::Plain => (None, vec![]),
@@ -131,7 +133,7 @@ impl TopkInputs {
             row_capacity: capacity,
             lengths: case.lengths.clone(),
             row_starts: case.row_starts.then_some(starts),
-            table: table.map(|t| HostPageTable { cu_seqlens_q: if case.grouped { t.cu_seqlens_q } else { None }, ..t }),
+            table,
             offsets,
             row_values,
         }
