@@ -183,5 +183,30 @@ pub fn many_rows_and_very_long_rows() -> Vec<TopkCase> {
     cases
 }
 
+/// One `#[test]` per case list above, each handing its cases to `$run_all`
+/// (`fn(Vec<TopkCase>)`): the GPU and the emulated targets run the same tests.
+#[macro_export]
+macro_rules! topk_case_tests {
+    ($run_all:ident) => {
+        $crate::topk_case_tests!(
+            $run_all: every_variant_every_pattern_edge_lengths,
+            both_layouts_every_pattern,
+            sample_filter_and_its_fallbacks,
+            split_path_every_transform_every_pattern,
+            cluster_path_every_size_transform_and_pattern,
+            paged_prefill_form_groups_rows_by_request,
+            many_rows_and_very_long_rows
+        );
+    };
+    ($run_all:ident: $($name:ident),+) => {
+        $(
+            #[test]
+            fn $name() {
+                $run_all($crate::topk_cases::$name());
+            }
+        )+
+    };
+}
+
 /// The unfused page-table transform's cases: (k, prefill form).
 pub const INDEX_TRANSFORM_CASES: [(u32, bool); 3] = [(2048, false), (2048, true), (512, true)];

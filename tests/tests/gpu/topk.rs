@@ -14,40 +14,7 @@ fn run_all(cases: Vec<TopkCase>) {
     assert_all(&checks);
 }
 
-#[test]
-fn every_variant_every_pattern_edge_lengths() {
-    run_all(cases::every_variant_every_pattern_edge_lengths());
-}
-
-#[test]
-fn both_layouts_every_pattern() {
-    run_all(cases::both_layouts_every_pattern());
-}
-
-#[test]
-fn sample_filter_and_its_fallbacks() {
-    run_all(cases::sample_filter_and_its_fallbacks());
-}
-
-#[test]
-fn split_path_every_transform_every_pattern() {
-    run_all(cases::split_path_every_transform_every_pattern());
-}
-
-#[test]
-fn cluster_path_every_size_transform_and_pattern() {
-    run_all(cases::cluster_path_every_size_transform_and_pattern());
-}
-
-#[test]
-fn paged_prefill_form_groups_rows_by_request() {
-    run_all(cases::paged_prefill_form_groups_rows_by_request());
-}
-
-#[test]
-fn many_rows_and_very_long_rows() {
-    run_all(cases::many_rows_and_very_long_rows());
-}
+nsa_tests::topk_case_tests!(run_all);
 
 #[test]
 fn out_of_window_rows_are_rejected_not_read() {
