@@ -62,7 +62,11 @@ namespace nsa_emu {
 namespace {
 
 constexpr size_t kStackBytes = 128 * 1024;
-constexpr size_t kGuardBytes = 4096;
+// Written at the bottom of each fiber's stack and checked after the CTA: an
+// overflow is reported. (A guard page per fiber would cost two memory mappings a
+// fiber, and thousands of fibers run at once: past vm.max_map_count.)
+constexpr uint64_t kStackCanary = 0x6e73615f73746b21ull;
+constexpr size_t kCanaryWords = 64;
 
 enum class State : uint8_t { Ready, Warp, Block, ClusterWait, Done };
 
@@ -193,8 +197,6 @@ void prepare_stacks(Cta& c, uint32_t threads) {
     }
     c.stacks = static_cast<unsigned char*>(p);
     c.stacks_bytes = need;
-    // A guard page under each stack: an overflow faults instead of corrupting.
-    for (uint32_t t = 0; t < threads; ++t) mprotect(c.stacks + (size_t)t * kStackBytes, kGuardBytes, PROT_NONE);
   }
   c.fibers.assign(threads, Fiber{});
   c.order.resize(threads);
@@ -202,6 +204,7 @@ void prepare_stacks(Cta& c, uint32_t threads) {
     Fiber& f = c.fibers[t];
     f.tid = t;
     c.order[t] = t;
+    std::fill_n(reinterpret_cast<uint64_t*>(c.stacks + (size_t)t * kStackBytes), kCanaryWords, kStackCanary);
     auto* sp = reinterpret_cast<uint64_t*>(c.stacks + (size_t)(t + 1) * kStackBytes);
     *--sp = 0;  // fiber_start's return address: it never returns
     *--sp = reinterpret_cast<uint64_t>(&fiber_start);
@@ -299,6 +302,15 @@ bool release_cluster_waiters(Cta& c) {
   return any;
 }
 
+// A fiber that ran past its stack has overwritten the canary below it.
+bool stacks_intact(const Cta& c) {
+  for (size_t t = 0; t < c.fibers.size(); ++t) {
+    const auto* w = reinterpret_cast<const uint64_t*>(c.stacks + t * kStackBytes);
+    if (std::any_of(w, w + kCanaryWords, [](uint64_t v) { return v != kStackCanary; })) return false;
+  }
+  return true;
+}
+
 void finish_cta(Cta& c) {
   std::lock_guard<std::mutex> g(c.cluster->m);
   c.cluster->finished[c.rank] = true;
@@ -348,6 +360,9 @@ void run_cta(Cta& c) {
     abort_cta(c, std::to_string(block) + " threads wait at a block barrier while " + std::to_string(cluster) +
                      " wait at a cluster barrier");
     break;
+  }
+  if (!c.aborted && !stacks_intact(c)) {
+    abort_cta(c, "a thread overran its " + std::to_string(kStackBytes / 1024) + " KiB emulated stack");
   }
   finish_cta(c);
 }
