@@ -85,6 +85,18 @@ void missing_barrier(u32* out) {
   if (nsa::thread_x() == 1) out[0] = smem[0];
 }
 
+// The last thread, alone once the others have exited, fills a local array larger
+// than its emulated stack (reaching only the dead stack below): the canary at the
+// bottom of its stack reports the overrun.
+void stack_overrun(u32* out) {
+  nsa::sync_block();
+  if (nsa::thread_x() != 31) return;
+  nsa::sync_block();
+  volatile unsigned char big[136 * 1024];
+  for (size_t i = 0; i < sizeof big; ++i) big[i] = (unsigned char)i;
+  out[0] = big[7];
+}
+
 struct Case {
   const char* name;
   void (*fn)(u32* out);
@@ -98,6 +110,7 @@ const Case kCases[] = {
     {"dsmem_sum", dsmem_sum, 4, 32, 4},
     {"dsmem_too_early", dsmem_too_early, 2, 32, 2},
     {"missing_barrier", missing_barrier, 1, 32, 1},
+    {"stack_overrun", stack_overrun, 1, 32, 1},
 };
 
 struct Run {

@@ -67,6 +67,12 @@ fn the_fiber_order_varies_with_the_seed() {
 }
 
 #[test]
+fn a_stack_overrun_is_an_error() {
+    let e = run("stack_overrun", 1).0.unwrap_err();
+    assert!(e.contains("a thread overran its 128 KiB emulated stack"), "{e}");
+}
+
+#[test]
 fn an_unknown_self_test_is_named() {
     assert_eq!(run("nope", 1).0.unwrap_err(), "no self-test nope");
 }
