@@ -88,13 +88,16 @@ void missing_barrier(u32* out) {
 // The last thread, alone once the others have exited, fills a local array larger
 // than its emulated stack (reaching only the dead stack below): the canary at the
 // bottom of its stack reports the overrun.
+__attribute__((noinline)) void fill_big_array(u32* out) {  // its frame exists only here
+  volatile unsigned char big[136 * 1024];
+  for (size_t i = 0; i < sizeof big; ++i) big[i] = (unsigned char)i;
+  out[0] = big[7];
+}
 void stack_overrun(u32* out) {
   nsa::sync_block();
   if (nsa::thread_x() != 31) return;
   nsa::sync_block();
-  volatile unsigned char big[136 * 1024];
-  for (size_t i = 0; i < sizeof big; ++i) big[i] = (unsigned char)i;
-  out[0] = big[7];
+  fill_big_array(out);
 }
 
 struct Case {
