@@ -1,14 +1,14 @@
-//! Builds the CPU emulation of the top-k kernels (`tests/emu/`): every sm_90a top-k,
-//! split, cluster and page-table transform variant for k = 512, 1024, 2048, rendered from the
-//! same templates and headers as the GPU build, compiled for the host against the
-//! emulated arch layer (`nsa/emu/arch.cuh`) instead of `nsa/cuda/arch.cuh`.
+//! Builds the CPU emulation of the top-k kernels (`tests/emu/`): every top-k, split,
+//! cluster and page-table transform variant for k = 512, 1024, 2048 of sm_90a (32-lane
+//! warps) and gfx942 (64-lane wavefronts, no clusters), rendered from the same
+//! templates and headers as the GPU builds, compiled for the host against the
+//! emulated arch layer (`nsa/emu/arch.cuh`) in place of the target's own.
 
 use nsa_kernels::spec::TOPK_CLUSTER_SIZES;
 use nsa_kernels::{render, KernelFamily, KernelSpec, Target, TopkLayout, TopkTransform};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-const CUDA_ARCH: &str = "#include \"nsa/cuda/arch.cuh\"";
 const EMU_ARCH: &str = "#include \"nsa/emu/arch.cuh\"";
 
 /// How the launcher calls a kernel (its parameter list).
@@ -20,8 +20,9 @@ fn kind(family: KernelFamily) -> &'static str {
     }
 }
 
-/// Every variant the top-k tests can launch (a superset of the catalog's sm_90a set).
-fn emulated_families() -> Vec<KernelFamily> {
+/// Every variant the top-k tests can launch on `target` (a superset of the
+/// catalog's set; gfx942 has no clusters).
+fn emulated_families(target: Target) -> Vec<KernelFamily> {
     let mut families = Vec::new();
     for k in [512, 1024, 2048] {
         for transform in TopkTransform::ALL {
@@ -31,8 +32,10 @@ fn emulated_families() -> Vec<KernelFamily> {
                 }
             }
             families.push(KernelFamily::TopkSplit { k, transform });
-            for cluster in TOPK_CLUSTER_SIZES {
-                families.push(KernelFamily::TopkCluster { k, transform, cluster });
+            if target.has_clusters() {
+                for cluster in TOPK_CLUSTER_SIZES {
+                    families.push(KernelFamily::TopkCluster { k, transform, cluster });
+                }
             }
         }
         families.push(KernelFamily::IndexTransform { k });
@@ -40,14 +43,31 @@ fn emulated_families() -> Vec<KernelFamily> {
     families
 }
 
-fn main() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("tests/ has a parent").to_path_buf();
-    for dir in ["tests/emu", "kernels/include", "kernels/src", "templates"] {
-        println!("cargo:rerun-if-changed={}", root.join(dir).display());
-    }
-    let out = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR")).join("emu");
-    std::fs::create_dir_all(&out).expect("creating OUT_DIR/emu");
+/// One emulated build: a target's kernels, compiled against the emulated arch layer
+/// with that target's warp width.
+struct Width {
+    target: Target,
+    arch_include: &'static str,
+    lanes: u32,
+    smem_fn: &'static str,
+}
 
+const WIDTHS: [Width; 2] = [
+    Width {
+        target: Target::Sm90a,
+        arch_include: "#include \"nsa/cuda/arch.cuh\"",
+        lanes: 32,
+        smem_fn: "nsa_emu_smem_w32",
+    },
+    Width {
+        target: Target::Gfx942,
+        arch_include: "#include \"nsa/rocm/arch.cuh\"",
+        lanes: 64,
+        smem_fn: "nsa_emu_smem_w64",
+    },
+];
+
+fn cpp_build(root: &Path) -> cc::Build {
     let mut build = cc::Build::new();
     build
         .cpp(true)
@@ -63,30 +83,57 @@ fn main() {
         .include(root.join("tests/emu"))
         .include(root.join("tests/emu/include"))
         .include(root.join("kernels/include"));
+    build
+}
+
+fn main() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("tests/ has a parent").to_path_buf();
+    for dir in ["tests/emu", "kernels/include", "kernels/src", "templates"] {
+        println!("cargo:rerun-if-changed={}", root.join(dir).display());
+    }
+    let out = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR")).join("emu");
+    std::fs::create_dir_all(&out).expect("creating OUT_DIR/emu");
 
     let mut decls = String::new();
     let mut table = String::new();
-    for family in emulated_families() {
-        let spec = KernelSpec::new(family, Target::Sm90a);
-        let kind = kind(family);
-        let kernel = render(&spec).unwrap_or_else(|e| panic!("rendering {}: {e}", spec.id()));
-        assert!(kernel.source.contains(CUDA_ARCH), "{}: the source no longer includes {CUDA_ARCH}", kernel.id);
-        let source = kernel.source.replacen(CUDA_ARCH, EMU_ARCH, 1);
-        let path = out.join(format!("{}.cpp", kernel.id));
-        write_if_changed(&path, &source);
-        build.file(&path);
-        let params = match kind {
-            "kSplit" => "nsa::topk::Params, nsa::topk::Split, nsa::u32*",
-            "kTransform" => "nsa::index_transform::Params, nsa::u32*",
-            _ => "nsa::topk::Params, nsa::u32*",
-        };
-        writeln!(decls, "extern \"C\" void {}({params});", kernel.symbol).unwrap();
-        let field = match kind {
-            "kSplit" => "split",
-            "kTransform" => "transform",
-            _ => "topk",
-        };
-        writeln!(table, "    {{\"{}\", {kind}, {{.{field} = &{}}}}},", kernel.id, kernel.symbol).unwrap();
+    let mut runtime = cpp_build(&root);
+    for width in WIDTHS {
+        let mut build = cpp_build(&root);
+        build.define("NSA_EMU_WARP", width.lanes.to_string().as_str()).define("NSA_EMU_SMEM_FN", width.smem_fn);
+        if width.lanes == 64 {
+            // The two widths' inline functions and templates must not merge at link time.
+            build.define("nsa", "nsa_w64");
+        }
+        for family in emulated_families(width.target) {
+            let spec = KernelSpec::new(family, width.target);
+            let kind = kind(family);
+            let kernel = render(&spec).unwrap_or_else(|e| panic!("rendering {}: {e}", spec.id()));
+            let arch = width.arch_include;
+            assert!(kernel.source.contains(arch), "{}: the source no longer includes {arch}", kernel.id);
+            let source = kernel.source.replacen(arch, EMU_ARCH, 1);
+            let path = out.join(format!("{}.cpp", kernel.id));
+            write_if_changed(&path, &source);
+            build.file(&path);
+            let params = match kind {
+                "kSplit" => "nsa::topk::Params, nsa::topk::Split, nsa::u32*",
+                "kTransform" => "nsa::index_transform::Params, nsa::u32*",
+                _ => "nsa::topk::Params, nsa::u32*",
+            };
+            writeln!(decls, "extern \"C\" void {}({params});", kernel.symbol).unwrap();
+            let field = match kind {
+                "kSplit" => "split",
+                "kTransform" => "transform",
+                _ => "topk",
+            };
+            writeln!(
+                table,
+                "    {{\"{}\", {kind}, {}, {}, {{.{field} = &{}}}}},",
+                kernel.id, width.lanes, width.smem_fn, kernel.symbol
+            )
+            .unwrap();
+        }
+        build.file(root.join("tests/emu/smem.cpp"));
+        build.compile(&format!("nsa_emu_w{}", width.lanes));
     }
     let registry = format!(
         "// Generated by tests/build.rs: the emulated kernels by id.\n\
@@ -95,11 +142,11 @@ fn main() {
     );
     let registry_path = out.join("registry.cpp");
     write_if_changed(&registry_path, &registry);
-    build.file(&registry_path);
-    build.file(root.join("tests/emu/runtime.cpp"));
-    build.file(root.join("tests/emu/launch.cpp"));
-    build.file(root.join("tests/emu/selftest.cpp"));
-    build.compile("nsa_emu");
+    runtime.file(&registry_path);
+    runtime.file(root.join("tests/emu/runtime.cpp"));
+    runtime.file(root.join("tests/emu/launch.cpp"));
+    runtime.file(root.join("tests/emu/selftest.cpp"));
+    runtime.compile("nsa_emu");
 }
 
 /// Keeps unchanged sources' timestamps, so cc's objects stay comparable in logs.

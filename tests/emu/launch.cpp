@@ -8,20 +8,6 @@
 #include "emu.h"
 #include "kernels.h"
 
-// Shared memory of the emulated kernels: one array per namespace that declares
-// `extern NSA_SHARED u32 smem[]`, per OS thread (each runs one CTA at a time).
-constexpr uint32_t kSmemCapacity = 232448;  // sm_90a's per-block maximum
-namespace nsa {
-namespace topk {
-alignas(16) thread_local u32 smem[kSmemCapacity / 4];
-}  // namespace topk
-}  // namespace nsa
-
-// The Rust side mirrors these layouts (tests/src/emu.rs pins the same sizes).
-static_assert(sizeof(nsa::topk::Params) == 88 && offsetof(nsa::topk::Params, row_stride) == 56);
-static_assert(sizeof(nsa::topk::Split) == 40 && offsetof(nsa::topk::Split, chunk) == 24);
-static_assert(sizeof(nsa::index_transform::Params) == 56 && offsetof(nsa::index_transform::Params, rows) == 40);
-
 struct EmuShape {
   uint32_t grid, block_threads, cluster, smem_bytes, groups, pad;
   uint64_t seed;
@@ -29,8 +15,6 @@ struct EmuShape {
 static_assert(sizeof(EmuShape) == 32);
 
 namespace {
-
-unsigned char* topk_smem() { return reinterpret_cast<unsigned char*>(nsa::topk::smem); }
 
 const EmuKernel* find(const char* id, EmuKind kind, std::string& error) {
   for (unsigned long i = 0; i < kEmuKernelCount; ++i) {
@@ -41,13 +25,14 @@ const EmuKernel* find(const char* id, EmuKind kind, std::string& error) {
     }
     return &kEmuKernels[i];
   }
-  error = std::string("no emulated kernel ") + id + " (tests/build.rs emulates sm_90a top-k kernels only)";
+  error = std::string("no emulated kernel ") + id + " (tests/build.rs emulates the sm_90a and gfx942 top-k kernels)";
   return nullptr;
 }
 
-int run(const EmuShape& shape, void (*entry)(void*), void* args, char* err, size_t err_len) {
-  nsa_emu::LaunchSpec spec{shape.grid,       shape.block_threads, shape.cluster, shape.smem_bytes, kSmemCapacity,
-                           shape.groups,     shape.seed,          entry,         args,             topk_smem};
+int run(const EmuKernel& k, const EmuShape& shape, void (*entry)(void*), void* args, char* err, size_t err_len) {
+  nsa_emu::LaunchSpec spec{shape.grid,   shape.block_threads, shape.cluster, shape.smem_bytes, nsa_emu::kSmemBytes,
+                           shape.groups, k.warp_size,         shape.seed,    entry,            args,
+                           k.smem};
   const std::string e = nsa_emu::launch(spec);
   if (e.empty()) return 0;
   std::snprintf(err, err_len, "%s", e.c_str());
@@ -73,7 +58,7 @@ extern "C" int nsa_emu_topk(const char* id, const EmuShape* shape, const nsa::to
   const EmuKernel* k = find(id, kTopk, e);
   if (k == nullptr) return not_found(e, err, err_len);
   auto go = [&] { k->entry.topk(*p, status); };
-  return run(*shape, call<decltype(go)>, &go, err, err_len);
+  return run(*k, *shape, call<decltype(go)>, &go, err, err_len);
 }
 
 extern "C" int nsa_emu_topk_split(const char* id, const EmuShape* shape, const nsa::topk::Params* p,
@@ -82,7 +67,7 @@ extern "C" int nsa_emu_topk_split(const char* id, const EmuShape* shape, const n
   const EmuKernel* k = find(id, kSplit, e);
   if (k == nullptr) return not_found(e, err, err_len);
   auto go = [&] { k->entry.split(*p, *split, status); };
-  return run(*shape, call<decltype(go)>, &go, err, err_len);
+  return run(*k, *shape, call<decltype(go)>, &go, err, err_len);
 }
 
 extern "C" int nsa_emu_index_transform(const char* id, const EmuShape* shape, const nsa::index_transform::Params* p,
@@ -91,5 +76,5 @@ extern "C" int nsa_emu_index_transform(const char* id, const EmuShape* shape, co
   const EmuKernel* k = find(id, kTransform, e);
   if (k == nullptr) return not_found(e, err, err_len);
   auto go = [&] { k->entry.transform(*p, status); };
-  return run(*shape, call<decltype(go)>, &go, err, err_len);
+  return run(*k, *shape, call<decltype(go)>, &go, err, err_len);
 }

@@ -79,7 +79,7 @@ struct Fiber {
   int line = 0, column = 0;
   Resolver resolve = nullptr;
   uint64_t in = 0, arg = 0, out = 0;
-  uint32_t required = 0;
+  uint64_t required = 0;
   const char* what = nullptr;
   // The cluster barrier phase this thread arrived in (waits until it completes).
   uint64_t arrived_phase = 0;
@@ -169,6 +169,16 @@ uint64_t next_random(uint64_t& s) {
   return s;
 }
 
+std::string lane_mask(uint64_t mask, uint32_t width) {
+  char buf[24];
+  if (width == 64) {
+    std::snprintf(buf, sizeof buf, "0x%016llx", (unsigned long long)mask);
+  } else {
+    std::snprintf(buf, sizeof buf, "0x%08llx", (unsigned long long)mask);
+  }
+  return buf;
+}
+
 bool same_site(const Fiber& a, const Fiber& b) {
   return a.line == b.line && a.column == b.column && (a.file == b.file || std::strcmp(a.file, b.file) == 0);
 }
@@ -221,18 +231,19 @@ bool resolve_warps(Cta& c, std::string& stuck) {
   bool any = false;
   stuck.clear();
   const uint32_t threads = (uint32_t)c.fibers.size();
-  for (uint32_t w0 = 0; w0 < threads; w0 += kLanes) {
+  const uint32_t width = c.launch->spec.warp_size;
+  for (uint32_t w0 = 0; w0 < threads; w0 += width) {
     Fiber* lanes = &c.fibers[w0];
-    const uint32_t n = std::min<uint32_t>(kLanes, threads - w0);
-    uint32_t pending = 0;
-    for (uint32_t l = 0; l < n; ++l)
-      if (lanes[l].state == State::Warp) pending |= 1u << l;
+    uint64_t pending = 0;
+    for (uint32_t l = 0; l < width; ++l)
+      if (lanes[l].state == State::Warp) pending |= 1ull << l;
     while (pending != 0u) {
-      const Fiber& first = lanes[__builtin_ctz(pending)];
+      const Fiber& first = lanes[__builtin_ctzll(pending)];
       WarpGroup g{};
-      for (uint32_t l = 0; l < n; ++l) {
+      g.lanes = width;
+      for (uint32_t l = 0; l < width; ++l) {
         if ((pending >> l & 1u) && same_site(lanes[l], first)) {
-          g.present |= 1u << l;
+          g.present |= 1ull << l;
           g.in[l] = lanes[l].in;
           g.arg[l] = lanes[l].arg;
         }
@@ -240,15 +251,13 @@ bool resolve_warps(Cta& c, std::string& stuck) {
       pending &= ~g.present;
       if ((first.required & ~g.present) != 0u) {
         if (stuck.empty()) {
-          char buf[160];
-          std::snprintf(buf, sizeof buf, ": warp %u needs lanes %#010x, only %#010x arrived", w0 / kLanes,
-                        first.required, g.present);
-          stuck = site_of(first) + buf;
+          stuck = site_of(first) + ": warp " + std::to_string(w0 / width) + " needs lanes " +
+                  lane_mask(first.required, width) + ", only " + lane_mask(g.present, width) + " arrived";
         }
         continue;
       }
       first.resolve(g);
-      for (uint32_t l = 0; l < n; ++l) {
+      for (uint32_t l = 0; l < width; ++l) {
         if (g.present >> l & 1u) {
           lanes[l].out = g.out[l];
           lanes[l].state = State::Ready;
@@ -457,7 +466,7 @@ unsigned char* cluster_smem(uint32_t rank, bool access) {
 
 unsigned char* local_smem() { return t_cta->smem; }
 
-uint64_t warp_collective(Resolver resolve, uint64_t in, uint64_t arg, uint32_t required, const char* what,
+uint64_t warp_collective(Resolver resolve, uint64_t in, uint64_t arg, uint64_t required, const char* what,
                          const char* file, int line, int column) {
   Fiber& f = *t_cta->cur;
   f.resolve = resolve;
@@ -486,7 +495,8 @@ std::string launch(const LaunchSpec& spec) {
   if (spec.cluster == 0 || spec.cluster > 32 || spec.grid % spec.cluster != 0)
     return "grid " + std::to_string(spec.grid) + " is not a whole number of clusters of " +
            std::to_string(spec.cluster);
-  if (spec.block_threads == 0 || spec.block_threads > 1024 || spec.block_threads % kLanes != 0)
+  if (spec.warp_size != 32 && spec.warp_size != 64) return "warps of 32 or 64 lanes only";
+  if (spec.block_threads == 0 || spec.block_threads > 1024 || spec.block_threads % spec.warp_size != 0)
     return "block of " + std::to_string(spec.block_threads) + " threads: whole warps up to 1024 only";
   if (spec.smem_bytes > spec.smem_capacity)
     return std::to_string(spec.smem_bytes) + " bytes of shared memory asked, the emulator has " +

@@ -133,7 +133,7 @@ extern "C" int nsa_emu_selftest(const char* name, uint64_t seed, uint32_t* out, 
   for (const Case& c : kCases) {
     if (std::strcmp(c.name, name) != 0) continue;
     Run run{&c, out};
-    nsa_emu::LaunchSpec spec{c.grid, c.threads, c.cluster, 1024, 1024, 1, seed, call, &run, smem_of_thread};
+    nsa_emu::LaunchSpec spec{c.grid, c.threads, c.cluster, 1024, 1024, 1, 32, seed, call, &run, smem_of_thread};
     const std::string e = nsa_emu::launch(spec);
     std::snprintf(err, err_len, "%s", e.c_str());
     return e.empty() ? 0 : 1;

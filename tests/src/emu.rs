@@ -1,7 +1,7 @@
 //! The CPU emulator of the top-k kernels (`tests/emu/`, built by `tests/build.rs`)
-//! as a [`TopkDevice`]: the sm_90a kernels' own code, with each CTA's threads as
-//! fibers, run on the host so that CI (no GPU) checks the kernels' logic against the
-//! CPU reference. It proves what the kernels compute, not how fast, and not the
+//! as a [`TopkDevice`]: the sm_90a and gfx942 kernels' own code, with each CTA's
+//! threads as fibers, run on the host so that CI (no GPU) checks the kernels' logic
+//! against the CPU reference. It proves what the kernels compute, not how fast, and not the
 //! GPU-only parts (the arch layer's PTX, memory ordering between real warps).
 
 use nsa_kernels::{KernelFamily, KernelSpec, Target};
@@ -10,8 +10,14 @@ use nsa_runtime::{Error, Result};
 use std::ffi::{c_char, c_int, CStr, CString};
 use std::ptr;
 
-/// SMs of the GPU whose launch plans the emulator follows (an H200).
-pub const EMULATED_SMS: u32 = 132;
+/// Compute units of the GPU whose launch plans the emulator follows: an H200 for
+/// sm_90a, an MI300X for gfx942.
+pub fn emulated_sms(target: Target) -> u32 {
+    match target {
+        Target::Gfx942 => 304,
+        _ => 132,
+    }
+}
 
 /// `nsa::topk::Params` (topk.cuh); tests/emu/launch.cpp pins the same size.
 #[repr(C)]
@@ -116,19 +122,27 @@ pub fn selftest(name: &str, seed: u64, out: &mut [u32; 128]) -> std::result::Res
     }
 }
 
-/// Runs the sm_90a top-k kernels on the CPU.
+/// Runs the sm_90a or gfx942 top-k kernels on the CPU.
 #[derive(Clone, Debug)]
 pub struct Emulator {
+    /// Sm90a (32-lane warps, clusters) or Gfx942 (64-lane wavefronts, no clusters).
+    pub target: Target,
     /// Seeds each CTA's fiber order (a missing barrier then shows as a wrong result).
     pub seed: u64,
     /// Clusters (or blocks) run at once, each on OS threads of its own.
     pub groups: u32,
 }
 
+impl Emulator {
+    pub fn new(target: Target) -> Self {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
+        Emulator { target, seed: 1, groups: cores.min(4) }
+    }
+}
+
 impl Default for Emulator {
     fn default() -> Self {
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
-        Emulator { seed: 1, groups: cores.min(4) }
+        Emulator::new(Target::Sm90a)
     }
 }
 
@@ -167,15 +181,15 @@ impl Emulator {
 
 impl TopkDevice for Emulator {
     fn target(&self) -> Target {
-        Target::Sm90a
+        self.target
     }
 
     fn sm_count(&self) -> u32 {
-        EMULATED_SMS
+        emulated_sms(self.target)
     }
 
     fn topk(&self, family: KernelFamily, inputs: &TopkInputs) -> Result<Vec<i32>> {
-        let spec = KernelSpec::new(family, Target::Sm90a);
+        let spec = KernelSpec::new(family, self.target);
         let id = spec.id();
         let rows = inputs.rows();
         let mut out = vec![i32::MIN; rows * inputs.k as usize];
@@ -246,7 +260,7 @@ impl TopkDevice for Emulator {
     }
 
     fn page_table_transform(&self, k: u32, idx: &[i32], table: &HostPageTable) -> Result<Vec<i32>> {
-        let spec = KernelSpec::new(KernelFamily::IndexTransform { k }, Target::Sm90a);
+        let spec = KernelSpec::new(KernelFamily::IndexTransform { k }, self.target);
         let mut out = vec![i32::MIN; idx.len()];
         let params = TransformParams {
             idx: idx.as_ptr(),

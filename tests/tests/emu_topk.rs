@@ -1,14 +1,16 @@
 //! The top-k kernels' logic on the CPU: every GPU top-k case (`nsa_tests::topk_cases`)
 //! run on the CPU emulation of the sm_90a kernels (`tests/emu/`) and checked against
-//! the CPU reference. No GPU is needed, so CI runs them; timings mean nothing here.
+//! the CPU reference; then again on the gfx942 kernels (64-lane wavefronts), which no
+//! other test runs. No GPU is needed, so CI runs them; timings mean nothing here.
 
-use nsa_runtime::verify::topk::{index_transform_on, run_on, TopkCase};
+use nsa_kernels::Target;
+use nsa_runtime::verify::topk::{index_transform_on, run_on, TopkCase, TopkPath};
 use nsa_runtime::verify::Check;
 use nsa_tests::emu::Emulator;
 use nsa_tests::topk_cases as cases;
 
-fn run_all(cases: Vec<TopkCase>) {
-    let emu = Emulator::default();
+fn run_on_target(target: Target, cases: Vec<TopkCase>) {
+    let emu = Emulator::new(target);
     let checks: Vec<Check> = cases.iter().map(|c| run_on(&emu, c).unwrap()).collect();
     for c in &checks {
         eprintln!("{c}");
@@ -16,14 +18,39 @@ fn run_all(cases: Vec<TopkCase>) {
     assert!(checks.iter().all(Check::passed), "some checks failed (see above)");
 }
 
+fn run_all(cases: Vec<TopkCase>) {
+    run_on_target(Target::Sm90a, cases);
+}
+
 nsa_tests::topk_case_tests!(run_all);
 
 #[test]
 fn unfused_page_table_transform_decode_and_prefill() {
-    let emu = Emulator::default();
-    for &(k, prefill) in &cases::INDEX_TRANSFORM_CASES {
-        let check = index_transform_on(&emu, k, prefill, k as u64).unwrap();
-        eprintln!("{check}");
-        assert!(check.passed());
+    for target in [Target::Sm90a, Target::Gfx942] {
+        let emu = Emulator::new(target);
+        for &(k, prefill) in &cases::INDEX_TRANSFORM_CASES {
+            let check = index_transform_on(&emu, k, prefill, k as u64).unwrap();
+            eprintln!("{check}");
+            assert!(check.passed());
+        }
     }
+}
+
+/// The same cases on the gfx942 kernels. gfx942 has no clusters: the cluster cases
+/// take the split path there, as `topk` would.
+mod gfx942 {
+    use super::*;
+
+    fn run_all(cases: Vec<TopkCase>) {
+        let cases = cases
+            .into_iter()
+            .map(|c| match c.path {
+                TopkPath::Cluster(_) => TopkCase { path: TopkPath::Split, ..c },
+                _ => c,
+            })
+            .collect();
+        run_on_target(Target::Gfx942, cases);
+    }
+
+    nsa_tests::topk_case_tests!(run_all);
 }

@@ -1,7 +1,8 @@
-// CPU-emulation arch layer: the API of nsa/cuda/arch.cuh (32-lane warps) in host
-// C++, over the fiber scheduler of nsa/emu/runtime.h. Lets the test suite run the
-// kernels' logic on a machine without a GPU; nothing here is fast or used in
-// production. Warp collectives go through the scheduler as whole operations.
+// CPU-emulation arch layer: the API of nsa/cuda/arch.cuh (32-lane warps) or, with
+// NSA_EMU_WARP 64, of nsa/rocm/arch.cuh (64-lane wavefronts), in host C++ over the
+// fiber scheduler of nsa/emu/runtime.h. Lets the test suite run the kernels' logic
+// on a machine without a GPU; nothing here is fast or used in production. Warp
+// collectives go through the scheduler as whole operations.
 #pragma once
 #include <cstring>
 #include <source_location>
@@ -25,13 +26,18 @@
 #define NSA_EMU_SITE std::source_location at = std::source_location::current()
 #define NSA_EMU_AT at.file_name(), (int)at.line(), (int)at.column()
 
+#ifndef NSA_EMU_WARP
+#define NSA_EMU_WARP 32
+#endif
+
 namespace nsa {
 
-constexpr int kWarpSize = 32;
+constexpr int kWarpSize = NSA_EMU_WARP;
+static_assert(kWarpSize == 32 || kWarpSize == 64, "NVIDIA warps or gfx942 wavefronts");
 
 NSA_DEVICE u32 thread_x() { return nsa_emu::thread_x(); }
 NSA_DEVICE u32 block_x() { return nsa_emu::block_x(); }
-NSA_DEVICE u32 lane_id() { return thread_x() % 32u; }
+NSA_DEVICE u32 lane_id() { return thread_x() % (u32)kWarpSize; }
 
 NSA_DEVICE void sync_block() { nsa_emu::sync_block(); }
 
@@ -39,35 +45,37 @@ NSA_DEVICE u32 atomic_add_ret(u32* p, u32 v) { return __atomic_fetch_add(p, v, _
 NSA_DEVICE void atomic_add_u32(u32* p, u32 v) { __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
 
 namespace emu_ops {
-constexpr u32 kFull = 0xffffffffu;
+// Every lane of the warp.
+constexpr u64 kFull = kWarpSize == 64 ? ~0ull : 0xffffffffull;
 inline void inclusive_scan(nsa_emu::WarpGroup& g) {
-  u64 sum = 0;
-  for (int l = 0; l < 32; ++l) {
-    sum = (u32)(sum + g.in[l]);
+  u32 sum = 0;
+  for (u32 l = 0; l < g.lanes; ++l) {
+    sum += (u32)g.in[l];
     g.out[l] = sum;
   }
 }
 inline void shuffle(nsa_emu::WarpGroup& g) {  // arg: source lane
-  for (int l = 0; l < 32; ++l)
-    if (g.present >> l & 1u) g.out[l] = g.in[g.arg[l] & 31u];
+  for (u32 l = 0; l < g.lanes; ++l)
+    if (g.present >> l & 1u) g.out[l] = g.in[g.arg[l] % g.lanes];
 }
 // Slots of `in` each, reserved with one atomic add on the counter (arg): lane order.
 inline void reserve(nsa_emu::WarpGroup& g) {
   u32 total = 0;
-  for (int l = 0; l < 32; ++l) total += (u32)g.in[l];
+  for (u32 l = 0; l < g.lanes; ++l) total += (u32)g.in[l];
   u32 base = total != 0u ? atomic_add_ret(reinterpret_cast<u32*>(g.arg[0]), total) : 0u;
-  for (int l = 0; l < 32; ++l) {
+  for (u32 l = 0; l < g.lanes; ++l) {
     g.out[l] = base;
     base += (u32)g.in[l];
   }
 }
 // One slot per present lane with a hit, in lane order (warp_append).
 inline void append(nsa_emu::WarpGroup& g) {
-  u32 hits = 0;
-  for (int l = 0; l < 32; ++l)
-    if ((g.present >> l & 1u) && g.in[l] != 0u) hits |= 1u << l;
-  u32 base = hits != 0u ? atomic_add_ret(reinterpret_cast<u32*>(g.arg[__builtin_ctz(hits)]), __builtin_popcount(hits)) : 0u;
-  for (int l = 0; l < 32; ++l) g.out[l] = base + (u32)__builtin_popcount(hits & ((1u << l) - 1u));
+  u64 hits = 0;
+  for (u32 l = 0; l < g.lanes; ++l)
+    if ((g.present >> l & 1u) && g.in[l] != 0u) hits |= 1ull << l;
+  const u32 count = (u32)__builtin_popcountll(hits);
+  u32 base = hits != 0u ? atomic_add_ret(reinterpret_cast<u32*>(g.arg[__builtin_ctzll(hits)]), count) : 0u;
+  for (u32 l = 0; l < g.lanes; ++l) g.out[l] = base + (u32)__builtin_popcountll(hits & ((1ull << l) - 1u));
 }
 }  // namespace emu_ops
 
@@ -93,7 +101,7 @@ NSA_DEVICE float shfl_xor(float v, int mask, NSA_EMU_SITE) {
 }
 
 // __shfl_sync as CUDA spells it (the cluster kernel's count exchange uses it).
-NSA_DEVICE u32 __shfl_sync(u32 mask, u32 v, int src, NSA_EMU_SITE) {
+NSA_DEVICE u32 __shfl_sync(u64 mask, u32 v, int src, NSA_EMU_SITE) {
   return (u32)nsa_emu::warp_collective(emu_ops::shuffle, v, (u32)src, mask, "__shfl_sync", NSA_EMU_AT);
 }
 

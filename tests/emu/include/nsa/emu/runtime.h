@@ -8,14 +8,16 @@
 
 namespace nsa_emu {
 
-constexpr int kLanes = 32;
+// Lanes of a warp: 32 (NVIDIA) or 64 (gfx942 wavefronts), per launch.
+constexpr int kMaxLanes = 64;
 
 // The lanes of one warp meeting at one warp collective (same call site).
 struct WarpGroup {
-  uint32_t present;       // lanes that arrived
-  uint64_t in[kLanes];    // each lane's operand
-  uint64_t arg[kLanes];   // each lane's second operand (shuffle source, xor mask, counter)
-  uint64_t out[kLanes];   // each lane's result, written by the resolver
+  uint32_t lanes;            // the warp's width
+  uint64_t present;          // lanes that arrived
+  uint64_t in[kMaxLanes];    // each lane's operand
+  uint64_t arg[kMaxLanes];   // each lane's second operand (shuffle source, xor mask, counter)
+  uint64_t out[kMaxLanes];   // each lane's result, written by the resolver
 };
 using Resolver = void (*)(WarpGroup&);
 
@@ -40,7 +42,7 @@ unsigned char* local_smem();
 // the same source position (file, line, column) form one group, resolved when every
 // lane in `required` is among them (a full-warp shuffle), or at once when `required`
 // is 0 ("whichever arrived", as __activemask). `what` names it in errors.
-uint64_t warp_collective(Resolver resolve, uint64_t in, uint64_t arg, uint32_t required, const char* what,
+uint64_t warp_collective(Resolver resolve, uint64_t in, uint64_t arg, uint64_t required, const char* what,
                          const char* file, int line, int column);
 
 // Ends the launch with an error (a kernel used an operation wrongly).
