@@ -1,9 +1,9 @@
-//! Random top-k cases on the CPU emulation of the sm_90a kernels (`tests/emu/`):
+//! Random top-k cases on the CPU emulation of the sm_90a and gfx942 kernels (`tests/emu/`):
 //! any k, transform, path, score pattern, mix of row lengths (around k, the list and
 //! cache capacities, and long rows), row starts and request grouping, checked
 //! against the CPU reference. Explores combinations the fixed GPU case lists do not.
 
-use nsa_kernels::{TopkLayout, TopkTransform};
+use nsa_kernels::{Target, TopkLayout, TopkTransform};
 use nsa_runtime::testdata::SCORE_PATTERNS;
 use nsa_runtime::verify::topk::{run_on, TopkCase, TopkPath};
 use nsa_tests::emu::Emulator;
@@ -60,8 +60,14 @@ fn topk_case() -> impl Strategy<Value = TopkCase> {
 proptest! {
     #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
     #[test]
-    fn random_cases_match_the_reference(case in topk_case()) {
-        let check = run_on(&Emulator::default(), &case).unwrap();
+    fn random_cases_match_the_reference(case in topk_case(), gfx942: bool) {
+        // gfx942 has no clusters: those cases take the split path there.
+        let (target, case) = match (gfx942, case.path) {
+            (false, _) => (Target::Sm90a, case),
+            (true, TopkPath::Cluster(_)) => (Target::Gfx942, TopkCase { path: TopkPath::Split, ..case }),
+            (true, _) => (Target::Gfx942, case),
+        };
+        let check = run_on(&Emulator::new(target), &case).unwrap();
         prop_assert!(check.passed(), "{check}\n{case:?}");
     }
 }
