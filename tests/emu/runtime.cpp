@@ -81,8 +81,10 @@ struct Fiber {
   uint64_t in = 0, arg = 0, out = 0;
   uint64_t required = 0;
   const char* what = nullptr;
-  // The cluster barrier phase this thread arrived in (waits until it completes).
+  // The cluster barrier phase this thread arrived in (waits until it completes),
+  // and whether it has arrived without waiting yet.
   uint64_t arrived_phase = 0;
+  bool arrived = false;
 };
 
 // One cluster instance, shared by its CTAs' OS threads.
@@ -424,6 +426,8 @@ void sync_block() {
 
 void cluster_arrive() {
   Cta& c = *t_cta;
+  if (c.cur->arrived) fail("barrier.cluster.arrive twice without a wait between", __FILE__, __LINE__);
+  c.cur->arrived = true;
   ClusterState& cl = *c.cluster;
   std::lock_guard<std::mutex> g(cl.m);
   c.cur->arrived_phase = cl.phase;
@@ -436,6 +440,8 @@ void cluster_arrive() {
 
 void cluster_wait() {
   Cta& c = *t_cta;
+  if (!c.cur->arrived) fail("barrier.cluster.wait without an arrive before it", __FILE__, __LINE__);
+  c.cur->arrived = false;
   {
     std::lock_guard<std::mutex> g(c.cluster->m);
     if (c.cluster->phase > c.cur->arrived_phase) return;

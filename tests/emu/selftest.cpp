@@ -59,6 +59,12 @@ void cluster_barrier_missed(u32*) {
   if (nsa::cluster::rank() == 0) nsa::cluster::sync();
 }
 
+// Two arrivals without a wait between (the barrier's halves out of order).
+void arrive_twice(u32*) {
+  nsa_emu::cluster_arrive();
+  nsa_emu::cluster_arrive();
+}
+
 // Every CTA of a cluster of 4 stores rank + 1 into CTA 0's smem[rank] through DSMEM
 // (once every CTA has started: after a cluster barrier); after the next barrier
 // CTA 0 sums them: out[0] = 10.
@@ -110,6 +116,7 @@ const Case kCases[] = {
     {"partial_warp_scan", partial_warp_scan, 1, 64, 1},
     {"barrier_mismatch", barrier_mismatch, 1, 64, 1},
     {"cluster_barrier_missed", cluster_barrier_missed, 2, 64, 2},
+    {"arrive_twice", arrive_twice, 2, 32, 2},
     {"dsmem_sum", dsmem_sum, 4, 32, 4},
     {"dsmem_too_early", dsmem_too_early, 2, 32, 2},
     {"missing_barrier", missing_barrier, 1, 32, 1},

@@ -44,6 +44,12 @@ fn a_cluster_barrier_some_cta_never_reaches_is_an_error() {
 }
 
 #[test]
+fn cluster_barrier_halves_out_of_order_are_an_error() {
+    let e = run("arrive_twice", 1).0.unwrap_err();
+    assert!(e.contains("barrier.cluster.arrive twice without a wait between"), "{e}");
+}
+
+#[test]
 fn dsmem_stores_are_visible_after_the_cluster_barrier() {
     for seed in 1..20 {
         let (r, out) = run("dsmem_sum", seed);
