@@ -184,6 +184,13 @@ NSA_DEVICE void find_threshold(const u32* hist, int bins, u32 r, u32* sm) {
   sync_block();
 }
 
+// find_threshold compiled apart, for the histogram path that is itself compiled
+// apart (histogram_row): inlined there, its bin counts spill in half-size blocks.
+template <int kBlockThreads>
+NSA_NOINLINE void find_threshold_apart(const u32* hist, int bins, u32 r, u32* sm) {
+  find_threshold<kBlockThreads>(hist, bins, r, sm);
+}
+
 // Places one key once the threshold is known: keys above `thr` take the next
 // winner slot, and the first `r` keys equal to it take the tie slots [K - r, K)
 // (unordered: whichever claims first).
@@ -272,6 +279,23 @@ NSA_DEVICE void overflow_select(const Params& p, i32 row, i32 trow, i32* out, bo
     });
   }
   sync_block();
+}
+
+// overflow_select compiled apart, for the histogram path that is itself compiled
+// apart (histogram_row): inlined there, its live values spill under the 64-register
+// cap of the split and cluster kernels. PAGED writes positions and translates them
+// after, keeping the table lookup out of the passes (it spilled them on sm_100a).
+template <int K, int kTransform, int kBlockThreads, int kCandCap>
+NSA_NOINLINE void overflow_select_apart(const Params& p, i32 row, i32 trow, i32* out, bool cached, const u32* cache,
+                                        const float* src, i32 n, u32 bin0, u32 r, u32* hist, u32* sm, u32* cand_idx,
+                                        u32* cand_key) {
+  constexpr int kPassTransform = kTransform == kPaged ? kPlain : kTransform;
+  overflow_select<K, kPassTransform, kBlockThreads, kCandCap>(p, row, trow, out, cached, cache, src, n, bin0, r, hist,
+                                                             sm, cand_idx, cand_key);
+  if constexpr (kTransform == kPaged) {
+    // All K slots hold positions here (n > K); each thread translates its own.
+    for (int k = thread_x(); k < K; k += kBlockThreads) out[k] = emit<kPaged>(p, row, trow, out[k]);
+  }
 }
 
 // Shared-memory words the kernel needs beyond the candidate list and row cache.
@@ -724,6 +748,13 @@ NSA_DEVICE void select_row(const Params& p, u32* status, i32 row) {
     }
   }
 
+  auto threshold = [&](const u32* h, int bins, u32 rank) {
+    if constexpr (kFilter) {
+      find_threshold<kBlockThreads>(h, bins, rank, sm);
+    } else {
+      find_threshold_apart<kBlockThreads>(h, bins, rank, sm);
+    }
+  };
   // Round 0: histogram of the top 13 bits of every key (caching the keys).
   for (int b = tid; b < kBins; b += kBlockThreads) hist[b] = 0u;
   if (tid == 0) {
@@ -737,7 +768,7 @@ NSA_DEVICE void select_row(const Params& p, u32* status, i32 row) {
     if (cached) cache[i] = key;
   });
   sync_block();
-  find_threshold<kBlockThreads>(hist, kBins, (u32)K, sm);
+  threshold(hist, kBins, (u32)K);
   const u32 bin0 = sm[kThrBin];
   u32 prefix = bin0;
   u32 r = (u32)K - sm[kAbove];  // still to take from the threshold bin
@@ -746,8 +777,13 @@ NSA_DEVICE void select_row(const Params& p, u32* status, i32 row) {
   sync_block();
   if (!kDeterministic && !use_cands) {
     // The round-0 bin is too big for the candidate list (coarse bins: 4 per octave).
-    overflow_select<K, kTransform, kBlockThreads, kCandCap>(p, row, trow, out, cached, cache, src, n, bin0, r, hist, sm,
-                                                           cand_idx, cand_key);
+    if constexpr (kFilter) {
+      overflow_select<K, kTransform, kBlockThreads, kCandCap>(p, row, trow, out, cached, cache, src, n, bin0, r, hist,
+                                                             sm, cand_idx, cand_key);
+    } else {
+      overflow_select_apart<K, kTransform, kBlockThreads, kCandCap>(p, row, trow, out, cached, cache, src, n, bin0, r,
+                                                                   hist, sm, cand_idx, cand_key);
+    }
     return;
   }
 
@@ -794,7 +830,7 @@ NSA_DEVICE void select_row(const Params& p, u32* status, i32 row) {
       });
     }
     sync_block();
-    find_threshold<kBlockThreads>(hist, 1 << round_width(round), r, sm);
+    threshold(hist, 1 << round_width(round), r);
     const u32 bin = sm[kThrBin];
     r -= sm[kAbove];
     prefix = (prefix << round_width(round)) | bin;
