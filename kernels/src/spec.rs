@@ -373,6 +373,21 @@ impl KernelSpec {
         KernelSpec { family, target }
     }
 
+    /// Whether the kernel waits for the previous kernel of its stream before it reads
+    /// anything (`wait_prior_grids` at its top), so it may be launched with
+    /// programmatic dependent launch (PDL): NVIDIA targets, the top-k families and
+    /// the unfused page-table transform.
+    pub fn waits_for_prior_grids(&self) -> bool {
+        self.target.has_pdl()
+            && matches!(
+                self.family,
+                KernelFamily::TopK { .. }
+                    | KernelFamily::TopkCluster { .. }
+                    | KernelFamily::TopkSplit { .. }
+                    | KernelFamily::IndexTransform { .. }
+            )
+    }
+
     /// Family name, the first component of the id.
     pub fn family_name(&self) -> &'static str {
         match self.family {
@@ -850,6 +865,36 @@ impl fmt::Display for KernelSpec {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Only kernels whose templates wait at their top may be launched with PDL, and
+    /// only where the target has it.
+    #[test]
+    fn pdl_only_for_kernels_that_wait_and_only_on_nvidia() {
+        let topk = KernelFamily::TopK {
+            k: 2048,
+            transform: TopkTransform::Paged,
+            deterministic: false,
+            layout: TopkLayout::Latency,
+        };
+        let cluster = KernelFamily::TopkCluster { k: 2048, transform: TopkTransform::Plain, cluster: 8 };
+        let split = KernelFamily::TopkSplit { k: 512, transform: TopkTransform::Ragged };
+        let transform = KernelFamily::IndexTransform { k: 2048 };
+        for family in [topk, cluster, split, transform] {
+            for target in Target::NVIDIA {
+                assert!(KernelSpec::new(family, target).waits_for_prior_grids(), "{family:?} {target}");
+            }
+            assert!(!KernelSpec::new(family, Target::Gfx942).waits_for_prior_grids(), "{family:?} gfx942");
+        }
+        for spec in KernelSpec::all_for(Target::Sm90a) {
+            let rendered = crate::render(&spec).unwrap().source;
+            assert_eq!(
+                spec.waits_for_prior_grids(),
+                rendered.contains("nsa::wait_prior_grids();"),
+                "{}: PDL support and the rendered wait disagree",
+                spec.id()
+            );
+        }
+    }
 
     /// Decode and prefill agree on which head counts exist; they differ only in
     /// the tile sm_90a runs for 17+ heads that are not a multiple of 64.

@@ -67,6 +67,11 @@ impl Target {
         }
     }
 
+    /// Whether the target has programmatic dependent launch (sm_90+).
+    pub fn has_pdl(self) -> bool {
+        self.vendor() == Vendor::Nvidia
+    }
+
     /// Whether the target has thread-block clusters and distributed shared memory.
     pub fn has_clusters(self) -> bool {
         self.vendor() == Vendor::Nvidia

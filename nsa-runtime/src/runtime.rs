@@ -5,8 +5,10 @@ use crate::cache::{CacheConfig, CachedKernel, KernelCache};
 use crate::device::Gpu;
 use crate::jit::nvrtc::NvrtcCompiler;
 use crate::{Error, Result};
-use cudarc::driver::{CudaFunction, CudaSlice, LaunchArgs, LaunchConfig, PushKernelArg};
+use cudarc::driver::{sys, CudaFunction, CudaSlice, DevicePtr, DeviceRepr, LaunchArgs, LaunchConfig, PushKernelArg};
 use nsa_kernels::{KernelFamily, KernelSpec, Target};
+use std::ffi::c_void;
+use std::marker::PhantomData;
 use std::sync::Arc;
 
 /// How launchers treat device-side input errors (e.g. a slot outside the pool).
@@ -29,11 +31,14 @@ pub struct Runtime {
     checks: DeviceChecks,
     /// Rejected-entry counter + example index, allocated when checks are reported.
     status: Option<CudaSlice<u32>>,
+    /// Launch kernels that wait for their predecessor with programmatic dependent
+    /// launch ([`Runtime::set_pdl`]).
+    pdl: bool,
 }
 
 impl Runtime {
     /// GPU `ordinal`, NVRTC, and the cache configured from the environment
-    /// (`NSA_CACHE_DIR`, `NSA_JIT`, `NSA_CHECK_DEVICE_INPUTS`).
+    /// (`NSA_CACHE_DIR`, `NSA_JIT`, `NSA_CHECK_DEVICE_INPUTS`, `NSA_PDL`).
     pub fn new(ordinal: usize) -> Result<Runtime> {
         let gpu = Gpu::open(ordinal)?;
         let cache = KernelCache::new(Arc::new(NvrtcCompiler::new()?), CacheConfig::from_env()?);
@@ -41,12 +46,28 @@ impl Runtime {
             Ok("1") | Ok("true") => DeviceChecks::Report,
             _ => DeviceChecks::Skip,
         };
-        Runtime::with_cache(gpu, cache, checks)
+        let mut rt = Runtime::with_cache(gpu, cache, checks)?;
+        match std::env::var("NSA_PDL").as_deref() {
+            Ok("1") | Ok("true") => rt.set_pdl(true)?,
+            Ok("0") | Ok("false") => rt.set_pdl(false)?,
+            Err(_) => {}
+            Ok(other) => {
+                return Err(Error::InvalidArgument {
+                    field: "NSA_PDL",
+                    value: other.to_string(),
+                    expected: "1 or true (PDL on), 0 or false (off), or unset (on where the target has it)".into(),
+                })
+            }
+        }
+        Ok(rt)
     }
 
     pub fn with_cache(gpu: Gpu, cache: KernelCache, checks: DeviceChecks) -> Result<Runtime> {
         let target = gpu.target()?;
-        let mut rt = Runtime { gpu, cache, target, checks: DeviceChecks::Skip, status: None };
+        // PDL by default where the target has it (H200: 1 × 128K top-k 17.0 -> 15.6 µs,
+        // BENCHMARKS.md session 21); its kernels wait on the device either way.
+        let pdl = target.has_pdl();
+        let mut rt = Runtime { gpu, cache, target, checks: DeviceChecks::Skip, status: None, pdl };
         rt.set_checks(checks)?;
         Ok(rt)
     }
@@ -81,6 +102,28 @@ impl Runtime {
         Ok(())
     }
 
+    pub fn pdl(&self) -> bool {
+        self.pdl
+    }
+
+    /// Programmatic dependent launch (PDL) for the kernels that support it
+    /// ([`KernelSpec::waits_for_prior_grids`]: top-k and the page-table transform):
+    /// such a launch may start while the previous kernel of the stream still runs,
+    /// and its blocks wait on the device until that kernel is done, so the launch
+    /// latency overlaps the previous kernel. On by default on targets that have it
+    /// (NVIDIA); `NSA_PDL=0` or `set_pdl(false)` turns it off.
+    pub fn set_pdl(&mut self, on: bool) -> Result<()> {
+        if on && !self.target.has_pdl() {
+            return Err(Error::InvalidArgument {
+                field: "pdl",
+                value: format!("on for {}", self.target),
+                expected: "an NVIDIA target (sm_90a, sm_100a); leave it off on this GPU".into(),
+            });
+        }
+        self.pdl = on;
+        Ok(())
+    }
+
     /// The variant of `family` for this device, compiled (or loaded) and ready to launch.
     pub fn kernel(&self, family: KernelFamily) -> Result<LoadedKernel> {
         let cached = self.cache.get(&KernelSpec::new(family, self.target))?;
@@ -105,6 +148,80 @@ impl Runtime {
         field: &'static str,
         expected: &str,
     ) -> Result<()> {
+        self.launch_checked(kernel, items, field, expected, |cfg, status| {
+            match status {
+                Some(status) => args.arg(status),
+                None => args.arg(&NULL_STATUS),
+            };
+            // SAFETY: launchers check every argument's size and alignment against the
+            // kernel's signature before calling here.
+            unsafe { args.launch(cfg) }.map(|_| ())
+        })
+    }
+
+    /// [`Runtime::launch`] with the parameters given by address, through
+    /// `cuLaunchKernelEx`: with PDL on ([`Runtime::set_pdl`]) and a kernel that
+    /// supports it, the launch may start while the previous kernel still runs.
+    pub(crate) fn launch_params(
+        &self,
+        kernel: &LoadedKernel,
+        mut params: KernelParams<'_>,
+        items: usize,
+        field: &'static str,
+        expected: &str,
+    ) -> Result<()> {
+        let pdl = self.pdl && kernel.cached.spec.waits_for_prior_grids();
+        let stream = self.gpu.stream();
+        self.launch_checked(kernel, items, field, expected, |cfg, status| {
+            let guard = status.map(|s| s.device_ptr(stream));
+            let status_ptr: u64 = guard.as_ref().map_or(0, |(ptr, _)| *ptr);
+            params.ptrs.push(&status_ptr as *const u64 as *mut c_void);
+            // SAFETY: a zeroed attribute is valid; the union field written is the one
+            // the attribute id selects.
+            let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+            attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+            attr.value.programmaticStreamSerializationAllowed = 1;
+            let config = sys::CUlaunchConfig {
+                gridDimX: cfg.grid_dim.0,
+                gridDimY: cfg.grid_dim.1,
+                gridDimZ: cfg.grid_dim.2,
+                blockDimX: cfg.block_dim.0,
+                blockDimY: cfg.block_dim.1,
+                blockDimZ: cfg.block_dim.2,
+                sharedMemBytes: cfg.shared_mem_bytes,
+                hStream: stream.cu_stream(),
+                attrs: if pdl { &mut attr } else { std::ptr::null_mut() },
+                numAttrs: pdl as u32,
+            };
+            stream.context().bind_to_thread()?;
+            // SAFETY: `params` holds one pointer per kernel parameter, each to a live
+            // value of the type the kernel declares (launchers build them from the
+            // kernels' mirrored structs); the config and attribute outlive the call.
+            unsafe {
+                sys::cuLaunchKernelEx(
+                    &config,
+                    kernel.function.cu_function(),
+                    params.ptrs.as_mut_ptr(),
+                    std::ptr::null_mut(),
+                )
+            }
+            .result()
+        })
+    }
+
+    /// Launches through `launch(cfg, status buffer when reported)`, then, with
+    /// [`DeviceChecks::Report`], synchronises and reports what the kernel rejected.
+    fn launch_checked<'a>(
+        &'a self,
+        kernel: &LoadedKernel,
+        items: usize,
+        field: &'static str,
+        expected: &str,
+        launch: impl FnOnce(
+            LaunchConfig,
+            Option<&'a CudaSlice<u32>>,
+        ) -> std::result::Result<(), cudarc::driver::DriverError>,
+    ) -> Result<()> {
         if items == 0 {
             return Ok(());
         }
@@ -122,18 +239,10 @@ impl Runtime {
         };
         // The counter only grows: the delta across this launch is what it rejected.
         let before = match report {
-            Some(status) => {
-                args.arg(status);
-                stream.clone_dtoh(status).map_err(Error::driver("reading the status word"))?[0]
-            }
-            None => {
-                args.arg(&NULL_STATUS);
-                0
-            }
+            Some(status) => stream.clone_dtoh(status).map_err(Error::driver("reading the status word"))?[0],
+            None => 0,
         };
-        // SAFETY: launchers check every argument's size and alignment against the
-        // kernel's signature before calling here.
-        unsafe { args.launch(cfg) }.map_err(Error::driver(format!("launching {}", kernel.cached.id)))?;
+        launch(cfg, report).map_err(Error::driver(format!("launching {}", kernel.cached.id)))?;
         let Some(status) = report else { return Ok(()) };
         let s = stream.clone_dtoh(status).map_err(Error::driver("reading the status word"))?;
         let count = s[0].wrapping_sub(before);
@@ -147,6 +256,26 @@ impl Runtime {
             example: s[1],
             expected: expected.to_string(),
         })
+    }
+}
+
+/// Kernel parameters by address, in the kernel's order (the status pointer is
+/// appended by [`Runtime::launch_params`]).
+#[derive(Debug, Default)]
+pub(crate) struct KernelParams<'a> {
+    ptrs: Vec<*mut c_void>,
+    values: PhantomData<&'a ()>,
+}
+
+impl<'a> KernelParams<'a> {
+    pub(crate) fn new() -> Self {
+        KernelParams::default()
+    }
+
+    /// Appends `value`, passed by value to the kernel (read at launch).
+    pub(crate) fn push<T: DeviceRepr>(mut self, value: &'a T) -> Self {
+        self.ptrs.push(value as *const T as *mut c_void);
+        self
     }
 }
 

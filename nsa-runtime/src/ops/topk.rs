@@ -2,10 +2,10 @@
 //! page-table transform (spec §7).
 
 use super::{check_count_fits_i32, invalid};
-use crate::runtime::Runtime;
+use crate::runtime::{KernelParams, Runtime};
 use crate::Result;
 use cudarc::driver::CudaSlice;
-use cudarc::driver::{CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr, PushKernelArg};
+use cudarc::driver::{CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr};
 use nsa_kernels::spec::TOPK_CLUSTER_SIZES;
 use nsa_kernels::{KernelFamily, KernelSpec, Target, TopkLayout, TopkTransform};
 
@@ -326,9 +326,8 @@ fn launch_one(
     }
     let kernel = rt.kernel(family)?;
     with_params(rt, scores, output, out, |params| {
-        let mut args = rt.args(&kernel);
-        args.arg(&params);
-        rt.launch(&kernel, args, rows * blocks_per_row, "lengths", ROW_EXPECTED)
+        let params = KernelParams::new().push(&params);
+        rt.launch_params(&kernel, params, rows * blocks_per_row, "lengths", ROW_EXPECTED)
     })
 }
 
@@ -401,9 +400,8 @@ pub fn topk_split(
         _pad: 0,
     };
     with_params(rt, scores, output, out, |params| {
-        let mut args = rt.args(&kernel);
-        args.arg(&params).arg(&split);
-        rt.launch(&kernel, args, rows * chunks, "lengths", ROW_EXPECTED)
+        let params = KernelParams::new().push(&params).push(&split);
+        rt.launch_params(&kernel, params, rows * chunks, "lengths", ROW_EXPECTED)
     })
 }
 
@@ -540,9 +538,8 @@ pub fn page_table_transform(
         table_rows: table.rows as i32,
         table_width: table.width as i32,
     };
-    let mut args = rt.args(&kernel);
-    args.arg(&params);
-    rt.launch(&kernel, args, rows * k as usize, "idx", "a position below the page-table width; written as -1")
+    let params = KernelParams::new().push(&params);
+    rt.launch_params(&kernel, params, rows * k as usize, "idx", "a position below the page-table width; written as -1")
 }
 
 #[cfg(test)]

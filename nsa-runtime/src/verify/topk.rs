@@ -8,6 +8,7 @@ use crate::reference::topk::{check_row, topk_deterministic};
 use crate::runtime::Runtime;
 use crate::testdata::{self, ScorePattern};
 use crate::Result;
+use cudarc::driver::CudaView;
 use nsa_kernels::{KernelFamily, KernelSpec, Target, TopkLayout, TopkTransform};
 use rand::Rng;
 use std::collections::HashMap;
@@ -385,6 +386,144 @@ pub fn index_transform_on(dev: &impl TopkDevice, k: u32, prefill: bool, seed: u6
         kernel: KernelSpec::new(KernelFamily::IndexTransform { k: k as u32 }, dev.target()).id(),
         case: format!("{} rows={rows}", if prefill { "prefill" } else { "decode" }),
         items: rows,
+        mismatches,
+        first_mismatch,
+    })
+}
+
+/// Rows of `n` scores back to back, from position 0.
+fn packed_rows<'a>(scores: &'a CudaView<'a, f32>, n: usize, lengths: &'a CudaView<'a, i32>) -> TopkScores<'a> {
+    TopkScores { scores, row_stride: n, row_capacity: n, lengths, row_starts: None }
+}
+
+/// Top-k of `rows` rows of `n` Gaussian scores, then the unfused page-table
+/// transform of its positions, back to back, `rounds` times on fresh scores. With PDL
+/// on ([`Runtime::set_pdl`]) each kernel may start while the one before it runs, so
+/// the transform reads the positions only if it waits for the top-k: they start as
+/// a sentinel, which it would turn into −1. Checks the positions (set equality) and
+/// that every slot is the table's entry for its position.
+pub fn topk_then_transform(rt: &Runtime, k: u32, rows: usize, n: usize, rounds: usize, seed: u64) -> Result<Check> {
+    let stream = rt.gpu().stream();
+    let mut rng = testdata::rng(seed);
+    let ku = k as usize;
+    // Decode form: table row b serves score row b; slot = 3 · (b · n + position) + 1.
+    let table: Vec<i32> = (0..rows * n).map(|i| 3 * i as i32 + 1).collect();
+    let d_table = upload(stream, &table)?;
+    let d_lengths = upload(stream, &vec![n as i32; rows])?;
+    let (table_view, lengths_view) = (d_table.slice(0..), d_lengths.slice(0..rows));
+    let pt = PageTable { table: &table_view, rows, stride: n, width: n, cu_seqlens_q: None };
+    let mut mismatches = 0;
+    let mut first_mismatch = None;
+    for round in 0..rounds {
+        let scores: Vec<f32> =
+            (0..rows).flat_map(|_| testdata::score_row(ScorePattern::Gaussian, n, &mut rng)).collect();
+        let d_scores = upload(stream, &scores)?;
+        let mut d_pos = upload(stream, &vec![-7i32; rows * ku])?;
+        let mut d_slots = upload(stream, &vec![i32::MIN; rows * ku])?;
+        let scores_view = d_scores.slice(0..);
+        let input = packed_rows(&scores_view, n, &lengths_view);
+        // No copy or synchronisation between the two launches.
+        topk::topk(rt, k, false, &input, &TopkOutput::Plain, &mut d_pos.slice_mut(0..rows * ku), None)?;
+        topk::page_table_transform(rt, k, &d_pos.slice(0..rows * ku), &pt, &mut d_slots.slice_mut(0..rows * ku))?;
+        let pos = download(stream, &d_pos, rows * ku)?;
+        let slots = download(stream, &d_slots, rows * ku)?;
+        for b in 0..rows {
+            let got = &pos[b * ku..][..ku];
+            let positions: Vec<Option<i32>> = got.iter().map(|&p| Some(p)).collect();
+            let verdict = check_row(&scores[b * n..][..n], ku, &positions).and_then(|()| {
+                match got.iter().zip(&slots[b * ku..][..ku]).position(|(&p, &s)| s != table[b * n + p as usize]) {
+                    None => Ok(()),
+                    Some(j) => {
+                        Err(format!("entry {j}: slot {}, want {}", slots[b * ku + j], table[b * n + got[j] as usize]))
+                    }
+                }
+            });
+            if let Err(e) = verdict {
+                mismatches += 1;
+                first_mismatch.get_or_insert_with(|| format!("round {round} row {b}: {e}"));
+            }
+        }
+    }
+    let (plan, _) = topk::choose_plan(rows, n, rt.gpu().caps().sm_count, false, false, rt.target().has_clusters());
+    Ok(Check {
+        kernel: format!("{plan:?} then {}", KernelSpec::new(KernelFamily::IndexTransform { k }, rt.target()).id()),
+        case: format!("rows={rows} n={n} rounds={rounds}{}", if rt.pdl() { " pdl" } else { "" }),
+        items: rows * rounds,
+        mismatches,
+        first_mismatch,
+    })
+}
+
+/// The other direction: the page-table transform writes the lengths a top-k then
+/// reads, back to back. The transform gathers `n` for each of `TRANSFORM_ROWS × k`
+/// entries over a zeroed buffer, and the top-k takes its lengths from the buffer's
+/// last `rows` entries, which the transform's last blocks write: a top-k that does
+/// not wait for it under PDL sees zeros and writes rows of −1. Two rounds: the first
+/// also compiles the kernels (a launch after a compile follows a finished kernel).
+pub fn transform_then_topk(rt: &Runtime, k: u32, rows: usize, n: usize, path: TopkPath, seed: u64) -> Result<Check> {
+    const TRANSFORM_ROWS: usize = 2048;
+    let stream = rt.gpu().stream();
+    let mut rng = testdata::rng(seed);
+    let ku = k as usize;
+    let entries = TRANSFORM_ROWS * ku;
+    assert!(rows <= entries, "the transform writes every row's length");
+    // One request: every transform row reads table row 0, whose every slot is n.
+    let width = 4096;
+    let d_table = upload(stream, &vec![n as i32; width])?;
+    let d_cu = upload(stream, &[0, TRANSFORM_ROWS as i32])?;
+    let idx: Vec<i32> = (0..entries).map(|_| rng.random_range(0..width as i32)).collect();
+    let d_idx = upload(stream, &idx)?;
+    let (table_view, cu_view) = (d_table.slice(0..), d_cu.slice(0..2));
+    let pt = PageTable { table: &table_view, rows: 1, stride: width, width, cu_seqlens_q: Some(&cu_view) };
+    let layout = topk::choose_layout(rows, rt.gpu().caps().sm_count).0;
+    let family = match path {
+        TopkPath::Single(l) => {
+            KernelFamily::TopK { k, transform: TopkTransform::Plain, deterministic: false, layout: l.unwrap_or(layout) }
+        }
+        TopkPath::Cluster(cluster) => KernelFamily::TopkCluster { k, transform: TopkTransform::Plain, cluster },
+        TopkPath::Split => KernelFamily::TopkSplit { k, transform: TopkTransform::Plain },
+    };
+    // Made before the transform: its zeroing copy must not sit between the launches.
+    let mut ws = if path == TopkPath::Split { Some(topk::TopkWorkspace::new(rt, rows)?) } else { None };
+    let mut mismatches = 0;
+    let mut first_mismatch = None;
+    for round in 0..2 {
+        let scores: Vec<f32> =
+            (0..rows).flat_map(|_| testdata::score_row(ScorePattern::Gaussian, n, &mut rng)).collect();
+        let d_scores = upload(stream, &scores)?;
+        let mut d_lengths = upload(stream, &vec![0i32; entries])?;
+        let mut d_out = upload(stream, &vec![i32::MIN; rows * ku])?;
+        // No copy or synchronisation between the two launches.
+        topk::page_table_transform(rt, k, &d_idx.slice(0..entries), &pt, &mut d_lengths.slice_mut(0..entries))?;
+        let (scores_view, lengths_view) = (d_scores.slice(0..), d_lengths.slice(entries - rows..entries));
+        let input = packed_rows(&scores_view, n, &lengths_view);
+        let mut out_view = d_out.slice_mut(0..rows * ku);
+        match (family, ws.as_mut()) {
+            (KernelFamily::TopK { layout, .. }, _) => {
+                topk::topk_with_layout(rt, k, false, layout, &input, &TopkOutput::Plain, &mut out_view)?
+            }
+            (KernelFamily::TopkCluster { cluster, .. }, _) => {
+                topk::topk_cluster(rt, k, cluster, &input, &TopkOutput::Plain, &mut out_view)?
+            }
+            (KernelFamily::TopkSplit { .. }, Some(ws)) => {
+                topk::topk_split(rt, k, 4096, n.div_ceil(4096), &input, &TopkOutput::Plain, &mut out_view, ws)?
+            }
+            _ => unreachable!("a top-k family, the split path with its workspace"),
+        }
+        let out = download(stream, &d_out, rows * ku)?;
+        for b in 0..rows {
+            let positions: Vec<Option<i32>> = out[b * ku..][..ku].iter().map(|&p| Some(p)).collect();
+            if let Err(e) = check_row(&scores[b * n..][..n], ku, &positions) {
+                mismatches += 1;
+                first_mismatch.get_or_insert_with(|| format!("round {round} row {b}: {e}"));
+            }
+        }
+    }
+    let transform = KernelSpec::new(KernelFamily::IndexTransform { k }, rt.target()).id();
+    Ok(Check {
+        kernel: format!("{transform} then {}", KernelSpec::new(family, rt.target()).id()),
+        case: format!("rows={rows} n={n}{}", if rt.pdl() { " pdl" } else { "" }),
+        items: 2 * rows,
         mismatches,
         first_mismatch,
     })

@@ -1,8 +1,10 @@
 //! Top-k on the GPU against the CPU reference (included by gpu.rs).
 
 use super::{assert_all, rt};
+use nsa_kernels::{TopkLayout, TopkTransform};
 use nsa_runtime::ops::topk::{self, TopkOutput, TopkScores};
-use nsa_runtime::verify::topk::{index_transform, run, TopkCase};
+use nsa_runtime::testdata::ScorePattern;
+use nsa_runtime::verify::topk::{index_transform, run, topk_then_transform, transform_then_topk, TopkCase, TopkPath};
 use nsa_runtime::verify::{download, upload, Check};
 use nsa_runtime::{DeviceChecks, Error};
 use nsa_tests::topk_cases as cases;
@@ -52,5 +54,45 @@ fn unfused_page_table_transform_decode_and_prefill() {
         .map(|&(k, p)| index_transform(&rt, k, p, k as u64))
         .collect::<Result<_, _>>()
         .unwrap();
+    assert_all(&checks);
+}
+
+/// PDL (`Runtime::set_pdl`): a launch may start while the previous kernel of the
+/// stream runs, so every top-k and transform kernel must wait before it reads.
+/// Both directions, back to back: the transform reads a top-k's positions (1 and 4
+/// rows over clusters, 64 rows in the latency layout, 300 in the throughput layout:
+/// the plans `topk` picks), and every top-k path reads lengths a transform has just
+/// written (without its wait, the row would read as empty). Then the cluster, split
+/// and one-block paths' own PAGED checks. Device-input checks are off here: their
+/// status read would synchronise between the launches.
+#[test]
+fn pdl_launches_wait_for_the_previous_kernel() {
+    let mut rt = rt();
+    let (pdl, checks) = (rt.pdl(), rt.checks());
+    rt.set_pdl(true).unwrap();
+    rt.set_checks(DeviceChecks::Skip).unwrap();
+    let mut results = Vec::new();
+    for (rows, n) in [(1, 131_072), (4, 65_536), (64, 32_768), (300, 4096)] {
+        results.push(topk_then_transform(&rt, 2048, rows, n, 5, rows as u64));
+    }
+    let paths = [
+        (TopkPath::Cluster(8), 2, 131_072),
+        (TopkPath::Split, 2, 131_072),
+        (TopkPath::Single(Some(TopkLayout::Latency)), 64, 32_768),
+        (TopkPath::Single(Some(TopkLayout::Throughput)), 300, 8192),
+    ];
+    for (path, rows, n) in paths {
+        results.push(transform_then_topk(&rt, 2048, rows, n, path, 11));
+    }
+    for path in [TopkPath::Cluster(8), TopkPath::Split, TopkPath::Single(Some(TopkLayout::Latency))] {
+        let mut c =
+            cases::case(2048, TopkTransform::Paged, false, ScorePattern::Gaussian, vec![70_001, 131_072, 5000], 7);
+        c.path = path;
+        results.push(run(&rt, &c));
+    }
+    // As before before anything can panic: the runtime is shared with the other tests.
+    rt.set_pdl(pdl).unwrap();
+    rt.set_checks(checks).unwrap();
+    let checks: Vec<Check> = results.into_iter().collect::<Result<_, _>>().unwrap();
     assert_all(&checks);
 }

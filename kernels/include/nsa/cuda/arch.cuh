@@ -42,6 +42,15 @@ NSA_DEVICE float shfl_xor(float v, int mask) {
   return r;
 }
 
+// Programmatic dependent launch (PDL). A kernel the host launched with programmatic
+// stream serialization may start while the previous kernel of its stream runs:
+// wait_prior_grids() returns once that kernel has completed and its writes are
+// visible (at once for a plain launch), so nothing may be read before it.
+// start_dependent_grids() lets the stream's next such launch start its blocks, which
+// then wait in their own wait_prior_grids().
+NSA_DEVICE void wait_prior_grids() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+NSA_DEVICE void start_dependent_grids() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+
 // Orders this thread's earlier global writes before its later ones for every
 // block of the grid (the last-block-done pattern).
 NSA_DEVICE void fence_device() { __threadfence(); }

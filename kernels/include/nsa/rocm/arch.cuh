@@ -48,6 +48,10 @@ NSA_DEVICE float shfl_xor(float v, int mask) {
   return __builtin_bit_cast(float, r);
 }
 
+// No programmatic dependent launch on ROCm: kernels of a stream run in order.
+NSA_DEVICE void wait_prior_grids() {}
+NSA_DEVICE void start_dependent_grids() {}
+
 // Orders this thread's earlier global writes before its later ones for every
 // block of the grid (the last-block-done pattern).
 NSA_DEVICE void fence_device() { __builtin_amdgcn_fence(__ATOMIC_SEQ_CST, "agent"); }

@@ -45,6 +45,11 @@ pub struct BenchArgs {
     /// in extend/prefill). Default: the decode form, a table row per score row.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     pub topk_paged_requests: Option<u32>,
+    /// Launch top-k and the page-table transform without programmatic dependent
+    /// launch (on by default on NVIDIA: each back-to-back launch starts while the
+    /// previous kernel runs and waits on the device until it is done), to compare.
+    #[arg(long)]
+    pub no_pdl: bool,
     /// Sparse decode: every request draws from the same 16K slots (an L2-resident
     /// working set; separates gather latency from compute).
     #[arg(long)]
@@ -120,6 +125,8 @@ struct JitRow {
 struct Report {
     device: String,
     date_utc: String,
+    /// Programmatic dependent launch on (the default on NVIDIA; `--no-pdl` or `NSA_PDL=0`: off).
+    pdl: bool,
     topk: Vec<TopkRow>,
     decode: Vec<crate::bench_decode::DecodeRow>,
     prefill: Vec<crate::bench_prefill::PrefillRow>,
@@ -548,9 +555,12 @@ pub fn run(args: BenchArgs) -> Result<()> {
     // Bad shapes fail before the device is touched.
     let topk_cases = topk_cases(&args.topk_shapes)?;
     let decode_cases = crate::bench_decode::decode_cases(&args.decode_shapes)?;
-    let rt = Runtime::new(0)?;
+    let mut rt = Runtime::new(0)?;
+    if args.no_pdl {
+        rt.set_pdl(false)?;
+    }
     let device = format!("{} ({} SMs)", rt.gpu().caps().name, rt.gpu().caps().sm_count);
-    println!("bench on {device}");
+    println!("bench on {device}{}", if rt.pdl() { ", PDL launches" } else { ", no PDL" });
     let want = |s: Suite| args.suite == s || args.suite == Suite::All;
     let topk = if want(Suite::Topk) {
         let requests = args.topk_paged_requests.map(|r| r as usize);
@@ -586,6 +596,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let report = Report {
         device,
         date_utc,
+        pdl: rt.pdl(),
         topk,
         decode,
         prefill,

@@ -126,6 +126,10 @@ NSA_DEVICE u32 warp_append(u32* counter, bool hit, NSA_EMU_SITE) {
                                        "warp_append", NSA_EMU_AT);
 }
 
+// Programmatic dependent launch: emulated launches run one after another.
+NSA_DEVICE void wait_prior_grids() {}
+NSA_DEVICE void start_dependent_grids() {}
+
 NSA_DEVICE float bf16_to_f32(u16 h) { return u32_as_f32((u32)h << 16); }
 NSA_DEVICE u16 f32_to_bf16(float f) { return soft::f32_to_bf16(f); }
 
