@@ -155,11 +155,23 @@ impl TopkInputs {
 
 /// The kernel family `case` runs on a device with `sm_count` SMs.
 pub fn case_family(case: &TopkCase, sm_count: u32) -> KernelFamily {
-    let (k, transform) = (case.k, case.transform);
-    match case.path {
+    path_family(case.k, case.transform, case.deterministic, case.path, case.lengths.len(), sm_count)
+}
+
+/// The kernel family of `path` for `rows` rows (one-block rows take the layout
+/// `choose_layout` picks unless the path names one).
+fn path_family(
+    k: u32,
+    transform: TopkTransform,
+    deterministic: bool,
+    path: TopkPath,
+    rows: usize,
+    sm_count: u32,
+) -> KernelFamily {
+    match path {
         TopkPath::Single(layout) => {
-            let layout = layout.unwrap_or_else(|| topk::choose_layout(case.lengths.len(), sm_count).0);
-            KernelFamily::TopK { k, transform, deterministic: case.deterministic, layout }
+            let layout = layout.unwrap_or_else(|| topk::choose_layout(rows, sm_count).0);
+            KernelFamily::TopK { k, transform, deterministic, layout }
         }
         TopkPath::Split => KernelFamily::TopkSplit { k, transform },
         TopkPath::Cluster(cluster) => KernelFamily::TopkCluster { k, transform, cluster },
@@ -475,14 +487,7 @@ pub fn transform_then_topk(rt: &Runtime, k: u32, rows: usize, n: usize, path: To
     let d_idx = upload(stream, &idx)?;
     let (table_view, cu_view) = (d_table.slice(0..), d_cu.slice(0..2));
     let pt = PageTable { table: &table_view, rows: 1, stride: width, width, cu_seqlens_q: Some(&cu_view) };
-    let layout = topk::choose_layout(rows, rt.gpu().caps().sm_count).0;
-    let family = match path {
-        TopkPath::Single(l) => {
-            KernelFamily::TopK { k, transform: TopkTransform::Plain, deterministic: false, layout: l.unwrap_or(layout) }
-        }
-        TopkPath::Cluster(cluster) => KernelFamily::TopkCluster { k, transform: TopkTransform::Plain, cluster },
-        TopkPath::Split => KernelFamily::TopkSplit { k, transform: TopkTransform::Plain },
-    };
+    let family = path_family(k, TopkTransform::Plain, false, path, rows, rt.gpu().caps().sm_count);
     // Made before the transform: its zeroing copy must not sit between the launches.
     let mut ws = if path == TopkPath::Split { Some(topk::TopkWorkspace::new(rt, rows)?) } else { None };
     let mut mismatches = 0;
@@ -505,9 +510,16 @@ pub fn transform_then_topk(rt: &Runtime, k: u32, rows: usize, n: usize, path: To
             (KernelFamily::TopkCluster { cluster, .. }, _) => {
                 topk::topk_cluster(rt, k, cluster, &input, &TopkOutput::Plain, &mut out_view)?
             }
-            (KernelFamily::TopkSplit { .. }, Some(ws)) => {
-                topk::topk_split(rt, k, 4096, n.div_ceil(4096), &input, &TopkOutput::Plain, &mut out_view, ws)?
-            }
+            (KernelFamily::TopkSplit { .. }, Some(ws)) => topk::topk_split(
+                rt,
+                k,
+                CHECK_SPLIT_CHUNK,
+                n.div_ceil(CHECK_SPLIT_CHUNK),
+                &input,
+                &TopkOutput::Plain,
+                &mut out_view,
+                ws,
+            )?,
             _ => unreachable!("a top-k family, the split path with its workspace"),
         }
         let out = download(stream, &d_out, rows * ku)?;
