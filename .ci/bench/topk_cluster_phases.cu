@@ -1,7 +1,9 @@
 // Phase timing of the cluster top-k kernel (one row over a cluster of 8 CTAs), for
 // finding what limits it. Not part of the product; build and run on the GPU machine:
 //   nvcc -std=c++17 -O3 -arch=sm_90a -I kernels/include -o topk_cluster_phases .ci/bench/topk_cluster_phases.cu
-//   ./topk_cluster_phases
+//   ./topk_cluster_phases [n]
+// -DCLUSTER=16 builds a non-portable cluster of 16; -DNSA_PHASES_UNMARKED builds the
+// kernel without marks (then only the back-to-back time means anything).
 // It compiles the product's cluster_select with its phase-mark hook defined (a block
 // barrier, then thread 0 records clock64 and %globaltimer), runs it on uniform
 // [0, 1) rows like `nsa bench --suite topk`, checks the chosen set on the CPU and
@@ -14,6 +16,7 @@
 __device__ long long* g_marks;  // [launch CTA][phase][clock64, globaltimer]
 constexpr int kMarks = 6;
 
+#ifndef NSA_PHASES_UNMARKED
 #define NSA_TOPK_CLUSTER_MARK(phase)                                               \
   do {                                                                             \
     nsa::sync_block();                                                             \
@@ -25,6 +28,7 @@ constexpr int kMarks = 6;
       m[1] = (long long)ns;                                                        \
     }                                                                              \
   } while (0)
+#endif
 
 #include "nsa/topk_cluster.cuh"
 
@@ -41,7 +45,10 @@ using namespace nsa::topk;
 
 constexpr int K = 2048;
 constexpr int kThreads = 1024;
-constexpr int kCluster = 8;
+#ifndef CLUSTER
+#define CLUSTER 8
+#endif
+constexpr int kCluster = CLUSTER;
 // The product's cluster layout (kernels/src/spec.rs): 4096 candidates, 40960-key row cache.
 constexpr int kCandCap = 4096;
 constexpr int kCacheCap = 40960;
@@ -53,8 +60,8 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1) 
   cluster_select<K, kPlain, kThreads, kCluster, kCandCap, kCacheCap, kSmemWords>(p, status);
 }
 
-int main() {
-  const int rows = 1, n = 131072, reps = 50;
+int main(int argc, char** argv) {
+  const int rows = 1, n = argc > 1 ? atoi(argv[1]) : 131072, reps = 50;
   const TopkRows t = alloc_topk_rows(rows, n, K);
   long long* marks;
   const int ctas = rows * kCluster;
@@ -64,6 +71,10 @@ int main() {
   auto p = t.params<Params>();
   const int smem = kSmemWords * 4;
   CK(cudaFuncSetAttribute(marked, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  if (kCluster > 8) CK(cudaFuncSetAttribute(marked, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  const float b2b_us = events_us([&] { marked<<<ctas, kThreads, smem>>>(p, t.status); }, 200);
+  CK(cudaGetLastError());
+  printf("cluster %d, %d x %d: %.2f us per launch back to back (events, 200 launches)\n", kCluster, rows, n, b2b_us);
 
   cudaEvent_t a, b;
   CK(cudaEventCreate(&a));

@@ -175,7 +175,7 @@ impl Runtime {
         self.launch_checked(kernel, items, field, expected, |cfg, status| {
             let guard = status.map(|s| s.device_ptr(stream));
             let status_ptr: u64 = guard.as_ref().map_or(0, |(ptr, _)| *ptr);
-            params.ptrs.push(&status_ptr as *const u64 as *mut c_void);
+            params.append(&status_ptr as *const u64 as *mut c_void);
             // SAFETY: a zeroed attribute is valid; the union field written is the one
             // the attribute id selects.
             let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
@@ -260,22 +260,32 @@ impl Runtime {
 }
 
 /// Kernel parameters by address, in the kernel's order (the status pointer is
-/// appended by [`Runtime::launch_params`]).
-#[derive(Debug, Default)]
+/// appended by [`Runtime::launch_params`]). Held inline: a launch allocates nothing.
+#[derive(Debug)]
 pub(crate) struct KernelParams<'a> {
-    ptrs: Vec<*mut c_void>,
+    ptrs: [*mut c_void; MAX_KERNEL_PARAMS],
+    len: usize,
     values: PhantomData<&'a ()>,
 }
 
+/// Parameters of the kernels launched through [`KernelParams`], status included.
+const MAX_KERNEL_PARAMS: usize = 4;
+
 impl<'a> KernelParams<'a> {
     pub(crate) fn new() -> Self {
-        KernelParams::default()
+        KernelParams { ptrs: [std::ptr::null_mut(); MAX_KERNEL_PARAMS], len: 0, values: PhantomData }
     }
 
     /// Appends `value`, passed by value to the kernel (read at launch).
     pub(crate) fn push<T: DeviceRepr>(mut self, value: &'a T) -> Self {
-        self.ptrs.push(value as *const T as *mut c_void);
+        self.append(value as *const T as *mut c_void);
         self
+    }
+
+    fn append(&mut self, ptr: *mut c_void) {
+        assert!(self.len < MAX_KERNEL_PARAMS, "raise MAX_KERNEL_PARAMS for a kernel with more parameters");
+        self.ptrs[self.len] = ptr;
+        self.len += 1;
     }
 }
 

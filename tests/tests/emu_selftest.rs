@@ -10,6 +10,15 @@ fn run(name: &str, seed: u64) -> (Result<(), String>, [u32; 128]) {
     (r, out)
 }
 
+/// Runs self-test `name` (seed 1), which must fail with a message holding every one
+/// of `expected`.
+fn expect_error(name: &str, expected: &[&str]) {
+    let e = run(name, 1).0.expect_err("the emulator must report an error");
+    for text in expected {
+        assert!(e.contains(text), "{name}: expected {text:?} in {e:?}");
+    }
+}
+
 #[test]
 fn lanes_regroup_after_a_detour() {
     let (r, out) = run("scan_after_detour", 1);
@@ -25,28 +34,23 @@ fn lanes_regroup_after_a_detour() {
 
 #[test]
 fn a_full_warp_scan_with_lanes_missing_is_an_error() {
-    let (r, _) = run("partial_warp_scan", 1);
-    let e = r.unwrap_err();
-    assert!(e.contains("warp_inclusive_scan") && e.contains("needs lanes 0xffffffff"), "{e}");
-    assert!(e.contains("selftest.cpp"), "names the call's source position: {e}");
+    // The message names the call and its source position.
+    expect_error("partial_warp_scan", &["warp_inclusive_scan", "needs lanes 0xffffffff", "selftest.cpp"]);
 }
 
 #[test]
 fn threads_at_different_barriers_are_an_error() {
-    let e = run("barrier_mismatch", 1).0.unwrap_err();
-    assert!(e.contains("32 threads wait at a block barrier while 32 wait at a cluster barrier"), "{e}");
+    expect_error("barrier_mismatch", &["32 threads wait at a block barrier while 32 wait at a cluster barrier"]);
 }
 
 #[test]
 fn a_cluster_barrier_some_cta_never_reaches_is_an_error() {
-    let e = run("cluster_barrier_missed", 1).0.unwrap_err();
-    assert!(e.contains("cluster barrier: 64 threads of the cluster exited"), "{e}");
+    expect_error("cluster_barrier_missed", &["cluster barrier: 64 threads of the cluster exited"]);
 }
 
 #[test]
 fn cluster_barrier_halves_out_of_order_are_an_error() {
-    let e = run("arrive_twice", 1).0.unwrap_err();
-    assert!(e.contains("barrier.cluster.arrive twice without a wait between"), "{e}");
+    expect_error("arrive_twice", &["barrier.cluster.arrive twice without a wait between"]);
 }
 
 #[test]
@@ -60,8 +64,7 @@ fn dsmem_stores_are_visible_after_the_cluster_barrier() {
 
 #[test]
 fn dsmem_before_the_first_cluster_barrier_is_an_error() {
-    let e = run("dsmem_too_early", 1).0.unwrap_err();
-    assert!(e.contains("DSMEM access before the cluster's first barrier"), "{e}");
+    expect_error("dsmem_too_early", &["DSMEM access before the cluster's first barrier"]);
 }
 
 #[test]
@@ -74,8 +77,7 @@ fn the_fiber_order_varies_with_the_seed() {
 
 #[test]
 fn a_stack_overrun_is_an_error() {
-    let e = run("stack_overrun", 1).0.unwrap_err();
-    assert!(e.contains("a thread overran its 128 KiB emulated stack"), "{e}");
+    expect_error("stack_overrun", &["a thread overran its 128 KiB emulated stack"]);
 }
 
 #[test]

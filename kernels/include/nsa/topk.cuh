@@ -649,6 +649,19 @@ NSA_DEVICE void look_up_slots(const u32* slots, u32* fidx, const u32* fkey, u32 
     if (((u64)fkey[c] >> shift) >= bin) async_copy_u32(&fidx[c], slots + fidx[c]);
 }
 
+// PAGED lists spread over many blocks (cluster and split paths): each block replaces
+// the positions of its own listed keys by their page-table slots, asynchronously
+// (wait_async_copies() before a thread's entries are read), so the lookups run in
+// every block at once instead of in the one that cuts; that one then places the
+// list's entries as they are (kListTransform).
+template <int kBlockThreads>
+NSA_DEVICE void translate_listed(const Params& p, i32 trow, u32* fidx, u32 listed) {
+  const u32* slots = reinterpret_cast<const u32*>(p.page_table + (i64)trow * p.table_stride);
+  for (u32 c = thread_x(); c < listed; c += kBlockThreads) async_copy_u32(&fidx[c], slots + fidx[c]);
+}
+template <int kTransform>
+constexpr int kListTransform = kTransform == kPaged ? kPlain : kTransform;
+
 // Places the top K of the `kept` listed keys (K <= kept < 2^16); the cut's histogram
 // words then stage the chosen positions. PAGED: once round 0 of the cut has found
 // its bin, the page-table slots of the listed keys in or above it (about K of them)
@@ -739,9 +752,8 @@ NSA_DEVICE void select_row(const Params& p, u32* status, i32 row) {
   constexpr int kFilterCap = (2 * kCandCap + kCacheCap) / 2;
   if constexpr (kFilter && !kDeterministic && kFilterCap >= 2 * K) {
     // 8 float4 in flight per thread, in both layouts (H200, BENCHMARKS.md session 13:
-    // 2048 x 32K 153.4 -> 144.0 us against 4 in the phase harness); 6 for PAGED in
-    // half-size blocks, which spills at 8 under their 64-register cap.
-    constexpr int kUnroll = kTransform == kPaged && kBlockThreads < 1024 ? 6 : 8;
+    // 2048 x 32K 153.4 -> 144.0 us against 4 in the phase harness).
+    constexpr int kUnroll = 8;
     if (filter_select<K, kTransform, kBlockThreads, kFilterCap, kUnroll>(p, row, trow, out, src, n, hist, sm, cand_idx,
                                                                           cand_idx + kFilterCap)) {
       return;
@@ -929,9 +941,13 @@ NSA_DEVICE void split_select(const Params& p, const Split& split, u32* status) {
   u32* gidx = split.cand_idx + (i64)row * split.cand_cap;
   u32* gkey = split.cand_key + (i64)row * split.cand_cap;
   const u32 mine = sm[kCands];
+  if constexpr (kTransform == kPaged) {
+    translate_listed<kBlockThreads>(p, ext.trow, fidx, mine < (u32)kCap ? mine : (u32)kCap);
+  }
   if (tid == 0) sm[kBase] = atomic_add_ret(&state[kStateCands], mine);
   sync_block();
   const u32 base = sm[kBase];
+  if constexpr (kTransform == kPaged) wait_async_copies();  // this thread's entries, copied below
   for (u32 c = tid; c < mine && c < (u32)kCap && base + c < (u32)kCap; c += kBlockThreads) {
     gidx[base + c] = fidx[c];
     gkey[base + c] = fkey[c];
@@ -969,7 +985,8 @@ NSA_DEVICE void split_select(const Params& p, const Split& split, u32* status) {
       }
     }
     sync_block();
-    cut_and_place<K, kTransform, kBlockThreads>(p, row, ext.trow, p.out + (i64)row * K, fidx, fkey, kept, hist, sm);
+    cut_and_place<K, kListTransform<kTransform>, kBlockThreads>(p, row, ext.trow, p.out + (i64)row * K, fidx, fkey,
+                                                                kept, hist, sm);
   } else {
     whole_row();
   }

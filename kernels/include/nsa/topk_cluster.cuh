@@ -74,6 +74,12 @@ NSA_DEVICE void cluster_select(const Params& p, u32* status) {
   list_at_or_above<kBlockThreads, kCap, 8>(src, begin, len, lo, sm, fidx, fkey);
   NSA_TOPK_CLUSTER_MARK(2);
   const u32 mine = sm[kCands];
+  // PAGED: each CTA looks up the slots of its own listed keys, so the lookups spread
+  // over the cluster and overlap the join instead of CTA 0 issuing about K of them
+  // during its cut; the joined list then carries slots, and CTA 0 places them as is.
+  if constexpr (kTransform == kPaged) {
+    translate_listed<kBlockThreads>(p, ext.trow, fidx, mine < (u32)kCap ? mine : (u32)kCap);
+  }
   cluster::sync();  // every CTA's list and count are final
 
   join_counts<kCluster>(sm, rank);
@@ -83,6 +89,7 @@ NSA_DEVICE void cluster_select(const Params& p, u32* status) {
   const u32 base = sm[kBase];
   // At least K keys and none dropped (no CTA's list can then have overflowed).
   const bool fits = joined >= (u32)K && joined <= (u32)kCap;
+  if constexpr (kTransform == kPaged) wait_async_copies();  // this thread's entries, pushed or cut below
   if (fits && rank != 0) {  // CTA 0's own entries are already in place
     const u32 idx0 = cluster::map(cluster::local_addr(fidx), 0);
     const u32 key0 = cluster::map(cluster::local_addr(fkey), 0);
@@ -95,7 +102,8 @@ NSA_DEVICE void cluster_select(const Params& p, u32* status) {
   NSA_TOPK_CLUSTER_MARK(4);
   if (rank != 0) return;
   if (fits) {
-    cut_and_place<K, kTransform, kBlockThreads>(p, row, ext.trow, p.out + (i64)row * K, fidx, fkey, joined, hist, sm);
+    cut_and_place<K, kListTransform<kTransform>, kBlockThreads>(p, row, ext.trow, p.out + (i64)row * K, fidx, fkey,
+                                                                joined, hist, sm);
     NSA_TOPK_CLUSTER_MARK(5);
   } else {
     whole_row();
