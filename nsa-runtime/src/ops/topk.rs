@@ -138,6 +138,29 @@ fn split_list(target: Target) -> usize {
     KernelSpec::new(split, target).topk_split_list() as usize
 }
 
+/// Whether the split path's list on `target` can take what the sample filter keeps
+/// from rows of up to `row_capacity` keys for top-`k`: the whole row, or an expected
+/// count within 3/4 of the list (the rule the one-block filter declines by; topk.cuh
+/// `Sample::expected_kept`). Otherwise nearly every long row overflows the list and
+/// its last block runs the histogram path over it alone, after the other blocks'
+/// passes: slower than one block per row (gfx942 at k = 2048: a 2048-key list).
+pub fn split_list_suffices(target: Target, k: u32, row_capacity: usize) -> bool {
+    let list = split_list(target);
+    row_capacity <= list || sample_expected_kept(list, k as usize, row_capacity) <= list * 3 / 4
+}
+
+/// Keys the sample filter with a `list`-key list is expected to keep from an n-key
+/// row (n > list): mirrors `Sample<kCap>::expected_kept<K>` in topk.cuh.
+fn sample_expected_kept(list: usize, k: usize, n: usize) -> usize {
+    const RUN: usize = 8;
+    let runs_max = list.min(8192) / RUN;
+    let sectors = if runs_max < 2 { runs_max } else { 1 << runs_max.ilog2() };
+    let expected = (sectors * k).div_ceil(n);
+    let sqrt = expected.isqrt() + usize::from(expected.isqrt().pow(2) < expected);
+    let runs = (expected + 4 * sqrt + 4).min(sectors);
+    runs * n / sectors
+}
+
 /// How one top-k call runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TopkPlan {
@@ -272,7 +295,8 @@ pub fn choose_layout(rows: usize, sm_count: u32) -> (TopkLayout, &'static str) {
 /// first). `deterministic`: ties go to the lowest positions and each row is sorted.
 /// The plan follows [`choose_plan`]: few long rows go over thread-block clusters
 /// where the target has them, otherwise over the split path, which is only taken
-/// with a `workspace` large enough for the batch.
+/// with a `workspace` large enough for the batch and a split list that can take the
+/// rows' filtered keys ([`split_list_suffices`]).
 pub fn topk(
     rt: &Runtime,
     k: u32,
@@ -283,7 +307,8 @@ pub fn topk(
     workspace: Option<&mut TopkWorkspace>,
 ) -> Result<()> {
     let rows = scores.lengths.len();
-    let fits = workspace.as_ref().is_some_and(|w| rows <= w.rows);
+    let fits =
+        workspace.as_ref().is_some_and(|w| rows <= w.rows) && split_list_suffices(rt.target(), k, scores.row_capacity);
     let sms = rt.gpu().caps().sm_count;
     let clusters = rt.target().has_clusters();
     let (plan, _) = choose_plan(rows, scores.row_capacity, sms, deterministic, fits, clusters);
@@ -545,6 +570,21 @@ pub fn page_table_transform(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn split_list_rule() {
+        // The kernels' arithmetic (Sample<kCap>): 8192-key list, k = 2048, n = 131072:
+        // 1024 runs, 16 expected, 36 taken, 4608 keys kept of 6144 allowed.
+        assert_eq!(sample_expected_kept(8192, 2048, 131_072), 4608);
+        assert!(split_list_suffices(Target::Sm90a, 2048, 131_072));
+        assert!(!split_list_suffices(Target::Sm90a, 2048, 1 << 20), "14336 expected, over 6144");
+        // gfx942's 2048-key list: 256 runs, 16 taken at n = 131072, 8192 kept.
+        assert_eq!(sample_expected_kept(2048, 2048, 131_072), 8192);
+        assert!(!split_list_suffices(Target::Gfx942, 2048, 131_072));
+        assert!(!split_list_suffices(Target::Gfx942, 512, 131_072));
+        assert!(split_list_suffices(Target::Gfx942, 512, 16_384), "1536 expected, at the bound");
+        assert!(split_list_suffices(Target::Gfx942, 2048, 2048), "the whole row fits");
+    }
 
     #[test]
     fn plan_table() {
