@@ -186,7 +186,8 @@ fn graph_bound_decisions_do_not_depend_on_lengths() {
 
 /// The split top-k workspace is sized for exactly the top-k calls that take the split
 /// plan: few long rows on a target without thread-block clusters (≤ SMs / 8 rows of
-/// ≥ 16K keys, not deterministic); sm_90a spreads such rows over clusters instead.
+/// ≥ 16K keys, not deterministic) whose split list can take the filtered keys;
+/// sm_90a spreads such rows over clusters instead.
 #[test]
 fn split_topk_workspace_follows_the_plan() {
     let c = cfg(KvCacheFormat::Fp8, 64, 16);
@@ -195,13 +196,17 @@ fn split_topk_workspace_follows_the_plan() {
         StepDecisions::for_graph(c, ForwardMode::Decode, rows, width, gpu).unwrap().needs.topk_split_rows
     };
     assert_eq!(split_rows(&c, 8, 131_072, H200), 0, "clusters: no workspace");
-    assert_eq!(split_rows(&c, 8, 131_072, mi300), 8);
-    assert_eq!(split_rows(&c, 38, 131_072, mi300), 38, "8 x 38 <= 304 SMs");
-    assert_eq!(split_rows(&c, 39, 131_072, mi300), 0, "too many rows to spread");
-    assert_eq!(split_rows(&c, 8, 8192, mi300), 0, "short rows stay in one block");
-    let mut det = c.clone();
+    assert_eq!(split_rows(&c, 8, 131_072, mi300), 0, "gfx942's 2048-key list cannot take top-2048's filtered keys");
+    let mut k512 = c.clone();
+    k512.model.topk = 512;
+    assert_eq!(split_rows(&k512, 8, 16_384, mi300), 8);
+    assert_eq!(split_rows(&k512, 38, 16_384, mi300), 38, "8 x 38 <= 304 SMs");
+    assert_eq!(split_rows(&k512, 39, 16_384, mi300), 0, "too many rows to spread");
+    assert_eq!(split_rows(&k512, 8, 8192, mi300), 0, "short rows stay in one block");
+    assert_eq!(split_rows(&k512, 8, 131_072, mi300), 0, "a row too long for the list");
+    let mut det = k512.clone();
     det.deterministic_topk = true;
-    assert_eq!(split_rows(&det, 8, 131_072, mi300), 0, "deterministic rows are never split");
+    assert_eq!(split_rows(&det, 8, 16_384, mi300), 0, "deterministic rows are never split");
 }
 
 #[test]

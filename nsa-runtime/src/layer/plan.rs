@@ -14,7 +14,7 @@ use crate::metadata::{Dispatch, ForwardMode, NsaMetadata, TransformMethod};
 use crate::ops::indexer::ragged_chunk_rows;
 use crate::ops::sparse_decode::{DecodePlan, DecodeShape};
 use crate::ops::sparse_prefill::{ragged_kv_elems, PrefillShape};
-use crate::ops::topk::{choose_plan, TopkPlan, TopkWorkspace};
+use crate::ops::topk::{choose_plan, split_list_suffices, TopkPlan, TopkWorkspace};
 use crate::ops::{invalid, LaunchTarget};
 use crate::runtime::Runtime;
 use crate::{Error, Result};
@@ -224,8 +224,10 @@ fn assemble(
         IndexerStage::Paged { .. } => logits_stride,
         IndexerStage::Gathered { num_keys, .. } => *num_keys,
     };
+    let split_fits = split_list_suffices(target, model.topk, topk_capacity);
     let splits = |n: usize| {
-        let plan = choose_plan(n, topk_capacity, gpu.sm_count, cfg.deterministic_topk, true, target.has_clusters());
+        let plan =
+            choose_plan(n, topk_capacity, gpu.sm_count, cfg.deterministic_topk, split_fits, target.has_clusters());
         matches!(plan.0, TopkPlan::Split { .. })
     };
     let topk_split_rows = chunks.iter().map(|c| c.len()).filter(|&n| splits(n)).max().unwrap_or(0);

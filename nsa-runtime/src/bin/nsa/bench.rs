@@ -368,8 +368,8 @@ fn topk_bench(
 ) -> Result<Vec<TopkRow>> {
     use nsa_kernels::{TopkLayout, TopkTransform};
     use nsa_runtime::ops::topk::{
-        choose_plan, cluster_size, split_plan, topk_cluster, topk_split, topk_with_layout, PageTable, TopkOutput,
-        TopkPlan, TopkScores, TopkWorkspace,
+        choose_plan, cluster_size, split_list_suffices, split_plan, topk_cluster, topk_split, topk_with_layout,
+        PageTable, TopkOutput, TopkPlan, TopkScores, TopkWorkspace,
     };
     check_paged_requests(cases, paged_requests)?;
     let stream = rt.gpu().stream().clone();
@@ -396,7 +396,7 @@ fn topk_bench(
         let input = TopkScores { scores: &sv, row_stride: n, row_capacity: n, lengths: &lv, row_starts: None };
         let sms = rt.gpu().caps().sm_count;
         let clusters = rt.target().has_clusters();
-        let chosen = choose_plan(rows, n, sms, false, true, clusters).0;
+        let chosen = choose_plan(rows, n, sms, false, split_list_suffices(rt.target(), k, n), clusters).0;
         // Every plan: both single-block layouts, the split path (with the chunks the
         // plan would give it), the cluster path where the target has clusters.
         let mut plans = vec![
