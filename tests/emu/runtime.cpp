@@ -85,6 +85,8 @@ struct Fiber {
   // and whether it has arrived without waiting yet.
   uint64_t arrived_phase = 0;
   bool arrived = false;
+  // Asynchronous copies issued and not yet waited for: destination and word.
+  std::vector<std::pair<uint32_t*, uint32_t>> copies;
 };
 
 // One cluster instance, shared by its CTAs' OS threads.
@@ -159,6 +161,7 @@ void yield_to_scheduler() {
   Cta* c = t_cta;
   c->launch->spec.entry(c->launch->spec.args);
   c = t_cta;
+  if (!c->cur->copies.empty()) fail("a thread ended with async copies it never waited for", __FILE__, __LINE__);
   c->cur->state = State::Done;
   yield_to_scheduler();
   __builtin_unreachable();
@@ -486,6 +489,14 @@ uint64_t warp_collective(Resolver resolve, uint64_t in, uint64_t arg, uint64_t r
   f.state = State::Warp;
   yield_to_scheduler();
   return f.out;
+}
+
+void async_copy(uint32_t* dst, uint32_t value) { t_cta->cur->copies.emplace_back(dst, value); }
+
+void async_wait() {
+  auto& copies = t_cta->cur->copies;
+  for (const auto& [dst, value] : copies) *dst = value;
+  copies.clear();
 }
 
 void fail(const char* what, const char* file, int line) {

@@ -106,6 +106,24 @@ void stack_overrun(u32* out) {
   fill_big_array(out);
 }
 
+// An async copy lands when its thread waits: out[t] is the word before the wait
+// (the old one), out[32 + t] after it.
+void async_copy_lands_at_the_wait(u32* out) {
+  const u32 t = nsa::thread_x();
+  static const u32 src[32] = {10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25,
+                              26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41};
+  smem[t] = 1;
+  nsa::async_copy_u32(&smem[t], &src[t]);
+  out[t] = smem[t];
+  nsa::wait_async_copies();
+  out[32 + t] = smem[t];
+}
+// A thread that never waits for its copy.
+void async_copy_unwaited(u32*) {
+  static const u32 src = 5;
+  if (nsa::thread_x() == 3) nsa::async_copy_u32(&smem[0], &src);
+}
+
 struct Case {
   const char* name;
   void (*fn)(u32* out);
@@ -121,6 +139,8 @@ const Case kCases[] = {
     {"dsmem_too_early", dsmem_too_early, 2, 32, 2},
     {"missing_barrier", missing_barrier, 1, 32, 1},
     {"stack_overrun", stack_overrun, 1, 32, 1},
+    {"async_copy_lands_at_the_wait", async_copy_lands_at_the_wait, 1, 32, 1},
+    {"async_copy_unwaited", async_copy_unwaited, 1, 32, 1},
 };
 
 struct Run {

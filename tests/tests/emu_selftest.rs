@@ -81,6 +81,21 @@ fn a_stack_overrun_is_an_error() {
 }
 
 #[test]
+fn an_async_copy_lands_when_its_thread_waits() {
+    let (r, out) = run("async_copy_lands_at_the_wait", 1);
+    r.unwrap();
+    for t in 0..32 {
+        assert_eq!(out[t], 1, "thread {t} before its wait sees the old word");
+        assert_eq!(out[32 + t], 10 + t as u32, "thread {t} after its wait");
+    }
+}
+
+#[test]
+fn async_copies_never_waited_for_are_an_error() {
+    expect_error("async_copy_unwaited", &["a thread ended with async copies it never waited for"]);
+}
+
+#[test]
 fn an_unknown_self_test_is_named() {
     assert_eq!(run("nope", 1).0.unwrap_err(), "no self-test nope");
 }

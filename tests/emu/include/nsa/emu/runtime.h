@@ -45,6 +45,13 @@ unsigned char* local_smem();
 uint64_t warp_collective(Resolver resolve, uint64_t in, uint64_t arg, uint64_t required, const char* what,
                          const char* file, int line, int column);
 
+// cp.async at its latest: the word (read now: sources are never written while a
+// copy is in flight) lands in `dst` only when the issuing thread waits, so a read
+// before the wait sees the old value, as it may on a GPU, and a test fails. A thread
+// that ends with copies not waited for is an error.
+void async_copy(uint32_t* dst, uint32_t value);
+void async_wait();
+
 // Ends the launch with an error (a kernel used an operation wrongly).
 [[noreturn]] void fail(const char* what, const char* file, int line);
 
