@@ -534,9 +534,10 @@ NSA_DEVICE void filter_pass(const float* src, i32 begin, i32 len, u32 lo, u32* s
 
 // fkey[c] = the key at position fidx[c] of src, for the first `kept` entries: a
 // gather of the few listed keys (mostly L2 hits), after the pass that listed them,
-// which then carries no key per hit. PAGED slots are looked up only for the winners,
-// at placement: looking them up (or prefetching them) here for the whole list
-// measured slower (BENCHMARKS.md, session 12).
+// which then carries no key per hit. In one block, PAGED slots are looked up only for
+// the winners, during the cut: looking them up (or prefetching them) here for the
+// whole list measured slower (BENCHMARKS.md, sessions 12 and 17). The cluster and
+// split paths look up their whole lists, spread over their blocks (translate_listed).
 template <int kBlockThreads>
 NSA_DEVICE void fill_keys(const float* src, u32 kept, const u32* fidx, u32* fkey) {
   constexpr u32 kBatch = 8;  // loads in flight per thread: one round trip for most lists
