@@ -146,6 +146,7 @@ fn main() {
     runtime.file(root.join("tests/emu/runtime.cpp"));
     runtime.file(root.join("tests/emu/launch.cpp"));
     runtime.file(root.join("tests/emu/selftest.cpp"));
+    runtime.file(root.join("tests/emu/sample.cpp"));
     runtime.compile("nsa_emu");
 }
 

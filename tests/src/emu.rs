@@ -95,6 +95,7 @@ unsafe extern "C" {
         err_len: usize,
     ) -> c_int;
     fn nsa_emu_selftest(name: *const c_char, seed: u64, out: *mut u32, err: *mut c_char, err_len: usize) -> c_int;
+    fn nsa_emu_sample_expected_kept(cap: u32, k: u32, n: i32, out: *mut u64) -> c_int;
     fn nsa_emu_index_transform(
         id: *const c_char,
         shape: *const Shape,
@@ -120,6 +121,16 @@ pub fn selftest(name: &str, seed: u64, out: &mut [u32; 128]) -> std::result::Res
     } else {
         Err(msg)
     }
+}
+
+/// `Sample<cap>::expected_kept<k>(n)` as the top-k kernels compute it (topk.cuh,
+/// compiled for the host): cap 2048, 8192 or 24576, k 512, 1024 or 2048; None for
+/// others.
+pub fn kernel_sample_expected_kept(cap: u32, k: u32, n: i32) -> Option<u64> {
+    let mut out = 0u64;
+    // SAFETY: the entry writes one u64 through `out` and reads nothing else.
+    let rc = unsafe { nsa_emu_sample_expected_kept(cap, k, n, &mut out) };
+    (rc == 0).then_some(out)
 }
 
 /// Runs the sm_90a or gfx942 top-k kernels on the CPU.

@@ -150,8 +150,9 @@ pub fn split_list_suffices(target: Target, k: u32, row_capacity: usize) -> bool 
 }
 
 /// Keys the sample filter with a `list`-key list is expected to keep from an n-key
-/// row (n > list): mirrors `Sample<kCap>::expected_kept<K>` in topk.cuh.
-fn sample_expected_kept(list: usize, k: usize, n: usize) -> usize {
+/// row (n > list): mirrors `Sample<kCap>::expected_kept<K>` in topk.cuh (a test
+/// pins the two together on the CPU emulator's build of the header).
+pub fn sample_expected_kept(list: usize, k: usize, n: usize) -> usize {
     const RUN: usize = 8;
     let runs_max = list.min(8192) / RUN;
     let sectors = if runs_max < 2 { runs_max } else { 1 << runs_max.ilog2() };
