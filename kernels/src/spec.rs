@@ -330,8 +330,9 @@ const TOPK_BLOCK_THREADS: u32 = 1024;
 /// static_asserts there).
 const TOPK_FIXED_WORDS: u32 = 8192 + 72;
 /// Cluster sizes the cluster top-k kernel is built for (8: the portable maximum; a
-/// non-portable 16 measured slower at 1 × 128K, BENCHMARKS.md session 22). Its CTAs are latency-layout blocks (1024 threads, one per SM, the same shared
-/// memory), so CTA 0 can fall back to that layout's histogram path.
+/// non-portable 16 measured slower at 1 × 128K, BENCHMARKS.md session 22). Its CTAs
+/// are latency-layout blocks (1024 threads, one per SM, the same shared memory), so
+/// CTA 0 can fall back to that layout's histogram path.
 pub const TOPK_CLUSTER_SIZES: [u32; 3] = [2, 4, 8];
 /// Threshold-bin candidates (index + key) kept in shared memory before falling back
 /// to re-reading the row (latency layout: the rest of its shared memory is row cache).

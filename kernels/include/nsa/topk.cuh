@@ -136,6 +136,16 @@ NSA_DEVICE i32 table_row_of(const Params& p, i32 row) {
   return kTransform == kPaged ? segment_of(p.cu_seqlens_q, p.table_rows, row) : 0;
 }
 
+// PAGED entries that are slots already, or are translated afterwards, pass through
+// as they are (kPlain); the other transforms are unchanged.
+template <int kTransform>
+constexpr int kUnpaged = kTransform == kPaged ? kPlain : kTransform;
+
+// Page-table row `trow` as words, for the asynchronous slot lookups.
+NSA_DEVICE const u32* table_row_slots(const Params& p, i32 trow) {
+  return reinterpret_cast<const u32*>(p.page_table + (i64)trow * p.table_stride);
+}
+
 template <int kTransform>
 NSA_DEVICE i32 emit(const Params& p, i32 row, i32 trow, i32 pos) {
   if (kTransform == kRagged) return pos + p.offsets[row];
@@ -289,9 +299,8 @@ template <int K, int kTransform, int kBlockThreads, int kCandCap>
 NSA_NOINLINE void overflow_select_apart(const Params& p, i32 row, i32 trow, i32* out, bool cached, const u32* cache,
                                         const float* src, i32 n, u32 bin0, u32 r, u32* hist, u32* sm, u32* cand_idx,
                                         u32* cand_key) {
-  constexpr int kPassTransform = kTransform == kPaged ? kPlain : kTransform;
-  overflow_select<K, kPassTransform, kBlockThreads, kCandCap>(p, row, trow, out, cached, cache, src, n, bin0, r, hist,
-                                                             sm, cand_idx, cand_key);
+  overflow_select<K, kUnpaged<kTransform>, kBlockThreads, kCandCap>(p, row, trow, out, cached, cache, src, n, bin0, r,
+                                                                     hist, sm, cand_idx, cand_key);
   if constexpr (kTransform == kPaged) {
     // All K slots hold positions here (n > K); each thread translates its own.
     for (int k = thread_x(); k < K; k += kBlockThreads) out[k] = emit<kPaged>(p, row, trow, out[k]);
@@ -654,14 +663,12 @@ NSA_DEVICE void look_up_slots(const u32* slots, u32* fidx, const u32* fkey, u32 
 // the positions of its own listed keys by their page-table slots, asynchronously
 // (wait_async_copies() before a thread's entries are read), so the lookups run in
 // every block at once instead of in the one that cuts; that one then places the
-// list's entries as they are (kListTransform).
+// list's entries as they are (kUnpaged).
 template <int kBlockThreads>
 NSA_DEVICE void translate_listed(const Params& p, i32 trow, u32* fidx, u32 listed) {
-  const u32* slots = reinterpret_cast<const u32*>(p.page_table + (i64)trow * p.table_stride);
+  const u32* slots = table_row_slots(p, trow);
   for (u32 c = thread_x(); c < listed; c += kBlockThreads) async_copy_u32(&fidx[c], slots + fidx[c]);
 }
-template <int kTransform>
-constexpr int kListTransform = kTransform == kPaged ? kPlain : kTransform;
 
 // Places the top K of the `kept` listed keys (K <= kept < 2^16); the cut's histogram
 // words then stage the chosen positions. PAGED: once round 0 of the cut has found
@@ -676,8 +683,7 @@ NSA_DEVICE void cut_and_place(const Params& p, i32 row, i32 trow, i32* out, u32*
   u32 ties;
   auto after_round0 = [&](int shift, u64 bin) {
     if constexpr (kTransform == kPaged) {
-      const u32* slots = reinterpret_cast<const u32*>(p.page_table + (i64)trow * p.table_stride);
-      look_up_slots<kBlockThreads>(slots, fidx, fkey, kept, shift, bin);
+      look_up_slots<kBlockThreads>(table_row_slots(p, trow), fidx, fkey, kept, shift, bin);
     }
   };
   list_cut<kBlockThreads>(fkey, kept, (u32)K, hist, sm, thr, ties, after_round0);
@@ -986,7 +992,7 @@ NSA_DEVICE void split_select(const Params& p, const Split& split, u32* status) {
       }
     }
     sync_block();
-    cut_and_place<K, kListTransform<kTransform>, kBlockThreads>(p, row, ext.trow, p.out + (i64)row * K, fidx, fkey,
+    cut_and_place<K, kUnpaged<kTransform>, kBlockThreads>(p, row, ext.trow, p.out + (i64)row * K, fidx, fkey,
                                                                 kept, hist, sm);
   } else {
     whole_row();

@@ -8,7 +8,7 @@ use crate::reference::topk::{check_row, topk_deterministic};
 use crate::runtime::Runtime;
 use crate::testdata::{self, ScorePattern};
 use crate::Result;
-use cudarc::driver::CudaView;
+use cudarc::driver::{CudaView, CudaViewMut};
 use nsa_kernels::{KernelFamily, KernelSpec, Target, TopkLayout, TopkTransform};
 use rand::Rng;
 use std::collections::HashMap;
@@ -240,24 +240,14 @@ impl TopkDevice for Runtime {
                 cu_seqlens_q: t.cu_seqlens_q.is_some().then_some(&cu_view),
             }),
         };
-        let k32 = inputs.k;
         let mut out_view = d_out.slice_mut(0..rows * k);
-        match family {
-            KernelFamily::TopkSplit { .. } => {
-                let mut ws = topk::TopkWorkspace::new(self, rows)?;
-                let chunk = CHECK_SPLIT_CHUNK;
-                let chunks = inputs.row_capacity.div_ceil(chunk);
-                for _ in 0..2 {
-                    topk::topk_split(self, k32, chunk, chunks, &input, &output, &mut out_view, &mut ws)?;
-                }
-            }
-            KernelFamily::TopkCluster { cluster, .. } => {
-                topk::topk_cluster(self, k32, cluster, &input, &output, &mut out_view)?
-            }
-            KernelFamily::TopK { layout, deterministic, .. } => {
-                topk::topk_with_layout(self, k32, deterministic, layout, &input, &output, &mut out_view)?
-            }
-            other => unreachable!("{other:?} is not a top-k family"),
+        let mut ws = match family {
+            KernelFamily::TopkSplit { .. } => Some(topk::TopkWorkspace::new(self, rows)?),
+            _ => None,
+        };
+        // The split path twice: its second run reads the workspace the first left.
+        for _ in 0..if ws.is_some() { 2 } else { 1 } {
+            launch_family(self, family, inputs.k, &input, &output, &mut out_view, ws.as_mut())?;
         }
         download(stream, &d_out, rows * k)
     }
@@ -403,6 +393,30 @@ pub fn index_transform_on(dev: &impl TopkDevice, k: u32, prefill: bool, seed: u6
     })
 }
 
+/// Launches top-k family `family` through its own launcher; the split path (chunks
+/// of CHECK_SPLIT_CHUNK) needs `ws`.
+fn launch_family(
+    rt: &Runtime,
+    family: KernelFamily,
+    k: u32,
+    input: &TopkScores<'_>,
+    output: &TopkOutput<'_>,
+    out: &mut CudaViewMut<'_, i32>,
+    ws: Option<&mut topk::TopkWorkspace>,
+) -> Result<()> {
+    match (family, ws) {
+        (KernelFamily::TopK { layout, deterministic, .. }, _) => {
+            topk::topk_with_layout(rt, k, deterministic, layout, input, output, out)
+        }
+        (KernelFamily::TopkCluster { cluster, .. }, _) => topk::topk_cluster(rt, k, cluster, input, output, out),
+        (KernelFamily::TopkSplit { .. }, Some(ws)) => {
+            let chunks = input.row_capacity.div_ceil(CHECK_SPLIT_CHUNK);
+            topk::topk_split(rt, k, CHECK_SPLIT_CHUNK, chunks, input, output, out, ws)
+        }
+        (other, _) => unreachable!("{other:?}: a top-k family, the split path with its workspace"),
+    }
+}
+
 /// Rows of `n` scores back to back, from position 0.
 fn packed_rows<'a>(scores: &'a CudaView<'a, f32>, n: usize, lengths: &'a CudaView<'a, i32>) -> TopkScores<'a> {
     TopkScores { scores, row_stride: n, row_capacity: n, lengths, row_starts: None }
@@ -503,25 +517,7 @@ pub fn transform_then_topk(rt: &Runtime, k: u32, rows: usize, n: usize, path: To
         let (scores_view, lengths_view) = (d_scores.slice(0..), d_lengths.slice(entries - rows..entries));
         let input = packed_rows(&scores_view, n, &lengths_view);
         let mut out_view = d_out.slice_mut(0..rows * ku);
-        match (family, ws.as_mut()) {
-            (KernelFamily::TopK { layout, .. }, _) => {
-                topk::topk_with_layout(rt, k, false, layout, &input, &TopkOutput::Plain, &mut out_view)?
-            }
-            (KernelFamily::TopkCluster { cluster, .. }, _) => {
-                topk::topk_cluster(rt, k, cluster, &input, &TopkOutput::Plain, &mut out_view)?
-            }
-            (KernelFamily::TopkSplit { .. }, Some(ws)) => topk::topk_split(
-                rt,
-                k,
-                CHECK_SPLIT_CHUNK,
-                n.div_ceil(CHECK_SPLIT_CHUNK),
-                &input,
-                &TopkOutput::Plain,
-                &mut out_view,
-                ws,
-            )?,
-            _ => unreachable!("a top-k family, the split path with its workspace"),
-        }
+        launch_family(rt, family, k, &input, &TopkOutput::Plain, &mut out_view, ws.as_mut())?;
         let out = download(stream, &d_out, rows * ku)?;
         for b in 0..rows {
             let positions: Vec<Option<i32>> = out[b * ku..][..ku].iter().map(|&p| Some(p)).collect();
