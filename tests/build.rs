@@ -1,11 +1,12 @@
 //! Builds the CPU emulation of the top-k kernels (`tests/emu/`): every top-k, split,
-//! cluster and page-table transform variant for k = 512, 1024, 2048 of sm_90a (32-lane
+//! cluster and page-table transform variant for k = 512, 1024, 2048 (bf16 scores for
+//! 512 and 2048) of sm_90a (32-lane
 //! warps) and gfx942 (64-lane wavefronts, no clusters), rendered from the same
 //! templates and headers as the GPU builds, compiled for the host against the
 //! emulated arch layer (`nsa/emu/arch.cuh`) in place of the target's own.
 
 use nsa_kernels::spec::TOPK_CLUSTER_SIZES;
-use nsa_kernels::{render, KernelFamily, KernelSpec, Target, TopkLayout, TopkTransform};
+use nsa_kernels::{render, KernelFamily, KernelSpec, Target, TopkLayout, TopkScore, TopkTransform};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
@@ -25,16 +26,20 @@ fn kind(family: KernelFamily) -> &'static str {
 fn emulated_families(target: Target) -> Vec<KernelFamily> {
     let mut families = Vec::new();
     for k in [512, 1024, 2048] {
-        for transform in TopkTransform::ALL {
-            for deterministic in [false, true] {
-                for layout in [TopkLayout::Latency, TopkLayout::Throughput] {
-                    families.push(KernelFamily::TopK { k, transform, deterministic, layout });
+        // bf16 scores for the k the bf16 cases use (topk_cases::bf16_scores_every_path).
+        let scores: &[TopkScore] = if k == 1024 { &[TopkScore::F32] } else { &TopkScore::ALL };
+        for &score in scores {
+            for transform in TopkTransform::ALL {
+                for deterministic in [false, true] {
+                    for layout in [TopkLayout::Latency, TopkLayout::Throughput] {
+                        families.push(KernelFamily::TopK { k, transform, deterministic, layout, score });
+                    }
                 }
-            }
-            families.push(KernelFamily::TopkSplit { k, transform });
-            if target.has_clusters() {
-                for cluster in TOPK_CLUSTER_SIZES {
-                    families.push(KernelFamily::TopkCluster { k, transform, cluster });
+                families.push(KernelFamily::TopkSplit { k, transform, score });
+                if target.has_clusters() {
+                    for cluster in TOPK_CLUSTER_SIZES {
+                        families.push(KernelFamily::TopkCluster { k, transform, cluster, score });
+                    }
                 }
             }
         }

@@ -2,7 +2,7 @@
 //! sparse MLA, metadata) add their specs here.
 
 use crate::config::{KvCacheFormat, NsaConfig};
-use crate::spec::{IndexerLayout, KernelFamily, KernelSpec, MetadataMode, TopkLayout, TopkTransform};
+use crate::spec::{IndexerLayout, KernelFamily, KernelSpec, MetadataMode, TopkLayout, TopkScore, TopkTransform};
 use crate::target::Vendor;
 
 /// The kernel set of `cfg`, for every target it lists, sorted and without repeats.
@@ -13,11 +13,12 @@ pub fn kernel_set(cfg: &NsaConfig) -> Vec<KernelSpec> {
         vec![KernelFamily::KvStore { format: cfg.kv_cache }, KernelFamily::IndexerKStore, KernelFamily::IndexerKGather];
     // Top-k: fused PAGED (decode/verify/draft-extend, extend without prefix) and
     // RAGGED (extend with prefix), plus the unfused path (plain + transform).
+    let score = TopkScore::F32;
     for transform in TopkTransform::ALL {
         for layout in [TopkLayout::Latency, TopkLayout::Throughput] {
-            families.push(KernelFamily::TopK { k: cfg.topk, transform, deterministic: false, layout });
+            families.push(KernelFamily::TopK { k: cfg.topk, transform, deterministic: false, layout, score });
         }
-        families.push(KernelFamily::TopkSplit { k: cfg.topk, transform });
+        families.push(KernelFamily::TopkSplit { k: cfg.topk, transform, score });
     }
     families.push(KernelFamily::IndexTransform { k: cfg.topk });
     if cfg.kv_cache == KvCacheFormat::Fp8 {

@@ -12,7 +12,7 @@ pub mod target;
 pub use catalog::kernel_set;
 pub use config::{ConfigError, ConfigIssue, KvCacheFormat, NsaConfig, PRESETS};
 pub use render::{render, RenderError, RenderedKernel, HEADERS};
-pub use spec::{KernelFamily, KernelSpec, TopkLayout, TopkTransform};
+pub use spec::{KernelFamily, KernelSpec, TopkLayout, TopkScore, TopkTransform};
 pub use target::{OutputKind, Target, Toolchain, Vendor};
 
 /// Constants of the DeepSeek V3.2 attention layout (spec §1–§2).

@@ -22,8 +22,15 @@ pub enum KernelFamily {
     IndexerKStore,
     /// Gather indexer keys and scales by slot into ragged rows (spec §6.3 "Gather K").
     IndexerKGather,
-    /// Exact top-k of f32 scores per row, with the output transform fused in.
-    TopK { k: u32, transform: TopkTransform, deterministic: bool, layout: TopkLayout },
+    /// Exact top-k of f32 or bf16 scores per row, with the output transform fused in.
+    TopK {
+        k: u32,
+        transform: TopkTransform,
+        deterministic: bool,
+        layout: TopkLayout,
+        #[serde(default)]
+        score: TopkScore,
+    },
     /// Unfused page-table transform of top-k positions (spec §7.7).
     IndexTransform { k: u32 },
     /// CUDA-graph metadata replay (spec §9.3, §9.6): one launch rewrites every
@@ -34,11 +41,22 @@ pub enum KernelFamily {
     MetadataReplay { page_size: u32, mode: MetadataMode },
     /// Split top-k: few long rows, each spread over many blocks in one launch; each
     /// row's last block cuts the top k from the keys its blocks kept.
-    TopkSplit { k: u32, transform: TopkTransform },
+    TopkSplit {
+        k: u32,
+        transform: TopkTransform,
+        #[serde(default)]
+        score: TopkScore,
+    },
     /// Exact top-k with each row spread over a thread-block cluster of `cluster`
     /// CTAs (sm_90+ only): one launch, the row read once, histograms summed
     /// through distributed shared memory.
-    TopkCluster { k: u32, transform: TopkTransform, cluster: u32 },
+    TopkCluster {
+        k: u32,
+        transform: TopkTransform,
+        cluster: u32,
+        #[serde(default)]
+        score: TopkScore,
+    },
     /// Sparse MLA decode over the FP8-656 cache (spec §8.3): heads, top-k and page
     /// size are constants (the page size turns the slot split into shifts or a
     /// multiply). The query tokens per request (s_q) are not: every query row
@@ -267,6 +285,63 @@ pub enum TopkLayout {
     Throughput,
 }
 
+/// The element type of the scores a top-k kernel reads. Either way the choice is
+/// exact: a bf16 score's f32 value is exact, so the keys, their order and the NaN
+/// rule are those of f32 (spec §7).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TopkScore {
+    /// f32 logits (what the indexer kernels write).
+    #[default]
+    F32,
+    /// bf16 logits: half the bytes to read.
+    Bf16,
+}
+
+impl TopkScore {
+    pub const ALL: [TopkScore; 2] = [TopkScore::F32, TopkScore::Bf16];
+
+    pub fn tag(self) -> &'static str {
+        match self {
+            TopkScore::F32 => "f32",
+            TopkScore::Bf16 => "bf16",
+        }
+    }
+
+    /// Bytes per score.
+    pub fn bytes(self) -> usize {
+        match self {
+            TopkScore::F32 => 4,
+            TopkScore::Bf16 => 2,
+        }
+    }
+
+    fn device_type(self) -> &'static str {
+        match self {
+            TopkScore::F32 => "float",
+            TopkScore::Bf16 => "nsa::topk::Bf16",
+        }
+    }
+
+    /// Id knobs: none for f32 (the ids that came before bf16), `bf16` otherwise.
+    fn id_knobs(self, knobs: &mut Vec<String>) {
+        if self != TopkScore::F32 {
+            knobs.push(self.tag().into());
+        }
+    }
+}
+
+impl std::str::FromStr for TopkScore {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "f32" | "float32" | "float" => Ok(TopkScore::F32),
+            "bf16" | "bfloat16" => Ok(TopkScore::Bf16),
+            _ => Err(format!("unknown top-k score type `{s}`: allowed f32 or bf16")),
+        }
+    }
+}
+
 /// What a top-k kernel writes for each chosen position p of row b.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -414,8 +489,9 @@ impl KernelSpec {
             KernelFamily::KvStore { format } => vec![format.tag().into()],
             KernelFamily::KvDequant => vec![KvCacheFormat::Fp8.tag().into()],
             KernelFamily::IndexerKStore | KernelFamily::IndexerKGather => vec!["fp8_132".into(), "p64".into()],
-            KernelFamily::TopK { k, transform, deterministic, layout } => {
+            KernelFamily::TopK { k, transform, deterministic, layout, score } => {
                 let mut v = vec![format!("k{k}"), transform.tag().into()];
+                score.id_knobs(&mut v);
                 if deterministic {
                     v.push("det".into());
                 }
@@ -426,9 +502,16 @@ impl KernelSpec {
             }
             KernelFamily::IndexTransform { k } => vec![format!("k{k}")],
             KernelFamily::MetadataReplay { page_size, mode } => vec![mode.tag().into(), format!("p{page_size}")],
-            KernelFamily::TopkSplit { k, transform } => vec![format!("k{k}"), transform.tag().into()],
-            KernelFamily::TopkCluster { k, transform, cluster } => {
-                vec![format!("k{k}"), transform.tag().into(), format!("c{cluster}")]
+            KernelFamily::TopkSplit { k, transform, score } => {
+                let mut v = vec![format!("k{k}"), transform.tag().into()];
+                score.id_knobs(&mut v);
+                v
+            }
+            KernelFamily::TopkCluster { k, transform, cluster, score } => {
+                let mut v = vec![format!("k{k}"), transform.tag().into()];
+                score.id_knobs(&mut v);
+                v.push(format!("c{cluster}"));
+                v
             }
             KernelFamily::SparseDecode { heads, topk, page_size } => {
                 vec![format!("h{heads}"), format!("k{topk}"), format!("p{page_size}")]
@@ -665,8 +748,10 @@ impl KernelSpec {
         if matches!(self.family, KernelFamily::IndexerKStore | KernelFamily::IndexerKGather) {
             ctx.insert("tokens_per_lane_group".into(), json!(INDEXER_TOKENS_PER_LANE_GROUP));
         }
-        if let KernelFamily::TopK { k, transform, deterministic, .. } = self.family {
+        if let KernelFamily::TopK { k, transform, deterministic, score, .. } = self.family {
             ctx.insert("k".into(), json!(k));
+            ctx.insert("score".into(), json!(score.tag()));
+            ctx.insert("score_type".into(), json!(score.device_type()));
             ctx.insert("transform".into(), json!(transform.tag()));
             ctx.insert("transform_enum".into(), json!(transform.device_enum()));
             ctx.insert("deterministic".into(), json!(deterministic));
@@ -678,16 +763,20 @@ impl KernelSpec {
         if let KernelFamily::IndexTransform { k } = self.family {
             ctx.insert("k".into(), json!(k));
         }
-        if let KernelFamily::TopkSplit { k, transform } = self.family {
+        if let KernelFamily::TopkSplit { k, transform, score } = self.family {
             ctx.insert("k".into(), json!(k));
+            ctx.insert("score".into(), json!(score.tag()));
+            ctx.insert("score_type".into(), json!(score.device_type()));
             ctx.insert("transform".into(), json!(transform.tag()));
             ctx.insert("transform_enum".into(), json!(transform.device_enum()));
             ctx.insert("list_capacity".into(), json!(self.topk_split_list()));
             ctx.insert("smem_words".into(), json!(self.topk_smem_words()));
             ctx.insert("min_blocks_per_sm".into(), json!(self.topk_min_blocks_per_sm()));
         }
-        if let KernelFamily::TopkCluster { k, transform, cluster } = self.family {
+        if let KernelFamily::TopkCluster { k, transform, cluster, score } = self.family {
             ctx.insert("k".into(), json!(k));
+            ctx.insert("score".into(), json!(score.tag()));
+            ctx.insert("score_type".into(), json!(score.device_type()));
             ctx.insert("transform".into(), json!(transform.tag()));
             ctx.insert("transform_enum".into(), json!(transform.device_enum()));
             ctx.insert("cluster".into(), json!(cluster));
@@ -751,17 +840,24 @@ impl KernelSpec {
         ];
         for k in [512, 1024, 2048] {
             for transform in TopkTransform::ALL {
-                let topk = |deterministic, layout| KernelFamily::TopK { k, transform, deterministic, layout };
-                families.push(topk(false, TopkLayout::Latency));
+                let topk =
+                    |deterministic, layout, score| KernelFamily::TopK { k, transform, deterministic, layout, score };
+                families.push(topk(false, TopkLayout::Latency, TopkScore::F32));
                 if k == 2048 {
-                    families.push(topk(true, TopkLayout::Latency));
-                    families.push(topk(false, TopkLayout::Throughput));
+                    // bf16 scores: every load path (both layouts, deterministic, split and cluster below).
+                    for score in TopkScore::ALL {
+                        families.push(topk(true, TopkLayout::Latency, score));
+                        families.push(topk(false, TopkLayout::Throughput, score));
+                    }
+                    families.push(topk(false, TopkLayout::Latency, TopkScore::Bf16));
                 }
             }
         }
         families.push(KernelFamily::IndexTransform { k: 2048 });
         for transform in TopkTransform::ALL {
-            families.push(KernelFamily::TopkSplit { k: 2048, transform });
+            for score in TopkScore::ALL {
+                families.push(KernelFamily::TopkSplit { k: 2048, transform, score });
+            }
         }
         for page_size in [64, 1] {
             for mode in MetadataMode::ALL {
@@ -772,7 +868,10 @@ impl KernelSpec {
             for k in [512, 1024, 2048] {
                 for transform in TopkTransform::ALL {
                     for cluster in TOPK_CLUSTER_SIZES {
-                        families.push(KernelFamily::TopkCluster { k, transform, cluster });
+                        families.push(KernelFamily::TopkCluster { k, transform, cluster, score: TopkScore::F32 });
+                    }
+                    if k == 2048 {
+                        families.push(KernelFamily::TopkCluster { k, transform, cluster: 8, score: TopkScore::Bf16 });
                     }
                 }
             }
@@ -808,6 +907,8 @@ impl KernelSpec {
         let (&family, knobs) = rest.split_first()?;
         let target: Target = arch.parse().ok()?;
         let k_of = |s: &str| s.strip_prefix('k').and_then(|n| n.parse::<u32>().ok());
+        // Unknown flags parse to a family whose id differs, rejected below.
+        let score_of = |flags: &[&str]| if flags.contains(&"bf16") { TopkScore::Bf16 } else { TopkScore::F32 };
         let family = match (family, knobs) {
             ("kv_store", [fmt]) => KernelFamily::KvStore { format: fmt.parse().ok()? },
             ("kv_dequant", _) => KernelFamily::KvDequant,
@@ -818,16 +919,19 @@ impl KernelSpec {
                 transform: TopkTransform::ALL.into_iter().find(|x| x.tag() == *t)?,
                 deterministic: flags.contains(&"det"),
                 layout: if flags.contains(&"tput") { TopkLayout::Throughput } else { TopkLayout::Latency },
+                score: score_of(flags),
             },
             ("index_transform", [k]) => KernelFamily::IndexTransform { k: k_of(k)? },
-            ("topk_cluster", [k, t, c]) => KernelFamily::TopkCluster {
+            ("topk_cluster", [k, t, flags @ .., c]) => KernelFamily::TopkCluster {
                 k: k_of(k)?,
                 transform: TopkTransform::ALL.into_iter().find(|x| x.tag() == *t)?,
                 cluster: c.strip_prefix('c').and_then(|n| n.parse::<u32>().ok())?,
+                score: score_of(flags),
             },
-            ("topk_split", [k, t]) => KernelFamily::TopkSplit {
+            ("topk_split", [k, t, flags @ ..]) => KernelFamily::TopkSplit {
                 k: k_of(k)?,
                 transform: TopkTransform::ALL.into_iter().find(|x| x.tag() == *t)?,
+                score: score_of(flags),
             },
             ("sparse_decode", [h, k, p]) => KernelFamily::SparseDecode {
                 heads: h.strip_prefix('h').and_then(|n| n.parse::<u32>().ok())?,
@@ -876,9 +980,11 @@ mod tests {
             transform: TopkTransform::Paged,
             deterministic: false,
             layout: TopkLayout::Latency,
+            score: TopkScore::F32,
         };
-        let cluster = KernelFamily::TopkCluster { k: 2048, transform: TopkTransform::Plain, cluster: 8 };
-        let split = KernelFamily::TopkSplit { k: 512, transform: TopkTransform::Ragged };
+        let cluster =
+            KernelFamily::TopkCluster { k: 2048, transform: TopkTransform::Plain, cluster: 8, score: TopkScore::Bf16 };
+        let split = KernelFamily::TopkSplit { k: 512, transform: TopkTransform::Ragged, score: TopkScore::F32 };
         let transform = KernelFamily::IndexTransform { k: 2048 };
         for family in [topk, cluster, split, transform] {
             for target in Target::NVIDIA {

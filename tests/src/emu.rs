@@ -4,10 +4,10 @@
 //! against the CPU reference. It proves what the kernels compute, not how fast, and not the
 //! GPU-only parts (the arch layer's PTX, memory ordering between real warps).
 
-use nsa_kernels::{KernelFamily, KernelSpec, Target};
+use nsa_kernels::{KernelFamily, KernelSpec, Target, TopkScore};
 use nsa_runtime::verify::topk::{HostPageTable, TopkDevice, TopkInputs, CHECK_SPLIT_CHUNK};
 use nsa_runtime::{Error, Result};
-use std::ffi::{c_char, c_int, CStr, CString};
+use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::ptr;
 
 /// Compute units of the GPU whose launch plans the emulator follows: an H200 for
@@ -22,7 +22,7 @@ pub fn emulated_sms(target: Target) -> u32 {
 /// `nsa::topk::Params` (topk.cuh); tests/emu/launch.cpp pins the same size.
 #[repr(C)]
 struct TopkParams {
-    scores: *const f32,
+    scores: *const c_void,
     lengths: *const i32,
     row_starts: *const i32,
     page_table: *const i32,
@@ -208,8 +208,12 @@ impl TopkDevice for Emulator {
             return Ok(out);
         }
         let table = inputs.table.as_ref();
+        let bf16_scores = if inputs.score == TopkScore::Bf16 { inputs.scores_bf16() } else { Vec::new() };
         let params = TopkParams {
-            scores: inputs.scores.as_ptr(),
+            scores: match inputs.score {
+                TopkScore::F32 => inputs.scores.as_ptr().cast(),
+                TopkScore::Bf16 => bf16_scores.as_ptr().cast(),
+            },
             lengths: inputs.lengths.as_ptr(),
             row_starts: or_null(inputs.row_starts.as_deref()),
             page_table: or_null(table.map(|t| &t.table[..])),

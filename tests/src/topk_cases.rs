@@ -1,7 +1,7 @@
 //! The top-k test cases, shared by the GPU tests (`tests/gpu/topk.rs`) and the CPU
 //! emulation tests (`tests/emu_topk.rs`): both run exactly these.
 
-use nsa_kernels::{TopkLayout, TopkTransform};
+use nsa_kernels::{TopkLayout, TopkScore, TopkTransform};
 use nsa_runtime::testdata::{ScorePattern, SCORE_PATTERNS};
 use nsa_runtime::verify::topk::{TopkCase, TopkPath};
 
@@ -28,6 +28,7 @@ pub fn case(
         row_starts: true,
         grouped: false,
         path: TopkPath::Single(None),
+        score: TopkScore::F32,
         seed,
     }
 }
@@ -183,6 +184,61 @@ pub fn many_rows_and_very_long_rows() -> Vec<TopkCase> {
     cases
 }
 
+/// bf16 scores on every path: one block (both layouts, deterministic or not, k =
+/// 512 and 2048, every transform and pattern, around every boundary, rows starting
+/// at every 2-byte alignment), the sample filter around its list capacities and
+/// its fallbacks, the split path, and the cluster path (on gfx942 the split path)
+/// up to 1M keys. Rounding to bf16 makes near-equal scores ties.
+pub fn bf16_scores_every_path() -> Vec<TopkCase> {
+    let bf16 = |mut c: TopkCase| {
+        c.score = TopkScore::Bf16;
+        c
+    };
+    let mut cases = Vec::new();
+    let mut seed = 1300;
+    for k in [512u32, 2048] {
+        for (i, pattern) in SCORE_PATTERNS.into_iter().enumerate() {
+            let transform = TopkTransform::ALL[i % 3];
+            for deterministic in [false, true] {
+                for layout in [TopkLayout::Latency, TopkLayout::Throughput] {
+                    seed += 1;
+                    let mut c = bf16(case(k, transform, deterministic, pattern, edge_lengths(k as i32), seed));
+                    c.path = TopkPath::Single(Some(layout));
+                    c.grouped = transform == TopkTransform::Paged && deterministic;
+                    cases.push(c);
+                }
+            }
+        }
+    }
+    let filter_lengths = vec![6144, 6145, 8192, 8193, 24_577, 131_072, 1 << 20, 4097];
+    for (i, pattern) in
+        [ScorePattern::Gaussian, ScorePattern::Uniform, ScorePattern::FewDistinct, ScorePattern::Strided]
+            .into_iter()
+            .enumerate()
+    {
+        let mut c =
+            bf16(case(2048, TopkTransform::ALL[i % 3], false, pattern, filter_lengths.clone(), 1400 + i as u64));
+        c.path = TopkPath::Single(Some([TopkLayout::Latency, TopkLayout::Throughput][i % 2]));
+        cases.push(c);
+    }
+    for transform in TopkTransform::ALL {
+        for (i, pattern) in
+            [ScorePattern::Gaussian, ScorePattern::OneBucket, ScorePattern::NonFinite].into_iter().enumerate()
+        {
+            let mut lengths = edge_lengths(2048);
+            lengths.extend([131_072, 1 << 20]);
+            let mut c = bf16(case(2048, transform, false, pattern, lengths.clone(), 1500 + i as u64));
+            c.path = TopkPath::Split;
+            c.grouped = transform == TopkTransform::Paged && i % 2 == 0;
+            cases.push(c.clone());
+            c.path = TopkPath::Cluster([2, 8][i % 2]);
+            c.seed += 50;
+            cases.push(c);
+        }
+    }
+    cases
+}
+
 /// One `#[test]` per case list above, each handing its cases to `$run_all`
 /// (`fn(Vec<TopkCase>)`): the GPU and the emulated targets run the same tests.
 #[macro_export]
@@ -195,7 +251,8 @@ macro_rules! topk_case_tests {
             split_path_every_transform_every_pattern,
             cluster_path_every_size_transform_and_pattern,
             paged_prefill_form_groups_rows_by_request,
-            many_rows_and_very_long_rows
+            many_rows_and_very_long_rows,
+            bf16_scores_every_path
         );
     };
     ($run_all:ident: $($name:ident),+) => {

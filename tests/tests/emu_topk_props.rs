@@ -1,9 +1,9 @@
 //! Random top-k cases on the CPU emulation of the sm_90a and gfx942 kernels (`tests/emu/`):
-//! any k, transform, path, score pattern, mix of row lengths (around k, the list and
+//! any k, transform, path, score type and pattern, mix of row lengths (around k, the list and
 //! cache capacities, and long rows), row starts and request grouping, checked
 //! against the CPU reference. Explores combinations the fixed GPU case lists do not.
 
-use nsa_kernels::{Target, TopkLayout, TopkTransform};
+use nsa_kernels::{Target, TopkLayout, TopkScore, TopkTransform};
 use nsa_runtime::testdata::SCORE_PATTERNS;
 use nsa_runtime::verify::topk::{run_on, TopkCase, TopkPath};
 use nsa_tests::emu::Emulator;
@@ -39,8 +39,10 @@ fn topk_case() -> impl Strategy<Value = TopkCase> {
                 // The split and cluster paths are unordered: never deterministic.
                 any::<bool>().prop_map(move |d| d && !spread),
                 any::<bool>(),
+                // bf16 scores where the emulator has them (k = 512, 2048).
+                any::<bool>().prop_map(move |b| if b && k != 1024 { TopkScore::Bf16 } else { TopkScore::F32 }),
             )
-                .prop_map(move |(lengths, row_starts, deterministic, grouped)| {
+                .prop_map(move |(lengths, row_starts, deterministic, grouped, score)| {
                     let transform = TopkTransform::ALL[t];
                     TopkCase {
                         k,
@@ -51,6 +53,7 @@ fn topk_case() -> impl Strategy<Value = TopkCase> {
                         row_starts,
                         grouped: grouped && transform == TopkTransform::Paged,
                         path,
+                        score,
                         seed,
                     }
                 })

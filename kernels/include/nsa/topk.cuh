@@ -1,9 +1,9 @@
-// Exact top-k of f32 scores per row by radix select (spec §7), with the output
+// Exact top-k of f32 or bf16 scores per row by radix select (spec §7), with the output
 // transformed in place: relative positions, page-table slots (PAGED) or positions
 // plus a per-row offset (RAGGED).
 //
-// Keys are the scores mapped to order-preserving u32 (NaN maps to 0, below -inf, so
-// a NaN is never chosen ahead of any number). Three ways to a row's top k:
+// Keys are the scores (bf16 widened to f32, exactly) mapped to order-preserving u32
+// (NaN maps to 0, below -inf, so a NaN is never chosen ahead of any number). Three ways to a row's top k:
 // - Sample filter (unordered rows, one block per row): a strided sample gives a
 //   threshold a little below the k-th largest, one pass lists the positions at or
 //   above it (a float compare per key; the few listed keys are gathered after), and
@@ -32,7 +32,7 @@ enum Transform { kPlain = 0, kPaged = 1, kRagged = 2 };
 
 // Kernel parameters; the host mirrors this layout field for field.
 struct Params {
-  const float* scores;      // [rows, row_stride] f32; row r's candidates start at row_starts[r]
+  const void* scores;       // [rows, row_stride] of the kernel's Score type; row r's candidates start at row_starts[r]
   const i32* lengths;       // [rows] candidates per row (<= 0: none)
   const i32* row_starts;    // [rows] or null (all 0)
   const i32* page_table;    // PAGED: [table_rows, table_stride] slots
@@ -73,9 +73,32 @@ NSA_DEVICE constexpr u32 round_mask(int round) { return (1u << round_width(round
 // kernel's joined list length).
 enum Slot { kThrBin = kScanScratch, kAbove, kWinners, kTies, kCands, kBase, kLast, kJoined, kScalarWords };
 
-struct alignas(16) F4 {
-  float v[4];
+// Score types: f32, or bf16 as stored (its f32 value is the high half of the f32
+// bits, so the keys, the order and the NaN rule are those of f32).
+struct Bf16 {
+  u16 bits;
 };
+NSA_DEVICE float score_value(float v) { return v; }
+NSA_DEVICE float score_value(Bf16 v) { return bf16_to_f32(v.bits); }
+// A NaN of each score type: pads the filter pass's last batch, never listed.
+NSA_DEVICE void set_nan(float& v) { v = u32_as_f32(0x7fffffffu); }
+NSA_DEVICE void set_nan(Bf16& v) { v.bits = 0x7fffu; }
+
+// 16 bytes of scores, moved as one vector load (4 f32 or 8 bf16).
+template <typename S>
+constexpr int kScoreLanes = 16 / (int)sizeof(S);
+template <typename S>
+struct alignas(16) ScoreVec {
+  S v[kScoreLanes<S>];
+};
+
+// Scores from 16-byte alignment on: the scalar head before it (at most one vector's
+// worth), and the whole vectors after it.
+template <typename S>
+NSA_DEVICE i32 unaligned_head(const S* src, i32 n) {
+  const i32 to_align = (i32)(((16u - ((u32)(u64)src & 15u)) & 15u) / (u32)sizeof(S));
+  return to_align < n ? to_align : n;
+}
 
 NSA_DEVICE u32 order_key(float f) {
   const u32 b = f32_as_u32(f);
@@ -83,46 +106,47 @@ NSA_DEVICE u32 order_key(float f) {
   return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
 }
 
-// Calls f(i, src[i]) for every i in [0, n), the block's threads striding over the
-// row: a scalar head up to 16-byte alignment, then kUnroll float4 loads issued
-// before any is used (keeps ~64 B per thread in flight), then a scalar tail.
-template <int kBlockThreads, typename F>
-NSA_DEVICE void scan_floats(const float* src, i32 n, F&& f) {
-  constexpr int kUnroll = 4;
+// Calls f(i, value of src[i]) for every i in [0, n), the block's threads striding
+// over the row: a scalar head up to 16-byte alignment, then kUnroll 16-byte loads
+// issued before any is used (keeps 64 B per thread in flight), then a scalar tail.
+template <int kBlockThreads, typename S, typename F>
+NSA_DEVICE void scan_scores(const S* src, i32 n, F&& f) {
+  using V = ScoreVec<S>;
+  constexpr int kLanes = kScoreLanes<S>;
+  constexpr int kUnroll = 16 / kLanes;
   const i32 tid = (i32)thread_x();
-  const i32 to_align = (i32)(((16u - ((u32)(u64)src & 15u)) & 15u) / 4u);
-  const i32 head = to_align < n ? to_align : n;
-  for (i32 i = tid; i < head; i += kBlockThreads) f(i, src[i]);
-  const F4* body = reinterpret_cast<const F4*>(src + head);
-  const i32 vecs = (n - head) / 4;
+  const i32 head = unaligned_head(src, n);
+  for (i32 i = tid; i < head; i += kBlockThreads) f(i, score_value(src[i]));
+  const V* body = reinterpret_cast<const V*>(src + head);
+  const i32 vecs = (n - head) / kLanes;
   i32 j = tid;
   for (; j + (kUnroll - 1) * kBlockThreads < vecs; j += kUnroll * kBlockThreads) {
-    F4 v[kUnroll];
+    V v[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) v[u] = body[j + u * kBlockThreads];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) f(head + 4 * (j + u * kBlockThreads) + e, v[u].v[e]);
+      for (int e = 0; e < kLanes; ++e) f(head + kLanes * (j + u * kBlockThreads) + e, score_value(v[u].v[e]));
     }
   }
   for (; j < vecs; j += kBlockThreads) {
-    const F4 v = body[j];
+    const V v = body[j];
 #pragma unroll
-    for (int e = 0; e < 4; ++e) f(head + 4 * j + e, v.v[e]);
+    for (int e = 0; e < kLanes; ++e) f(head + kLanes * j + e, score_value(v.v[e]));
   }
-  for (i32 i = head + 4 * vecs + tid; i < n; i += kBlockThreads) f(i, src[i]);
+  for (i32 i = head + kLanes * vecs + tid; i < n; i += kBlockThreads) f(i, score_value(src[i]));
 }
 
-// scan_floats handing f the order-preserving key of each score.
-template <int kBlockThreads, typename F>
-NSA_DEVICE void scan_global(const float* src, i32 n, F&& f) {
-  scan_floats<kBlockThreads>(src, n, [&](i32 i, float v) { f(i, order_key(v)); });
+// scan_scores handing f the order-preserving key of each score.
+template <int kBlockThreads, typename S, typename F>
+NSA_DEVICE void scan_global(const S* src, i32 n, F&& f) {
+  scan_scores<kBlockThreads>(src, n, [&](i32 i, float v) { f(i, order_key(v)); });
 }
 
 // Every (position, key) of the row, from the shared-memory copy when there is one.
-template <int kBlockThreads, typename F>
-NSA_DEVICE void for_each_key(bool cached, const u32* cache, const float* src, i32 n, F&& f) {
+template <int kBlockThreads, typename S, typename F>
+NSA_DEVICE void for_each_key(bool cached, const u32* cache, const S* src, i32 n, F&& f) {
   if (cached) {
     for (i32 i = (i32)thread_x(); i < n; i += kBlockThreads) f(i, cache[i]);
   } else {
@@ -229,9 +253,9 @@ struct Placer {
 // the far smaller round-1 bin (emitting its winners above the round-1 bin), and
 // round 2 plus the ties come from those candidates, or from a third pass if even
 // they do not fit. Exact always.
-template <int K, int kTransform, int kBlockThreads, int kCandCap>
+template <int K, int kTransform, int kBlockThreads, int kCandCap, typename S>
 NSA_DEVICE void overflow_select(const Params& p, i32 row, i32 trow, i32* out, bool cached, const u32* cache,
-                                const float* src, i32 n, u32 bin0, u32 r, u32* hist, u32* sm, u32* cand_idx,
+                                const S* src, i32 n, u32 bin0, u32 r, u32* hist, u32* sm, u32* cand_idx,
                                 u32* cand_key) {
   const u32 tid = thread_x();
   for (int b = tid; b < kBins; b += kBlockThreads) hist[b] = 0u;
@@ -295,9 +319,9 @@ NSA_DEVICE void overflow_select(const Params& p, i32 row, i32 trow, i32* out, bo
 // apart (histogram_row): inlined there, its live values spill under the 64-register
 // cap of the split and cluster kernels. PAGED writes positions and translates them
 // after, keeping the table lookup out of the passes (it spilled them on sm_100a).
-template <int K, int kTransform, int kBlockThreads, int kCandCap>
+template <int K, int kTransform, int kBlockThreads, int kCandCap, typename S>
 NSA_NOINLINE void overflow_select_apart(const Params& p, i32 row, i32 trow, i32* out, bool cached, const u32* cache,
-                                        const float* src, i32 n, u32 bin0, u32 r, u32* hist, u32* sm, u32* cand_idx,
+                                        const S* src, i32 n, u32 bin0, u32 r, u32* hist, u32* sm, u32* cand_idx,
                                         u32* cand_key) {
   overflow_select<K, kUnpaged<kTransform>, kBlockThreads, kCandCap>(p, row, trow, out, cached, cache, src, n, bin0, r,
                                                                      hist, sm, cand_idx, cand_key);
@@ -441,8 +465,8 @@ struct Sample {
 
 // Fills keys[0, kSectors * kRun) with the keys of the row's sample: kSectors runs of
 // kRun adjacent scores (one 32-byte sector each), spread evenly over the row.
-template <int kBlockThreads, int kCap>
-NSA_DEVICE void load_sample(const float* src, i32 n, u32* keys) {
+template <int kBlockThreads, int kCap, typename S>
+NSA_DEVICE void load_sample(const S* src, i32 n, u32* keys) {
   constexpr u32 kRun = Sample<kCap>::kRun;
   constexpr u32 kSectors = Sample<kCap>::kSectors;
   static_assert(kSectors * kRun % kBlockThreads == 0, "every thread loads the same count");
@@ -455,7 +479,7 @@ NSA_DEVICE void load_sample(const float* src, i32 n, u32* keys) {
 #pragma unroll
     for (u32 it = 0; it < kInFlight; ++it) {
       const u32 j = (it0 + it) * kBlockThreads + thread_x();
-      v[it] = src[(i64)(j / kRun) * (n - (i32)kRun) / (i64)kSectors + j % kRun];
+      v[it] = score_value(src[(i64)(j / kRun) * (n - (i32)kRun) / (i64)kSectors + j % kRun]);
     }
 #pragma unroll
     for (u32 it = 0; it < kInFlight; ++it) keys[(it0 + it) * kBlockThreads + thread_x()] = order_key(v[it]);
@@ -468,8 +492,8 @@ NSA_DEVICE void load_sample(const float* src, i32 n, u32* keys) {
 // of an n-key row (n > kCap). Every key >= lo is kept; when between K and kCap are,
 // the top K of the row are exactly the top K of the kept ones. `keys` (kCap words)
 // is scratch.
-template <int K, int kBlockThreads, int kCap>
-NSA_DEVICE u32 sample_threshold(const float* src, i32 n, u32* hist, u32* sm, u32* keys) {
+template <int K, int kBlockThreads, int kCap, typename S>
+NSA_DEVICE u32 sample_threshold(const S* src, i32 n, u32* hist, u32* sm, u32* keys) {
   constexpr u32 kRun = Sample<kCap>::kRun;
   constexpr u32 kSectors = Sample<kCap>::kSectors;
   load_sample<kBlockThreads, kCap>(src, n, keys);
@@ -494,11 +518,15 @@ NSA_DEVICE float keep_bound(u32 lo) {
 
 // Lists every position of src[begin, begin + len) at or above the bound `lo` (every
 // key when lo is 0), up to kCap (sm[kCands] counts past it; entries past it are
-// dropped); fkey is filled in by fill_keys. The body goes in batches of kUnroll
-// float4 per thread: one float compare per key, one list reservation per warp and
-// batch, and a loop over the thread's hits only (about 3% of keys).
-template <int kBlockThreads, int kCap, int kUnroll>
-NSA_DEVICE void filter_pass(const float* src, i32 begin, i32 len, u32 lo, u32* sm, u32* fidx) {
+// dropped); fkey is filled in by fill_keys. The body goes in batches of up to 32
+// keys per thread (kUnroll f32 vectors, half as many bf16 ones: a u32 hit mask, and
+// bf16 spilled on sm_100a with 64): one float compare per key, one list reservation
+// per warp and batch, and a loop over the thread's hits only (about 3% of keys).
+template <int kBlockThreads, int kCap, int kMaxUnroll, typename S>
+NSA_DEVICE void filter_pass(const S* src, i32 begin, i32 len, u32 lo, u32* sm, u32* fidx) {
+  using V = ScoreVec<S>;
+  constexpr int kLanes = kScoreLanes<S>;
+  constexpr int kUnroll = kMaxUnroll * kLanes <= 32 ? kMaxUnroll : 32 / kLanes;
   const u32 tid = thread_x();
   if (lo == 0u) {  // the whole row fits the list
     for (i32 i = (i32)tid; i < len && i < kCap; i += kBlockThreads) fidx[i] = (u32)(begin + i);
@@ -506,39 +534,42 @@ NSA_DEVICE void filter_pass(const float* src, i32 begin, i32 len, u32 lo, u32* s
     return;
   }
   const float bound = keep_bound(lo);
-  auto append_one = [&](i32 i, float v) {
-    const bool hit = v >= bound;
+  auto append_one = [&](i32 i, S v) {
+    const bool hit = score_value(v) >= bound;
     const u32 c = warp_append(&sm[kCands], hit);
     if (hit && c < (u32)kCap) fidx[c] = (u32)(begin + i);
   };
-  const float* row = src + begin;
-  const i32 to_align = (i32)(((16u - ((u32)(u64)row & 15u)) & 15u) / 4u);
-  const i32 head = to_align < len ? to_align : len;
+  const S* row = src + begin;
+  const i32 head = unaligned_head(row, len);
   for (i32 i = (i32)tid; i < head; i += kBlockThreads) append_one(i, row[i]);
-  const F4* body = reinterpret_cast<const F4*>(row + head);
-  const i32 vecs = (len - head) / 4;
-  const float nan = u32_as_f32(0x7fffffffu);
+  const V* body = reinterpret_cast<const V*>(row + head);
+  const i32 vecs = (len - head) / kLanes;
+  S nan1;
+  set_nan(nan1);
+  V nan;
+#pragma unroll
+  for (int e = 0; e < kLanes; ++e) nan.v[e] = nan1;
   for (i32 base = 0; base < vecs; base += kUnroll * kBlockThreads) {  // same trip count in every warp
-    F4 v[kUnroll];
+    V v[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const i32 j = base + u * kBlockThreads + (i32)tid;
-      v[u] = j < vecs ? body[j] : F4{{nan, nan, nan, nan}};
+      v[u] = j < vecs ? body[j] : nan;
     }
     u32 hits = 0;
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) hits |= (v[u].v[e] >= bound ? 1u : 0u) << (4 * u + e);
+      for (int e = 0; e < kLanes; ++e) hits |= (score_value(v[u].v[e]) >= bound ? 1u : 0u) << (kLanes * u + e);
     }
     u32 slot = warp_reserve(&sm[kCands], popc_u32(hits));
-    const i32 first = begin + head + 4 * (base + (i32)tid);
+    const i32 first = begin + head + kLanes * (base + (i32)tid);
     for (; hits != 0u; hits &= hits - 1u, ++slot) {
       const u32 b = popc_u32((hits & (0u - hits)) - 1u);  // lowest set bit
-      if (slot < (u32)kCap) fidx[slot] = (u32)(first + 4 * (i32)(b / 4u) * kBlockThreads + (i32)(b % 4u));
+      if (slot < (u32)kCap) fidx[slot] = (u32)(first + kLanes * (i32)(b / kLanes) * kBlockThreads + (i32)(b % kLanes));
     }
   }
-  for (i32 i = head + 4 * vecs + (i32)tid; i < len; i += kBlockThreads) append_one(i, row[i]);
+  for (i32 i = head + kLanes * vecs + (i32)tid; i < len; i += kBlockThreads) append_one(i, row[i]);
 }
 
 // fkey[c] = the key at position fidx[c] of src, for the first `kept` entries: a
@@ -547,15 +578,15 @@ NSA_DEVICE void filter_pass(const float* src, i32 begin, i32 len, u32 lo, u32* s
 // the winners, during the cut: looking them up (or prefetching them) here for the
 // whole list measured slower (BENCHMARKS.md, sessions 12 and 17). The cluster and
 // split paths look up their whole lists, spread over their blocks (translate_listed).
-template <int kBlockThreads>
-NSA_DEVICE void fill_keys(const float* src, u32 kept, const u32* fidx, u32* fkey) {
+template <int kBlockThreads, typename S>
+NSA_DEVICE void fill_keys(const S* src, u32 kept, const u32* fidx, u32* fkey) {
   constexpr u32 kBatch = 8;  // loads in flight per thread: one round trip for most lists
   for (u32 c0 = thread_x(); c0 < kept; c0 += kBatch * kBlockThreads) {
     float v[kBatch];
 #pragma unroll
     for (u32 b = 0; b < kBatch; ++b) {
       const u32 c = c0 + b * kBlockThreads;
-      v[b] = c < kept ? src[fidx[c]] : 0.0f;
+      v[b] = c < kept ? score_value(src[fidx[c]]) : 0.0f;
     }
 #pragma unroll
     for (u32 b = 0; b < kBatch; ++b) {
@@ -566,8 +597,8 @@ NSA_DEVICE void fill_keys(const float* src, u32 kept, const u32* fidx, u32* fkey
 }
 
 // The filter pass and the gather of the listed keys; the list is complete on return.
-template <int kBlockThreads, int kCap, int kUnroll>
-NSA_DEVICE void list_at_or_above(const float* src, i32 begin, i32 len, u32 lo, u32* sm, u32* fidx, u32* fkey) {
+template <int kBlockThreads, int kCap, int kUnroll, typename S>
+NSA_DEVICE void list_at_or_above(const S* src, i32 begin, i32 len, u32 lo, u32* sm, u32* fidx, u32* fkey) {
   filter_pass<kBlockThreads, kCap, kUnroll>(src, begin, len, lo, sm, fidx);
   sync_block();
   const u32 listed = sm[kCands];
@@ -577,8 +608,8 @@ NSA_DEVICE void list_at_or_above(const float* src, i32 begin, i32 len, u32 lo, u
 
 // Zeroes the list counter and returns the bound of the n-key row's list: the sample
 // threshold, or 0 (every key) when n <= kCap. `keys` (kCap words) is scratch.
-template <int K, int kBlockThreads, int kCap>
-NSA_DEVICE u32 list_bound(const float* src, i32 n, u32* hist, u32* sm, u32* keys) {
+template <int K, int kBlockThreads, int kCap, typename S>
+NSA_DEVICE u32 list_bound(const S* src, i32 n, u32* hist, u32* sm, u32* keys) {
   if (thread_x() == 0) sm[kCands] = 0u;
   const u32 lo = n > kCap ? sample_threshold<K, kBlockThreads, kCap>(src, n, hist, sm, keys) : 0u;
   sync_block();
@@ -587,19 +618,19 @@ NSA_DEVICE u32 list_bound(const float* src, i32 n, u32* hist, u32* sm, u32* keys
 
 // Zeroes the list counter, takes the sample threshold of the n-key row (none when
 // n <= kCap: every key is kept) and lists the keys of src[begin, begin + len) at or
-// above it; the list is complete on return. kUnroll: float4 per thread in flight in
-// the pass.
-template <int K, int kBlockThreads, int kCap, int kUnroll>
-NSA_DEVICE void keep_above_sample(const float* src, i32 n, i32 begin, i32 len, u32* hist, u32* sm, u32* fidx,
+// above it; the list is complete on return. kUnroll: 16-byte vectors per thread in
+// flight in the pass.
+template <int K, int kBlockThreads, int kCap, int kUnroll, typename S>
+NSA_DEVICE void keep_above_sample(const S* src, i32 n, i32 begin, i32 len, u32* hist, u32* sm, u32* fidx,
                                   u32* fkey) {
   const u32 lo = list_bound<K, kBlockThreads, kCap>(src, n, hist, sm, fkey);
   list_at_or_above<kBlockThreads, kCap, kUnroll>(src, begin, len, lo, sm, fidx, fkey);
 }
 
 // keep_above_sample for the split kernel, compiled apart: its registers are tight
-// (it spills otherwise), and its short chunks gain nothing from 8 float4 in flight.
-template <int K, int kBlockThreads, int kCap>
-NSA_NOINLINE void keep_above_sample_apart(const float* src, i32 n, i32 begin, i32 len, u32* hist, u32* sm, u32* fidx,
+// (it spills otherwise), and its short chunks gain nothing from 8 vectors in flight.
+template <int K, int kBlockThreads, int kCap, typename S>
+NSA_NOINLINE void keep_above_sample_apart(const S* src, i32 n, i32 begin, i32 len, u32* hist, u32* sm, u32* fidx,
                                           u32* fkey) {
   keep_above_sample<K, kBlockThreads, kCap, 4>(src, n, begin, len, hist, sm, fidx, fkey);
 }
@@ -696,8 +727,8 @@ NSA_DEVICE void cut_and_place(const Params& p, i32 row, i32 trow, i32* out, u32*
 // 3/4 of it expected kept: the pass would likely be wasted), when fewer than K keys
 // are kept (a sample that sat high) or more than kCap (heavy ties near the
 // threshold); the caller then runs the histogram path.
-template <int K, int kTransform, int kBlockThreads, int kCap, int kUnroll>
-NSA_DEVICE bool filter_select(const Params& p, i32 row, i32 trow, i32* out, const float* src, i32 n, u32* hist,
+template <int K, int kTransform, int kBlockThreads, int kCap, int kUnroll, typename S>
+NSA_DEVICE bool filter_select(const Params& p, i32 row, i32 trow, i32* out, const S* src, i32 n, u32* hist,
                                 u32* sm, u32* fidx, u32* fkey) {
   if (Sample<kCap>::template expected_kept<K>(n) > (u64)kCap * 3u / 4u) return false;
   keep_above_sample<K, kBlockThreads, kCap, kUnroll>(src, n, 0, n, hist, sm, fidx, fkey);
@@ -728,10 +759,16 @@ NSA_DEVICE RowExtent row_extent(const Params& p, i32 row) {
   return e;
 }
 
+// Row `row`'s candidates, from its start s0.
+template <typename S>
+NSA_DEVICE const S* row_scores(const Params& p, i32 row, i32 s0) {
+  return static_cast<const S*>(p.scores) + (i64)row * p.row_stride + s0;
+}
+
 // Top-k of row `row` by one block. kFilter: try the sample filter first (unordered
 // rows only); otherwise, or when it declines, the histogram path.
-template <int K, int kTransform, bool kDeterministic, int kBlockThreads, int kCandCap, int kCacheCap, int kSmemWords,
-          bool kFilter = true>
+template <typename S, int K, int kTransform, bool kDeterministic, int kBlockThreads, int kCandCap, int kCacheCap,
+          int kSmemWords, bool kFilter = true>
 NSA_DEVICE void select_row(const Params& p, u32* status, i32 row) {
   static_assert(kFixedWords + 2 * kCandCap + kCacheCap <= kSmemWords, "launch provides kSmemWords of shared memory");
   extern NSA_SHARED u32 smem[];
@@ -753,12 +790,12 @@ NSA_DEVICE void select_row(const Params& p, u32* status, i32 row) {
     return;
   }
 
-  const float* src = p.scores + (i64)row * p.row_stride + s0;
+  const S* src = row_scores<S>(p, row, s0);
   const bool cached = kCacheCap > 0 && n <= kCacheCap;
   // The sample filter keeps its list in the candidate lists and the row cache.
   constexpr int kFilterCap = (2 * kCandCap + kCacheCap) / 2;
   if constexpr (kFilter && !kDeterministic && kFilterCap >= 2 * K) {
-    // 8 float4 in flight per thread, in both layouts (H200, BENCHMARKS.md session 13:
+    // 8 vectors in flight per thread, in both layouts (H200, BENCHMARKS.md session 13:
     // 2048 x 32K 153.4 -> 144.0 us against 4 in the phase harness).
     constexpr int kUnroll = 8;
     if (filter_select<K, kTransform, kBlockThreads, kFilterCap, kUnroll>(p, row, trow, out, src, n, hist, sm, cand_idx,
@@ -870,7 +907,7 @@ NSA_DEVICE void select_row(const Params& p, u32* status, i32 row) {
     u32 win_run = 0, tie_run = 0;
     for (i32 base = 0; base < n; base += kBlockThreads) {
       const i32 i = base + (i32)tid;
-      const u32 key = i < n ? (cached ? cache[i] : order_key(src[i])) : 0u;
+      const u32 key = i < n ? (cached ? cache[i] : order_key(score_value(src[i]))) : 0u;
       const u32 w = (i < n && (i64)key > thr) ? 1u : 0u;
       const u32 t = (i < n && (i64)key == thr) ? 1u : 0u;
       u32 total;
@@ -894,18 +931,19 @@ NSA_DEVICE void select_row(const Params& p, u32* status, i32 row) {
   }
 }
 
-// One block per row (the sample filter first, for unordered rows).
-template <int K, int kTransform, bool kDeterministic, int kBlockThreads, int kCandCap, int kCacheCap, int kSmemWords>
+// One block per row (the sample filter first, for unordered rows) over scores of type S.
+template <typename S, int K, int kTransform, bool kDeterministic, int kBlockThreads, int kCandCap, int kCacheCap,
+          int kSmemWords>
 NSA_DEVICE void select(const Params& p, u32* status) {
-  select_row<K, kTransform, kDeterministic, kBlockThreads, kCandCap, kCacheCap, kSmemWords>(p, status, (i32)block_x());
+  select_row<S, K, kTransform, kDeterministic, kBlockThreads, kCandCap, kCacheCap, kSmemWords>(p, status,
+                                                                                              (i32)block_x());
 }
-
 
 // The histogram path over row `row`, compiled apart (keeps the split kernel's
 // registers for its own work).
-template <int K, int kTransform, int kBlockThreads, int kCandCap, int kCacheCap, int kSmemWords>
+template <typename S, int K, int kTransform, int kBlockThreads, int kCandCap, int kCacheCap, int kSmemWords>
 NSA_NOINLINE void histogram_row(const Params& p, u32* status, i32 row) {
-  select_row<K, kTransform, false, kBlockThreads, kCandCap, kCacheCap, kSmemWords, false>(p, status, row);
+  select_row<S, K, kTransform, false, kBlockThreads, kCandCap, kCacheCap, kSmemWords, false>(p, status, row);
 }
 
 // Split path: block (row, chunk) of a row longer than K keeps the keys >= the
@@ -914,7 +952,7 @@ NSA_NOINLINE void histogram_row(const Params& p, u32* status, i32 row) {
 // block to finish cuts and places the top K from that list, or, when the list holds
 // fewer than K or overflowed, runs the histogram path over the whole row. It leaves
 // the row's workspace words zero. Short and rejected rows are chunk 0's.
-template <int K, int kTransform, int kBlockThreads, int kCap, int kSmemWords>
+template <typename S, int K, int kTransform, int kBlockThreads, int kCap, int kSmemWords>
 NSA_DEVICE void split_select(const Params& p, const Split& split, u32* status) {
   static_assert(kFixedWords + 2 * kCap <= kSmemWords, "launch provides kSmemWords of shared memory");
   extern NSA_SHARED u32 smem[];
@@ -929,8 +967,8 @@ NSA_DEVICE void split_select(const Params& p, const Split& split, u32* status) {
   // as row cache.
   constexpr int kFallbackCands = kCap >= 8192 ? 4096 : kCap / 2;
   auto whole_row = [&] {
-    histogram_row<K, kTransform, kBlockThreads, kFallbackCands, 2 * kCap - 2 * kFallbackCands, kSmemWords>(p, status,
-                                                                                                       row);
+    histogram_row<S, K, kTransform, kBlockThreads, kFallbackCands, 2 * kCap - 2 * kFallbackCands, kSmemWords>(
+        p, status, row);
   };
   if (!ext.ok || n <= K) {
     if (chunk == 0) whole_row();
@@ -940,7 +978,7 @@ NSA_DEVICE void split_select(const Params& p, const Split& split, u32* status) {
   if (chunk >= active) return;
   const i32 begin = chunk * split.chunk;
   const i32 len = n - begin < split.chunk ? n - begin : split.chunk;
-  const float* src = p.scores + (i64)row * p.row_stride + ext.s0;
+  const S* src = row_scores<S>(p, row, ext.s0);
   keep_above_sample_apart<K, kBlockThreads, kCap>(src, n, begin, len, hist, sm, fidx, fkey);
 
   // Reserve room in the row's list (one atomic per block) and copy the chunk's keys.

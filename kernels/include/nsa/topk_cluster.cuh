@@ -38,7 +38,8 @@ NSA_DEVICE void join_counts(u32* sm, u32 rank) {
   }
 }
 
-template <int K, int kTransform, int kBlockThreads, int kCluster, int kCandCap, int kCacheCap, int kSmemWords>
+template <typename S, int K, int kTransform, int kBlockThreads, int kCluster, int kCandCap, int kCacheCap,
+          int kSmemWords>
 NSA_DEVICE void cluster_select(const Params& p, u32* status) {
   static_assert(kFixedWords + 2 * kCandCap + kCacheCap <= kSmemWords, "launch provides kSmemWords of shared memory");
   extern NSA_SHARED u32 smem[];
@@ -53,7 +54,7 @@ NSA_DEVICE void cluster_select(const Params& p, u32* status) {
   const RowExtent ext = row_extent<kTransform>(p, row);
   const i32 n = ext.n;
   auto whole_row = [&] {
-    if (rank == 0) histogram_row<K, kTransform, kBlockThreads, kCandCap, kCacheCap, kSmemWords>(p, status, row);
+    if (rank == 0) histogram_row<S, K, kTransform, kBlockThreads, kCandCap, kCacheCap, kSmemWords>(p, status, row);
   };
   // These exits are uniform over the cluster (one row), before any cluster barrier:
   // rejected and short rows, and rows too long for the list.
@@ -67,7 +68,7 @@ NSA_DEVICE void cluster_select(const Params& p, u32* status) {
   const i32 slice = ((n + kCluster - 1) / kCluster + 3) & ~3;
   const i32 begin = (i32)rank * slice < n ? (i32)rank * slice : n;
   const i32 len = n - begin < slice ? n - begin : slice;
-  const float* src = p.scores + (i64)row * p.row_stride + ext.s0;
+  const S* src = row_scores<S>(p, row, ext.s0);
   // keep_above_sample, with a mark between its halves.
   const u32 lo = list_bound<K, kBlockThreads, kCap>(src, n, hist, sm, fkey);
   NSA_TOPK_CLUSTER_MARK(1);

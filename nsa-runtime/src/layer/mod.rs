@@ -38,7 +38,7 @@ use crate::Result;
 use cudarc::driver::{CudaView, CudaViewMut};
 use half::bf16;
 use nsa_kernels::layout::{BF16_TOKEN_ELEMS, DEEPSEEK_V32_SM_SCALE, INDEXER_HEAD_DIM, KV_LORA_RANK};
-use nsa_kernels::{KernelFamily, NsaConfig, TopkLayout, TopkTransform};
+use nsa_kernels::{KernelFamily, NsaConfig, TopkLayout, TopkScore, TopkTransform};
 
 /// Default cap on one chunk of extend logits (spec §6.3 memory guard).
 pub const DEFAULT_LOGITS_BUDGET_BYTES: usize = 1 << 30;
@@ -159,7 +159,13 @@ impl<'rt> NsaLayer<'rt> {
         if cfg.deterministic_topk {
             for transform in [TopkTransform::Paged, TopkTransform::Ragged] {
                 for layout in [TopkLayout::Latency, TopkLayout::Throughput] {
-                    rt.kernel(KernelFamily::TopK { k: cfg.model.topk, transform, deterministic: true, layout })?;
+                    rt.kernel(KernelFamily::TopK {
+                        k: cfg.model.topk,
+                        transform,
+                        deterministic: true,
+                        layout,
+                        score: TopkScore::F32,
+                    })?;
                 }
             }
         }

@@ -6,14 +6,27 @@ use crate::runtime::{KernelParams, Runtime};
 use crate::Result;
 use cudarc::driver::CudaSlice;
 use cudarc::driver::{CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr};
+use half::bf16;
 use nsa_kernels::spec::TOPK_CLUSTER_SIZES;
-use nsa_kernels::{KernelFamily, KernelSpec, Target, TopkLayout, TopkTransform};
+use nsa_kernels::{KernelFamily, KernelSpec, Target, TopkLayout, TopkScore, TopkTransform};
 
-/// Scores and per-row extents: row b's candidates are
-/// `scores[b * row_stride + row_starts[b] ..][.. lengths[b]]`.
+/// A score type top-k reads: f32 or bf16 (exact either way: a bf16's f32 value is
+/// exact, so the choice is that of the widened scores).
+pub trait TopkScoreElem: DeviceRepr + Copy + Default + std::fmt::Debug {
+    const SCORE: TopkScore;
+}
+impl TopkScoreElem for f32 {
+    const SCORE: TopkScore = TopkScore::F32;
+}
+impl TopkScoreElem for bf16 {
+    const SCORE: TopkScore = TopkScore::Bf16;
+}
+
+/// Scores (f32, or bf16 with `T = bf16`) and per-row extents: row b's candidates
+/// are `scores[b * row_stride + row_starts[b] ..][.. lengths[b]]`.
 #[derive(Debug)]
-pub struct TopkScores<'a> {
-    pub scores: &'a CudaView<'a, f32>,
+pub struct TopkScores<'a, T = f32> {
+    pub scores: &'a CudaView<'a, T>,
     /// Elements between rows; 0 lets every row read the same scores.
     pub row_stride: usize,
     /// Readable elements per row; `row_starts[b] + lengths[b]` beyond it rejects row b.
@@ -134,7 +147,7 @@ impl TopkWorkspace {
 
 /// Keys per row of the split path's list on `target`.
 fn split_list(target: Target) -> usize {
-    let split = KernelFamily::TopkSplit { k: 1, transform: TopkTransform::Plain };
+    let split = KernelFamily::TopkSplit { k: 1, transform: TopkTransform::Plain, score: TopkScore::F32 };
     KernelSpec::new(split, target).topk_split_list() as usize
 }
 
@@ -298,11 +311,11 @@ pub fn choose_layout(rows: usize, sm_count: u32) -> (TopkLayout, &'static str) {
 /// where the target has them, otherwise over the split path, which is only taken
 /// with a `workspace` large enough for the batch and a split list that can take the
 /// rows' filtered keys ([`split_list_suffices`]).
-pub fn topk(
+pub fn topk<T: TopkScoreElem>(
     rt: &Runtime,
     k: u32,
     deterministic: bool,
-    scores: &TopkScores<'_>,
+    scores: &TopkScores<'_, T>,
     output: &TopkOutput<'_>,
     out: &mut CudaViewMut<'_, i32>,
     workspace: Option<&mut TopkWorkspace>,
@@ -322,27 +335,27 @@ pub fn topk(
 }
 
 /// [`topk`] with the layout chosen by the caller (benchmarks, tests).
-pub fn topk_with_layout(
+pub fn topk_with_layout<T: TopkScoreElem>(
     rt: &Runtime,
     k: u32,
     deterministic: bool,
     layout: TopkLayout,
-    scores: &TopkScores<'_>,
+    scores: &TopkScores<'_, T>,
     output: &TopkOutput<'_>,
     out: &mut CudaViewMut<'_, i32>,
 ) -> Result<()> {
-    let family = KernelFamily::TopK { k, transform: output.transform(), deterministic, layout };
+    let family = KernelFamily::TopK { k, transform: output.transform(), deterministic, layout, score: T::SCORE };
     launch_one(rt, k, family, 1, scores, output, out)
 }
 
 /// Checks the arguments and launches `family`, one kernel with `blocks_per_row`
 /// blocks for each row.
-fn launch_one(
+fn launch_one<T: TopkScoreElem>(
     rt: &Runtime,
     k: u32,
     family: KernelFamily,
     blocks_per_row: usize,
-    scores: &TopkScores<'_>,
+    scores: &TopkScores<'_, T>,
     output: &TopkOutput<'_>,
     out: &mut CudaViewMut<'_, i32>,
 ) -> Result<()> {
@@ -359,11 +372,11 @@ fn launch_one(
 
 /// Each row over a cluster of `cluster` CTAs (one of `TOPK_CLUSTER_SIZES`; sm_90+),
 /// unordered like the split path.
-pub fn topk_cluster(
+pub fn topk_cluster<T: TopkScoreElem>(
     rt: &Runtime,
     k: u32,
     cluster: u32,
-    scores: &TopkScores<'_>,
+    scores: &TopkScores<'_, T>,
     output: &TopkOutput<'_>,
     out: &mut CudaViewMut<'_, i32>,
 ) -> Result<()> {
@@ -377,18 +390,18 @@ pub fn topk_cluster(
             "an NVIDIA target (thread-block clusters need sm_90+); use topk_with_layout",
         ));
     }
-    let family = KernelFamily::TopkCluster { k, transform: output.transform(), cluster };
+    let family = KernelFamily::TopkCluster { k, transform: output.transform(), cluster, score: T::SCORE };
     launch_one(rt, k, family, cluster as usize, scores, output, out)
 }
 
 /// The split path: each row over `chunks` blocks of `chunk` scores, one launch.
 #[allow(clippy::too_many_arguments)]
-pub fn topk_split(
+pub fn topk_split<T: TopkScoreElem>(
     rt: &Runtime,
     k: u32,
     chunk: usize,
     chunks: usize,
-    scores: &TopkScores<'_>,
+    scores: &TopkScores<'_, T>,
     output: &TopkOutput<'_>,
     out: &mut CudaViewMut<'_, i32>,
     workspace: &mut TopkWorkspace,
@@ -411,7 +424,7 @@ pub fn topk_split(
     if rows == 0 {
         return Ok(());
     }
-    let kernel = rt.kernel(KernelFamily::TopkSplit { k, transform: output.transform() })?;
+    let kernel = rt.kernel(KernelFamily::TopkSplit { k, transform: output.transform(), score: T::SCORE })?;
     let stream = rt.gpu().stream();
     let (st, _s1) = workspace.state.device_ptr_mut(stream);
     let (ci, _s2) = workspace.cand_idx.device_ptr_mut(stream);
@@ -432,9 +445,9 @@ pub fn topk_split(
 }
 
 /// Host checks shared by every top-k entry point; returns the row count.
-fn check_topk_args(
+fn check_topk_args<T: TopkScoreElem>(
     k: u32,
-    scores: &TopkScores<'_>,
+    scores: &TopkScores<'_, T>,
     output: &TopkOutput<'_>,
     out: &CudaViewMut<'_, i32>,
 ) -> Result<usize> {
@@ -473,9 +486,9 @@ fn check_topk_args(
 
 /// Builds the kernel parameters (holding the device-pointer guards for the launch)
 /// and runs `launch` with them.
-fn with_params(
+fn with_params<T: TopkScoreElem>(
     rt: &Runtime,
-    scores: &TopkScores<'_>,
+    scores: &TopkScores<'_, T>,
     output: &TopkOutput<'_>,
     out: &mut CudaViewMut<'_, i32>,
     launch: impl FnOnce(TopkParams) -> Result<()>,

@@ -3,13 +3,14 @@
 //! any other [`TopkDevice`] (the tests' CPU emulation of the kernels).
 
 use super::{download, upload, Check};
-use crate::ops::topk::{self, PageTable, TopkOutput, TopkScores};
+use crate::ops::topk::{self, PageTable, TopkOutput, TopkScoreElem, TopkScores};
 use crate::reference::topk::{check_row, topk_deterministic};
 use crate::runtime::Runtime;
 use crate::testdata::{self, ScorePattern};
 use crate::Result;
 use cudarc::driver::{CudaView, CudaViewMut};
-use nsa_kernels::{KernelFamily, KernelSpec, Target, TopkLayout, TopkTransform};
+use half::bf16;
+use nsa_kernels::{KernelFamily, KernelSpec, Target, TopkLayout, TopkScore, TopkTransform};
 use rand::Rng;
 use std::collections::HashMap;
 
@@ -27,6 +28,9 @@ pub struct TopkCase {
     /// PAGED only: rows grouped into requests through cu_seqlens_q (prefill form).
     pub grouped: bool,
     pub path: TopkPath,
+    /// The scores' type: bf16 cases round the pattern's values to bf16 (which turns
+    /// near-equal values into ties), and the reference sees the rounded values.
+    pub score: TopkScore,
     pub seed: u64,
 }
 
@@ -75,7 +79,9 @@ pub struct HostPageTable {
 pub struct TopkInputs {
     pub k: u32,
     pub transform: TopkTransform,
-    /// `[rows, row_stride]`, poisoned outside each row's window.
+    pub score: TopkScore,
+    /// `[rows, row_stride]`, poisoned outside each row's window; values of `score`'s
+    /// type (bf16: exactly representable, so [`TopkInputs::scores_bf16`] is lossless).
     pub scores: Vec<f32>,
     pub row_stride: usize,
     pub row_capacity: usize,
@@ -97,11 +103,15 @@ impl TopkInputs {
         let starts: Vec<i32> = (0..rows).map(|_| if case.row_starts { rng.random_range(0..=37) } else { 0 }).collect();
         let capacity = (0..rows).map(|b| starts[b] + case.lengths[b].max(0)).max().unwrap_or(0).max(1) as usize;
         let stride = capacity + 3; // rows start at every alignment
-        let mut scores = vec![POISON; rows * stride];
+        let round = |v: f32| match case.score {
+            TopkScore::F32 => v,
+            TopkScore::Bf16 => bf16::from_f32(v).to_f32(),
+        };
+        let mut scores = vec![round(POISON); rows * stride];
         let mut row_values = Vec::with_capacity(rows);
         for b in 0..rows {
             let n = case.lengths[b].max(0) as usize;
-            let values = testdata::score_row(case.pattern, n, &mut rng);
+            let values: Vec<f32> = testdata::score_row(case.pattern, n, &mut rng).into_iter().map(round).collect();
             scores[b * stride + starts[b] as usize..][..n].copy_from_slice(&values);
             row_values.push(values);
         }
@@ -129,6 +139,7 @@ impl TopkInputs {
         TopkInputs {
             k: case.k,
             transform: case.transform,
+            score: case.score,
             scores,
             row_stride: stride,
             row_capacity: capacity,
@@ -144,6 +155,11 @@ impl TopkInputs {
         self.lengths.len()
     }
 
+    /// The scores as bf16 (exact for bf16 cases).
+    pub fn scores_bf16(&self) -> Vec<bf16> {
+        self.scores.iter().map(|&v| bf16::from_f32(v)).collect()
+    }
+
     /// Table row `i` serving score row `b` (decode form: row b).
     fn table_row_of(&self, b: usize) -> usize {
         match self.table.as_ref().and_then(|t| t.cu_seqlens_q.as_ref()) {
@@ -155,7 +171,7 @@ impl TopkInputs {
 
 /// The kernel family `case` runs on a device with `sm_count` SMs.
 pub fn case_family(case: &TopkCase, sm_count: u32) -> KernelFamily {
-    path_family(case.k, case.transform, case.deterministic, case.path, case.lengths.len(), sm_count)
+    path_family(case.k, case.transform, case.deterministic, case.path, case.score, case.lengths.len(), sm_count)
 }
 
 /// The kernel family of `path` for `rows` rows (one-block rows take the layout
@@ -165,16 +181,17 @@ fn path_family(
     transform: TopkTransform,
     deterministic: bool,
     path: TopkPath,
+    score: TopkScore,
     rows: usize,
     sm_count: u32,
 ) -> KernelFamily {
     match path {
         TopkPath::Single(layout) => {
             let layout = layout.unwrap_or_else(|| topk::choose_layout(rows, sm_count).0);
-            KernelFamily::TopK { k, transform, deterministic, layout }
+            KernelFamily::TopK { k, transform, deterministic, layout, score }
         }
-        TopkPath::Split => KernelFamily::TopkSplit { k, transform },
-        TopkPath::Cluster(cluster) => KernelFamily::TopkCluster { k, transform, cluster },
+        TopkPath::Split => KernelFamily::TopkSplit { k, transform, score },
+        TopkPath::Cluster(cluster) => KernelFamily::TopkCluster { k, transform, cluster, score },
     }
 }
 
@@ -204,52 +221,10 @@ impl TopkDevice for Runtime {
     }
 
     fn topk(&self, family: KernelFamily, inputs: &TopkInputs) -> Result<Vec<i32>> {
-        let stream = self.gpu().stream();
-        let rows = inputs.rows();
-        let k = inputs.k as usize;
-        let no_table = HostPageTable { table: vec![], rows: 0, width: 0, cu_seqlens_q: None };
-        let t = inputs.table.as_ref().unwrap_or(&no_table);
-        let d_scores = upload(stream, &inputs.scores)?;
-        let d_lengths = upload(stream, &inputs.lengths)?;
-        let d_starts = upload(stream, inputs.row_starts.as_deref().unwrap_or(&[]))?;
-        let d_table = upload(stream, &t.table)?;
-        let d_cu = upload(stream, t.cu_seqlens_q.as_deref().unwrap_or(&[]))?;
-        let d_offsets = upload(stream, &inputs.offsets)?;
-        let mut d_out = upload(stream, &vec![i32::MIN; rows * k])?;
-        let scores_view = d_scores.slice(0..);
-        let lengths_view = d_lengths.slice(0..rows);
-        let starts_view = d_starts.slice(0..inputs.row_starts.as_ref().map_or(0, Vec::len));
-        let table_view = d_table.slice(0..t.table.len());
-        let cu_view = d_cu.slice(0..t.cu_seqlens_q.as_ref().map_or(0, Vec::len));
-        let offsets_view = d_offsets.slice(0..inputs.offsets.len());
-        let input = TopkScores {
-            scores: &scores_view,
-            row_stride: inputs.row_stride,
-            row_capacity: inputs.row_capacity,
-            lengths: &lengths_view,
-            row_starts: inputs.row_starts.is_some().then_some(&starts_view),
-        };
-        let output = match inputs.transform {
-            TopkTransform::Plain => TopkOutput::Plain,
-            TopkTransform::Ragged => TopkOutput::Ragged { offsets: &offsets_view },
-            TopkTransform::Paged => TopkOutput::Paged(PageTable {
-                table: &table_view,
-                rows: t.rows,
-                stride: t.width,
-                width: t.width,
-                cu_seqlens_q: t.cu_seqlens_q.is_some().then_some(&cu_view),
-            }),
-        };
-        let mut out_view = d_out.slice_mut(0..rows * k);
-        let mut ws = match family {
-            KernelFamily::TopkSplit { .. } => Some(topk::TopkWorkspace::new(self, rows)?),
-            _ => None,
-        };
-        // The split path twice: its second run reads the workspace the first left.
-        for _ in 0..if ws.is_some() { 2 } else { 1 } {
-            launch_family(self, family, inputs.k, &input, &output, &mut out_view, ws.as_mut())?;
+        match inputs.score {
+            TopkScore::F32 => topk_on_gpu(self, family, inputs, &inputs.scores),
+            TopkScore::Bf16 => topk_on_gpu(self, family, inputs, &inputs.scores_bf16()),
         }
-        download(stream, &d_out, rows * k)
     }
 
     fn page_table_transform(&self, k: u32, idx: &[i32], table: &HostPageTable) -> Result<Vec<i32>> {
@@ -269,6 +244,61 @@ impl TopkDevice for Runtime {
         topk::page_table_transform(self, k, &d_idx.slice(0..idx.len()), &pt, &mut d_out.slice_mut(0..idx.len()))?;
         download(stream, &d_out, idx.len())
     }
+}
+
+/// [`TopkDevice::topk`] on the GPU over `scores` (the inputs' scores as `T`).
+fn topk_on_gpu<T: TopkScoreElem>(
+    rt: &Runtime,
+    family: KernelFamily,
+    inputs: &TopkInputs,
+    scores: &[T],
+) -> Result<Vec<i32>> {
+    let stream = rt.gpu().stream();
+    let rows = inputs.rows();
+    let k = inputs.k as usize;
+    let no_table = HostPageTable { table: vec![], rows: 0, width: 0, cu_seqlens_q: None };
+    let t = inputs.table.as_ref().unwrap_or(&no_table);
+    let d_scores = upload(stream, scores)?;
+    let d_lengths = upload(stream, &inputs.lengths)?;
+    let d_starts = upload(stream, inputs.row_starts.as_deref().unwrap_or(&[]))?;
+    let d_table = upload(stream, &t.table)?;
+    let d_cu = upload(stream, t.cu_seqlens_q.as_deref().unwrap_or(&[]))?;
+    let d_offsets = upload(stream, &inputs.offsets)?;
+    let mut d_out = upload(stream, &vec![i32::MIN; rows * k])?;
+    let scores_view = d_scores.slice(0..);
+    let lengths_view = d_lengths.slice(0..rows);
+    let starts_view = d_starts.slice(0..inputs.row_starts.as_ref().map_or(0, Vec::len));
+    let table_view = d_table.slice(0..t.table.len());
+    let cu_view = d_cu.slice(0..t.cu_seqlens_q.as_ref().map_or(0, Vec::len));
+    let offsets_view = d_offsets.slice(0..inputs.offsets.len());
+    let input = TopkScores {
+        scores: &scores_view,
+        row_stride: inputs.row_stride,
+        row_capacity: inputs.row_capacity,
+        lengths: &lengths_view,
+        row_starts: inputs.row_starts.is_some().then_some(&starts_view),
+    };
+    let output = match inputs.transform {
+        TopkTransform::Plain => TopkOutput::Plain,
+        TopkTransform::Ragged => TopkOutput::Ragged { offsets: &offsets_view },
+        TopkTransform::Paged => TopkOutput::Paged(PageTable {
+            table: &table_view,
+            rows: t.rows,
+            stride: t.width,
+            width: t.width,
+            cu_seqlens_q: t.cu_seqlens_q.is_some().then_some(&cu_view),
+        }),
+    };
+    let mut out_view = d_out.slice_mut(0..rows * k);
+    let mut ws = match family {
+        KernelFamily::TopkSplit { .. } => Some(topk::TopkWorkspace::new(rt, rows)?),
+        _ => None,
+    };
+    // The split path twice: its second run reads the workspace the first left.
+    for _ in 0..if ws.is_some() { 2 } else { 1 } {
+        launch_family(rt, family, inputs.k, &input, &output, &mut out_view, ws.as_mut())?;
+    }
+    download(stream, &d_out, rows * k)
 }
 
 /// Checks a top-k output (`rows × k`) of `case` against the CPU reference.
@@ -395,11 +425,11 @@ pub fn index_transform_on(dev: &impl TopkDevice, k: u32, prefill: bool, seed: u6
 
 /// Launches top-k family `family` through its own launcher; the split path (chunks
 /// of CHECK_SPLIT_CHUNK) needs `ws`.
-fn launch_family(
+fn launch_family<T: TopkScoreElem>(
     rt: &Runtime,
     family: KernelFamily,
     k: u32,
-    input: &TopkScores<'_>,
+    input: &TopkScores<'_, T>,
     output: &TopkOutput<'_>,
     out: &mut CudaViewMut<'_, i32>,
     ws: Option<&mut topk::TopkWorkspace>,
@@ -501,7 +531,7 @@ pub fn transform_then_topk(rt: &Runtime, k: u32, rows: usize, n: usize, path: To
     let d_idx = upload(stream, &idx)?;
     let (table_view, cu_view) = (d_table.slice(0..), d_cu.slice(0..2));
     let pt = PageTable { table: &table_view, rows: 1, stride: width, width, cu_seqlens_q: Some(&cu_view) };
-    let family = path_family(k, TopkTransform::Plain, false, path, rows, rt.gpu().caps().sm_count);
+    let family = path_family(k, TopkTransform::Plain, false, path, TopkScore::F32, rows, rt.gpu().caps().sm_count);
     // Made before the transform: its zeroing copy must not sit between the launches.
     let mut ws = if path == TopkPath::Split { Some(topk::TopkWorkspace::new(rt, rows)?) } else { None };
     let mut mismatches = 0;

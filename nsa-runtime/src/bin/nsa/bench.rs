@@ -7,10 +7,11 @@ use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaSlice, CudaStream};
 use half::bf16;
 use nsa_kernels::layout::*;
-use nsa_kernels::{kernel_set, KvCacheFormat, NsaConfig};
+use nsa_kernels::{kernel_set, KvCacheFormat, NsaConfig, TopkScore};
 use nsa_runtime::cache::{CacheConfig, JitPolicy, KernelCache};
 use nsa_runtime::jit::nvrtc::NvrtcCompiler;
 use nsa_runtime::ops::kv_cache::{self, MlaCacheMut};
+use nsa_runtime::ops::topk::TopkScoreElem;
 use nsa_runtime::ops::Rows;
 use nsa_runtime::verify::upload;
 use nsa_runtime::{testdata, Error, Result, Runtime};
@@ -45,6 +46,10 @@ pub struct BenchArgs {
     /// in extend/prefill). Default: the decode form, a table row per score row.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     pub topk_paged_requests: Option<u32>,
+    /// Top-k score types to time, each over the same values (bf16: rounded): f32,
+    /// bf16, or both (`f32,bf16`).
+    #[arg(long, value_delimiter = ',', default_value = "f32", value_parser = parse_topk_score)]
+    pub topk_scores: Vec<TopkScore>,
     /// Launch top-k and the page-table transform without programmatic dependent
     /// launch (on by default on NVIDIA: each back-to-back launch starts while the
     /// previous kernel runs and waits on the device until it is done), to compare.
@@ -88,6 +93,8 @@ struct TopkRow {
     rows: usize,
     n: usize,
     k: u32,
+    /// The scores' type: f32 or bf16.
+    score: &'static str,
     transform: &'static str,
     layout: String,
     /// Whether `choose_plan` picks this row's plan for the shape.
@@ -356,24 +363,20 @@ fn check_paged_requests(cases: &[(usize, usize)], paged_requests: Option<usize>)
     }
 }
 
-/// Top-k of f32 rows (uniform [0, 1) scores, every row full length) for each transform,
-/// on every plan `choose_plan` can return (or only the one it picks). PAGED takes the
-/// decode form (a table row per score row) or, with `paged_requests`, the prefill form.
+/// Top-k (k = 2048) of uniform random scores over every transform and shape,
+/// on every plan `choose_plan` can return (or only the one it picks), for each score
+/// type in `scores` (bf16: the same values rounded). PAGED takes the decode form (a
+/// table row per score row) or, with `paged_requests`, the prefill form.
 fn topk_bench(
     rt: &Runtime,
     reps: usize,
     cases: &[(usize, usize)],
     chosen_only: bool,
     paged_requests: Option<usize>,
+    scores: &[TopkScore],
 ) -> Result<Vec<TopkRow>> {
-    use nsa_kernels::{TopkLayout, TopkTransform};
-    use nsa_runtime::ops::topk::{
-        choose_plan, cluster_size, split_list_suffices, split_plan, topk_cluster, topk_split, topk_with_layout,
-        PageTable, TopkOutput, TopkPlan, TopkScores, TopkWorkspace,
-    };
     check_paged_requests(cases, paged_requests)?;
     let stream = rt.gpu().stream().clone();
-    let k = 2048u32;
     let copy_gbps = {
         let bytes = 512 << 20;
         bytes as f64 / copy_us(&stream, bytes, 20)? / 1e3
@@ -381,87 +384,126 @@ fn topk_bench(
     let mut out_rows = Vec::new();
     for &(rows, n) in cases {
         let mut rng = testdata::rng(rows as u64 ^ n as u64);
-        let scores: Vec<f32> = (0..rows * n).map(|_| rand::Rng::random::<f32>(&mut rng)).collect();
-        let d_scores = upload(&stream, &scores)?;
-        let d_lengths = upload(&stream, &vec![n as i32; rows])?;
-        let table_rows = paged_requests.unwrap_or(rows);
-        let table: Vec<i32> = (0..(table_rows * n) as i32).collect();
-        let d_table = upload(&stream, &table)?;
-        // The prefill form's cu_seqlens_q (none in the decode form).
-        let d_cu = paged_requests.map(|r| upload(&stream, &even_cu_seqlens(rows, r))).transpose()?;
-        let cu_view = d_cu.as_ref().map(|cu| cu.slice(0..));
-        let d_offsets = upload(&stream, &vec![17i32; rows])?;
-        let mut d_out: CudaSlice<i32> = stream.alloc_zeros(rows * k as usize).map_err(Error::driver("alloc"))?;
-        let (sv, lv, tv, ov) = (d_scores.slice(0..), d_lengths.slice(0..), d_table.slice(0..), d_offsets.slice(0..));
-        let input = TopkScores { scores: &sv, row_stride: n, row_capacity: n, lengths: &lv, row_starts: None };
-        let sms = rt.gpu().caps().sm_count;
-        let clusters = rt.target().has_clusters();
-        let chosen = choose_plan(rows, n, sms, false, split_list_suffices(rt.target(), k, n), clusters).0;
-        // Every plan: both single-block layouts, the split path (with the chunks the
-        // plan would give it), the cluster path where the target has clusters.
-        let mut plans = vec![
-            TopkPlan::Single(TopkLayout::Latency),
-            TopkPlan::Single(TopkLayout::Throughput),
-            split_plan(rows, n, sms),
-        ];
-        if clusters {
-            plans.push(TopkPlan::Cluster { size: cluster_size(rows, sms) });
-        }
-        if chosen_only {
-            plans = vec![chosen];
-        }
-        let mut ws = TopkWorkspace::new(rt, rows)?;
-        for (transform, plan) in TopkTransform::ALL.into_iter().flat_map(|t| plans.iter().map(move |&p| (t, p))) {
-            let output = match transform {
-                TopkTransform::Plain => TopkOutput::Plain,
-                TopkTransform::Ragged => TopkOutput::Ragged { offsets: &ov },
-                TopkTransform::Paged => {
-                    let cu_seqlens_q = cu_view.as_ref();
-                    TopkOutput::Paged(PageTable { table: &tv, rows: table_rows, stride: n, width: n, cu_seqlens_q })
+        let values: Vec<f32> = (0..rows * n).map(|_| rand::Rng::random::<f32>(&mut rng)).collect();
+        let shape = TopkShape { rows, n, reps, chosen_only, paged_requests, copy_gbps };
+        for &score in scores {
+            match score {
+                TopkScore::F32 => out_rows.extend(topk_bench_shape(rt, &shape, &values)?),
+                TopkScore::Bf16 => {
+                    let values: Vec<bf16> = values.iter().map(|&v| bf16::from_f32(v)).collect();
+                    out_rows.extend(topk_bench_shape(rt, &shape, &values)?)
                 }
-            };
-            let timing = time_launches(&stream, reps, || match plan {
-                TopkPlan::Single(layout) => {
-                    topk_with_layout(rt, k, false, layout, &input, &output, &mut d_out.slice_mut(0..))
-                }
-                TopkPlan::Split { chunk, chunks } => {
-                    topk_split(rt, k, chunk, chunks, &input, &output, &mut d_out.slice_mut(0..), &mut ws)
-                }
-                TopkPlan::Cluster { size } => topk_cluster(rt, k, size, &input, &output, &mut d_out.slice_mut(0..)),
-            })?;
-            let (us, host_us) = (timing.gpu_us, timing.host_us);
-            let bytes = (rows * n * 4) as f64;
-            let row = TopkRow {
-                rows,
-                n,
-                k,
-                transform: transform.tag(),
-                layout: match plan {
-                    TopkPlan::Single(TopkLayout::Latency) => "latency".into(),
-                    TopkPlan::Single(TopkLayout::Throughput) => "throughput".into(),
-                    TopkPlan::Split { chunks, .. } => format!("split{chunks}"),
-                    TopkPlan::Cluster { size } => format!("cluster{size}"),
-                },
-                chosen: plan == chosen,
-                us,
-                host_us,
-                paged_requests: paged_requests.filter(|_| transform == TopkTransform::Paged),
-                gbps: bytes / us / 1e3,
-                roofline_us: bytes / copy_gbps / 1e3,
-            };
-            println!(
-                "topk k{k} {:<7} {:<10} {rows:>5} rows × {n:>7}: {us:>9.2} µs  {:>6.0} GB/s  (read-once roofline {:.2} µs at {copy_gbps:.0} GB/s; host {host_us:.2} µs a launch{}){}{}",
-                row.transform,
-                row.layout,
-                row.gbps,
-                row.roofline_us,
-                // Within 10% of the stream time: the host may be what is timed.
-                if host_us >= 0.9 * us { ", host-bound" } else { "" },
-                row.paged_requests.map(|r| format!("  [prefill form: {r} requests]")).unwrap_or_default(),
-                if row.chosen { "  <- plan" } else { "" }
-            );
-            out_rows.push(row);
+            }
         }
+    }
+    Ok(out_rows)
+}
+
+/// `--topk-scores` values: what `TopkScore::from_str` takes (its error names them).
+fn parse_topk_score(s: &str) -> std::result::Result<TopkScore, String> {
+    s.parse()
+}
+
+/// One top-k bench shape and how to run it.
+struct TopkShape {
+    rows: usize,
+    n: usize,
+    reps: usize,
+    chosen_only: bool,
+    paged_requests: Option<usize>,
+    /// The copy rate measured in this run (the roofline).
+    copy_gbps: f64,
+}
+
+/// [`topk_bench`] of one shape over `values` (`rows × n` scores of type `T`).
+fn topk_bench_shape<T: TopkScoreElem>(rt: &Runtime, shape: &TopkShape, values: &[T]) -> Result<Vec<TopkRow>> {
+    use nsa_kernels::{TopkLayout, TopkTransform};
+    use nsa_runtime::ops::topk::{
+        choose_plan, cluster_size, split_list_suffices, split_plan, topk_cluster, topk_split, topk_with_layout,
+        PageTable, TopkOutput, TopkPlan, TopkScores, TopkWorkspace,
+    };
+    let &TopkShape { rows, n, reps, chosen_only, paged_requests, copy_gbps } = shape;
+    let stream = rt.gpu().stream().clone();
+    let k = 2048u32;
+    let d_scores = upload(&stream, values)?;
+    let d_lengths = upload(&stream, &vec![n as i32; rows])?;
+    let table_rows = paged_requests.unwrap_or(rows);
+    let table: Vec<i32> = (0..(table_rows * n) as i32).collect();
+    let d_table = upload(&stream, &table)?;
+    // The prefill form's cu_seqlens_q (none in the decode form).
+    let d_cu = paged_requests.map(|r| upload(&stream, &even_cu_seqlens(rows, r))).transpose()?;
+    let cu_view = d_cu.as_ref().map(|cu| cu.slice(0..));
+    let d_offsets = upload(&stream, &vec![17i32; rows])?;
+    let mut d_out: CudaSlice<i32> = stream.alloc_zeros(rows * k as usize).map_err(Error::driver("alloc"))?;
+    let (sv, lv, tv, ov) = (d_scores.slice(0..), d_lengths.slice(0..), d_table.slice(0..), d_offsets.slice(0..));
+    let input = TopkScores { scores: &sv, row_stride: n, row_capacity: n, lengths: &lv, row_starts: None };
+    let sms = rt.gpu().caps().sm_count;
+    let clusters = rt.target().has_clusters();
+    let chosen = choose_plan(rows, n, sms, false, split_list_suffices(rt.target(), k, n), clusters).0;
+    // Every plan: both single-block layouts, the split path (with the chunks the
+    // plan would give it), the cluster path where the target has clusters.
+    let mut plans =
+        vec![TopkPlan::Single(TopkLayout::Latency), TopkPlan::Single(TopkLayout::Throughput), split_plan(rows, n, sms)];
+    if clusters {
+        plans.push(TopkPlan::Cluster { size: cluster_size(rows, sms) });
+    }
+    if chosen_only {
+        plans = vec![chosen];
+    }
+    let mut ws = TopkWorkspace::new(rt, rows)?;
+    let mut out_rows = Vec::new();
+    for (transform, plan) in TopkTransform::ALL.into_iter().flat_map(|t| plans.iter().map(move |&p| (t, p))) {
+        let output = match transform {
+            TopkTransform::Plain => TopkOutput::Plain,
+            TopkTransform::Ragged => TopkOutput::Ragged { offsets: &ov },
+            TopkTransform::Paged => {
+                let cu_seqlens_q = cu_view.as_ref();
+                TopkOutput::Paged(PageTable { table: &tv, rows: table_rows, stride: n, width: n, cu_seqlens_q })
+            }
+        };
+        let timing = time_launches(&stream, reps, || match plan {
+            TopkPlan::Single(layout) => {
+                topk_with_layout(rt, k, false, layout, &input, &output, &mut d_out.slice_mut(0..))
+            }
+            TopkPlan::Split { chunk, chunks } => {
+                topk_split(rt, k, chunk, chunks, &input, &output, &mut d_out.slice_mut(0..), &mut ws)
+            }
+            TopkPlan::Cluster { size } => topk_cluster(rt, k, size, &input, &output, &mut d_out.slice_mut(0..)),
+        })?;
+        let (us, host_us) = (timing.gpu_us, timing.host_us);
+        let bytes = (rows * n * T::SCORE.bytes()) as f64;
+        let row = TopkRow {
+            rows,
+            n,
+            k,
+            score: T::SCORE.tag(),
+            transform: transform.tag(),
+            layout: match plan {
+                TopkPlan::Single(TopkLayout::Latency) => "latency".into(),
+                TopkPlan::Single(TopkLayout::Throughput) => "throughput".into(),
+                TopkPlan::Split { chunks, .. } => format!("split{chunks}"),
+                TopkPlan::Cluster { size } => format!("cluster{size}"),
+            },
+            chosen: plan == chosen,
+            us,
+            host_us,
+            paged_requests: paged_requests.filter(|_| transform == TopkTransform::Paged),
+            gbps: bytes / us / 1e3,
+            roofline_us: bytes / copy_gbps / 1e3,
+        };
+        println!(
+            "topk k{k} {:<4} {:<7} {:<10} {rows:>5} rows × {n:>7}: {us:>9.2} µs  {:>6.0} GB/s  (read-once roofline {:.2} µs at {copy_gbps:.0} GB/s; host {host_us:.2} µs a launch{}){}{}",
+            row.score,
+            row.transform,
+            row.layout,
+            row.gbps,
+            row.roofline_us,
+            // Within 10% of the stream time: the host may be what is timed.
+            if host_us >= 0.9 * us { ", host-bound" } else { "" },
+            row.paged_requests.map(|r| format!("  [prefill form: {r} requests]")).unwrap_or_default(),
+            if row.chosen { "  <- plan" } else { "" }
+        );
+        out_rows.push(row);
     }
     Ok(out_rows)
 }
@@ -564,7 +606,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let want = |s: Suite| args.suite == s || args.suite == Suite::All;
     let topk = if want(Suite::Topk) {
         let requests = args.topk_paged_requests.map(|r| r as usize);
-        topk_bench(&rt, args.reps, &topk_cases, args.topk_chosen_only, requests)?
+        topk_bench(&rt, args.reps, &topk_cases, args.topk_chosen_only, requests, &args.topk_scores)?
     } else {
         vec![]
     };
@@ -617,12 +659,21 @@ pub fn run(args: BenchArgs) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::BenchArgs;
+    use super::{BenchArgs, TopkScore};
     use clap::{Args, Command, FromArgMatches};
 
     fn parse(args: &[&str]) -> Result<BenchArgs, clap::Error> {
         let cmd = BenchArgs::augment_args(Command::new("bench"));
         BenchArgs::from_arg_matches(&cmd.try_get_matches_from(args)?)
+    }
+
+    #[test]
+    fn topk_scores_default_to_f32_and_take_a_list() {
+        assert_eq!(parse(&["bench"]).unwrap().topk_scores, vec![TopkScore::F32]);
+        let both = parse(&["bench", "--topk-scores", "f32,bf16"]).unwrap().topk_scores;
+        assert_eq!(both, vec![TopkScore::F32, TopkScore::Bf16]);
+        let err = parse(&["bench", "--topk-scores", "fp16"]).unwrap_err().to_string();
+        assert!(err.contains("fp16") && err.contains("allowed f32 or bf16"), "{err}");
     }
 
     #[test]

@@ -4,7 +4,7 @@ use crate::config_args::ConfigArgs;
 use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 use nsa_kernels::spec::MetadataMode;
-use nsa_kernels::{kernel_set, KernelFamily, KernelSpec, NsaConfig, Target, Toolchain, TopkTransform};
+use nsa_kernels::{kernel_set, KernelFamily, KernelSpec, NsaConfig, Target, Toolchain, TopkScore, TopkTransform};
 use nsa_runtime::cache::{CacheConfig, CachedKernel, KernelCache, Origin};
 use nsa_runtime::jit::{clang_hip::ClangHipCompiler, nvrtc::NvrtcCompiler, Compiler};
 use nsa_runtime::metadata::GraphMode;
@@ -206,16 +206,17 @@ pub fn verify(args: VerifyArgs) -> Result<()> {
                 KernelFamily::KvDequant => verify::dequant(&rt, n, seed, n > 1)?,
                 KernelFamily::IndexerKStore => verify::store_indexer(&rt, n, seed)?,
                 KernelFamily::IndexerKGather => verify::gather_indexer(&rt, n, seed, n > 1)?,
-                KernelFamily::TopK { k, transform, deterministic, layout } => {
+                KernelFamily::TopK { k, transform, deterministic, layout, score } => {
                     let case = TopkCase {
                         deterministic,
                         path: TopkPath::Single(Some(layout)),
-                        ..topk_case(k, transform, i, n, seed)
+                        ..topk_case(k, transform, score, i, n, seed)
                     };
                     vtopk::run(&rt, &case)?
                 }
-                KernelFamily::TopkSplit { k, transform } => {
-                    vtopk::run(&rt, &TopkCase { path: TopkPath::Split, ..topk_case(k, transform, i, n, seed) })?
+                KernelFamily::TopkSplit { k, transform, score } => {
+                    let case = TopkCase { path: TopkPath::Split, ..topk_case(k, transform, score, i, n, seed) };
+                    vtopk::run(&rt, &case)?
                 }
                 // Not in a configuration's kernel set (no plan picks it); the GPU suite checks it.
                 KernelFamily::TopkCluster { .. } => continue,
@@ -299,10 +300,11 @@ pub fn verify(args: VerifyArgs) -> Result<()> {
 /// past the size and one long row; Gaussian and one-bucket scores alternate, and
 /// PAGED alternates between decode and prefill (grouped) tables. Unordered, the
 /// launcher's own layout.
-fn topk_case(k: u32, transform: TopkTransform, i: usize, n: usize, seed: u64) -> TopkCase {
+fn topk_case(k: u32, transform: TopkTransform, score: TopkScore, i: usize, n: usize, seed: u64) -> TopkCase {
     TopkCase {
         k,
         transform,
+        score,
         deterministic: false,
         pattern: [ScorePattern::Gaussian, ScorePattern::OneBucket][i % 2],
         lengths: vec![0, 1, k as i32, k as i32 + 1, n as i32 + k as i32 + 1, 50_000],
