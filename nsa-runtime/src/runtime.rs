@@ -42,22 +42,13 @@ impl Runtime {
     pub fn new(ordinal: usize) -> Result<Runtime> {
         let gpu = Gpu::open(ordinal)?;
         let cache = KernelCache::new(Arc::new(NvrtcCompiler::new()?), CacheConfig::from_env()?);
-        let checks = match std::env::var("NSA_CHECK_DEVICE_INPUTS").as_deref() {
-            Ok("1") | Ok("true") => DeviceChecks::Report,
-            _ => DeviceChecks::Skip,
+        let checks = match env_flag("NSA_CHECK_DEVICE_INPUTS", "off: kernels do not count rejected entries")? {
+            Some(true) => DeviceChecks::Report,
+            Some(false) | None => DeviceChecks::Skip,
         };
         let mut rt = Runtime::with_cache(gpu, cache, checks)?;
-        match std::env::var("NSA_PDL").as_deref() {
-            Ok("1") | Ok("true") => rt.set_pdl(true)?,
-            Ok("0") | Ok("false") => rt.set_pdl(false)?,
-            Err(_) => {}
-            Ok(other) => {
-                return Err(Error::InvalidArgument {
-                    field: "NSA_PDL",
-                    value: other.to_string(),
-                    expected: "1 or true (PDL on), 0 or false (off), or unset (on where the target has it)".into(),
-                })
-            }
+        if let Some(on) = env_flag("NSA_PDL", "programmatic dependent launch on where the target has it")? {
+            rt.set_pdl(on)?;
         }
         Ok(rt)
     }
@@ -297,4 +288,40 @@ static NULL_STATUS: u64 = 0;
 pub struct LoadedKernel {
     pub cached: Arc<CachedKernel>,
     pub function: CudaFunction,
+}
+
+/// An on/off environment variable: `1`/`true` on, `0`/`false` off, unset `None`;
+/// anything else is an error naming the variable and what unset means.
+fn env_flag(name: &'static str, unset_means: &str) -> Result<Option<bool>> {
+    parse_flag(name, std::env::var(name).ok().as_deref(), unset_means)
+}
+
+fn parse_flag(name: &'static str, value: Option<&str>, unset_means: &str) -> Result<Option<bool>> {
+    match value {
+        None => Ok(None),
+        Some("1") | Some("true") => Ok(Some(true)),
+        Some("0") | Some("false") => Ok(Some(false)),
+        Some(other) => Err(Error::InvalidArgument {
+            field: name,
+            value: format!("{other:?}"),
+            expected: format!("1 or true (on), 0 or false (off), or unset ({unset_means})"),
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_take_one_zero_true_false_or_unset_and_reject_the_rest() {
+        assert_eq!(parse_flag("NSA_PDL", None, "").unwrap(), None);
+        assert_eq!(parse_flag("NSA_PDL", Some("1"), "").unwrap(), Some(true));
+        assert_eq!(parse_flag("NSA_PDL", Some("false"), "").unwrap(), Some(false));
+        let err = parse_flag("NSA_CHECK_DEVICE_INPUTS", Some("yes"), "x").unwrap_err().to_string();
+        assert!(
+            err.contains("NSA_CHECK_DEVICE_INPUTS") && err.contains("\"yes\"") && err.contains("0 or false"),
+            "{err}"
+        );
+    }
 }
