@@ -2,7 +2,9 @@
 //! sparse MLA, metadata) add their specs here.
 
 use crate::config::{KvCacheFormat, NsaConfig};
-use crate::spec::{IndexerLayout, KernelFamily, KernelSpec, MetadataMode, TopkLayout, TopkScore, TopkTransform};
+use crate::spec::{
+    IndexerLayout, KernelFamily, KernelSpec, MetadataMode, TopkLayout, TopkScore, TopkTransform, TOPK_CLUSTER_SIZES,
+};
 use crate::target::Vendor;
 
 /// The kernel set of `cfg`, for every target it lists, sorted and without repeats.
@@ -47,13 +49,22 @@ pub fn kernel_set(cfg: &NsaConfig) -> Vec<KernelSpec> {
         });
         sparse_mla.push(KernelFamily::SparseDecodeCombine { heads: cfg.num_q_heads });
     }
+    // Few long top-k rows go over thread-block clusters where the target has them
+    // (`ops::topk::choose_plan`), at any size `cluster_size` may pick.
+    let clustered: Vec<KernelFamily> = TopkTransform::ALL
+        .into_iter()
+        .flat_map(|transform| {
+            TOPK_CLUSTER_SIZES.map(|cluster| KernelFamily::TopkCluster { k: cfg.topk, transform, cluster, score })
+        })
+        .collect();
     let mut specs: Vec<KernelSpec> = cfg
         .targets
         .iter()
         .flat_map(|t| {
             let nvidia = t.vendor() == Vendor::Nvidia;
             let extra = if nvidia { &sparse_mla[..] } else { &[][..] };
-            families.iter().chain(extra).map(move |f| KernelSpec::new(*f, *t))
+            let clusters = if t.has_clusters() { &clustered[..] } else { &[][..] };
+            families.iter().chain(extra).chain(clusters).map(move |f| KernelSpec::new(*f, *t))
         })
         .collect();
     specs.sort();

@@ -2,6 +2,7 @@
 //! and options, `choose_plan` returns a plan the launchers can run, and spreads a
 //! row over blocks or a cluster only where the tables say it pays.
 
+use nsa_kernels::{kernel_set, KernelFamily, KernelSpec, NsaConfig, Target, TopkScore, TopkTransform};
 use nsa_runtime::ops::topk::{choose_layout, choose_plan, TopkPlan, SPLIT_MIN_CHUNK, SPREAD_MIN_ROW};
 use proptest::prelude::*;
 
@@ -35,6 +36,36 @@ proptest! {
                 // The chunks cover the row, and none is empty.
                 prop_assert!(chunk * chunks >= cap && chunk * (chunks - 1) < cap, "{} x {} for {}", chunk, chunks, cap);
             }
+        }
+    }
+}
+
+proptest! {
+    /// Whatever unordered plan a batch gets, its kernel is in the configuration's
+    /// kernel set for every transform, so `nsa compile` bakes it and a layer warms
+    /// it (with `NSA_JIT=off` a kernel outside the set is an error).
+    #[test]
+    fn every_unordered_plan_is_in_the_kernel_set(
+        // Few rows half the time: the cluster and split plans.
+        rows in prop_oneof![1usize..=20, 1usize..5000],
+        cap in 0usize..3_000_000,
+        target in prop::sample::select(Target::ALL.to_vec()),
+        workspace: bool,
+    ) {
+        let mut cfg = NsaConfig::preset("deepseek-v3.2").unwrap();
+        cfg.targets = vec![target];
+        let set = kernel_set(&cfg);
+        let sms = if target == Target::Gfx942 { 304 } else { 132 };
+        let (plan, _) = choose_plan(rows, cap, sms, false, workspace, target.has_clusters());
+        for transform in TopkTransform::ALL {
+            let (k, score) = (cfg.topk, TopkScore::F32);
+            let family = match plan {
+                TopkPlan::Single(layout) => KernelFamily::TopK { k, transform, deterministic: false, layout, score },
+                TopkPlan::Split { .. } => KernelFamily::TopkSplit { k, transform, score },
+                TopkPlan::Cluster { size } => KernelFamily::TopkCluster { k, transform, cluster: size, score },
+            };
+            let spec = KernelSpec::new(family, target);
+            prop_assert!(set.contains(&spec), "{} ({plan:?}) is not in the kernel set", spec.id());
         }
     }
 }

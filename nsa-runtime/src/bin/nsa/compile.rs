@@ -218,8 +218,11 @@ pub fn verify(args: VerifyArgs) -> Result<()> {
                     let case = TopkCase { path: TopkPath::Split, ..topk_case(k, transform, score, i, n, seed) };
                     vtopk::run(&rt, &case)?
                 }
-                // Not in a configuration's kernel set (no plan picks it); the GPU suite checks it.
-                KernelFamily::TopkCluster { .. } => continue,
+                KernelFamily::TopkCluster { k, transform, cluster, score } => {
+                    let case =
+                        TopkCase { path: TopkPath::Cluster(cluster), ..topk_case(k, transform, score, i, n, seed) };
+                    vtopk::run(&rt, &case)?
+                }
                 // Random captures and replays against the host graph state, once per kernel.
                 KernelFamily::MetadataReplay { page_size, mode } if i == 0 => {
                     let mode = match mode {
