@@ -15,12 +15,15 @@ pub fn kernel_set(cfg: &NsaConfig) -> Vec<KernelSpec> {
         vec![KernelFamily::KvStore { format: cfg.kv_cache }, KernelFamily::IndexerKStore, KernelFamily::IndexerKGather];
     // Top-k: fused PAGED (decode/verify/draft-extend, extend without prefix) and
     // RAGGED (extend with prefix), plus the unfused path (plain + transform).
-    let score = TopkScore::F32;
-    for transform in TopkTransform::ALL {
-        for layout in [TopkLayout::Latency, TopkLayout::Throughput] {
-            families.push(KernelFamily::TopK { k: cfg.topk, transform, deterministic: false, layout, score });
+    // f32 scores (the indexer's logits), and bf16 ones where the config asks.
+    let scores: &[TopkScore] = if cfg.topk_bf16_scores { &TopkScore::ALL } else { &[TopkScore::F32] };
+    for &score in scores {
+        for transform in TopkTransform::ALL {
+            for layout in [TopkLayout::Latency, TopkLayout::Throughput] {
+                families.push(KernelFamily::TopK { k: cfg.topk, transform, deterministic: false, layout, score });
+            }
+            families.push(KernelFamily::TopkSplit { k: cfg.topk, transform, score });
         }
-        families.push(KernelFamily::TopkSplit { k: cfg.topk, transform, score });
     }
     families.push(KernelFamily::IndexTransform { k: cfg.topk });
     if cfg.kv_cache == KvCacheFormat::Fp8 {
@@ -51,12 +54,14 @@ pub fn kernel_set(cfg: &NsaConfig) -> Vec<KernelSpec> {
     }
     // Few long top-k rows go over thread-block clusters where the target has them
     // (`ops::topk::choose_plan`), at any size `cluster_size` may pick.
-    let clustered: Vec<KernelFamily> = TopkTransform::ALL
-        .into_iter()
-        .flat_map(|transform| {
-            TOPK_CLUSTER_SIZES.map(|cluster| KernelFamily::TopkCluster { k: cfg.topk, transform, cluster, score })
-        })
-        .collect();
+    let mut clustered = Vec::new();
+    for &score in scores {
+        for transform in TopkTransform::ALL {
+            for cluster in TOPK_CLUSTER_SIZES {
+                clustered.push(KernelFamily::TopkCluster { k: cfg.topk, transform, cluster, score });
+            }
+        }
+    }
     let mut specs: Vec<KernelSpec> = cfg
         .targets
         .iter()
@@ -70,4 +75,42 @@ pub fn kernel_set(cfg: &NsaConfig) -> Vec<KernelSpec> {
     specs.sort();
     specs.dedup();
     specs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::target::Target;
+
+    fn bf16_ids(bf16_scores: bool) -> Vec<String> {
+        let cfg = NsaConfig { topk_bf16_scores: bf16_scores, ..NsaConfig::preset("deepseek-v3.2").unwrap() };
+        let is_bf16 = |f: &KernelFamily| match *f {
+            KernelFamily::TopK { score, .. }
+            | KernelFamily::TopkSplit { score, .. }
+            | KernelFamily::TopkCluster { score, .. } => score == TopkScore::Bf16,
+            _ => false,
+        };
+        kernel_set(&cfg).into_iter().filter(|s| is_bf16(&s.family)).map(|s| s.id()).collect()
+    }
+
+    #[test]
+    fn bf16_top_k_kernels_only_when_asked_for_on_every_plan() {
+        assert!(bf16_ids(false).is_empty());
+        let ids = bf16_ids(true);
+        // Per target (sm_90a, sm_100a): 3 transforms × (2 layouts + split + 3 cluster sizes).
+        assert_eq!(ids.len(), 2 * 3 * 6, "{ids:?}");
+        for id in ["topk.k2048.paged.bf16.tput.sm_90a", "topk_split.k2048.ragged.bf16.sm_100a"] {
+            assert!(ids.iter().any(|i| i == id), "{id} missing from {ids:?}");
+        }
+        assert!(ids.iter().any(|i| i == "topk_cluster.k2048.plain.bf16.c4.sm_90a"));
+        let gfx = NsaConfig {
+            targets: vec![Target::Gfx942],
+            topk_bf16_scores: true,
+            ..NsaConfig::preset("deepseek-v3.2").unwrap()
+        };
+        assert!(
+            !kernel_set(&gfx).iter().any(|s| matches!(s.family, KernelFamily::TopkCluster { .. })),
+            "no clusters on gfx942"
+        );
+    }
 }

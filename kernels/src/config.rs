@@ -73,6 +73,11 @@ pub struct NsaConfig {
     pub kv_cache: KvCacheFormat,
     /// Architectures to generate for (at least one, no repeats).
     pub targets: Vec<Target>,
+    /// Also generate the top-k kernels for bf16 scores (every transform and plan),
+    /// for logits written in bf16 outside nsa; the layer's indexer writes f32, whose
+    /// top-k kernels are always generated.
+    #[serde(default)]
+    pub topk_bf16_scores: bool,
 }
 
 fn default_kv_lora_rank() -> u32 {
@@ -132,6 +137,7 @@ impl NsaConfig {
             index_head_dim: default_index_head_dim(),
             kv_cache: KvCacheFormat::Fp8,
             targets: Target::NVIDIA.to_vec(),
+            topk_bf16_scores: false,
         })
     }
 
@@ -196,12 +202,13 @@ impl NsaConfig {
     pub fn summary(&self) -> String {
         let targets: Vec<&str> = self.targets.iter().map(|t| t.arch()).collect();
         format!(
-            "h={} topk={} page={} cache={} targets=[{}]",
+            "h={} topk={} page={} cache={} targets=[{}]{}",
             self.num_q_heads,
             self.topk,
             self.page_size,
             self.kv_cache.tag(),
-            targets.join(",")
+            targets.join(","),
+            if self.topk_bf16_scores { " topk_scores=f32,bf16" } else { "" }
         )
     }
 }

@@ -220,4 +220,6 @@ options! {
     krate: Option<Lenient<Quoted>>,
     /// Render every kernel at compile time into `NsaModel::EMBEDDED_SOURCES`.
     embed_sources: Flag,
+    /// → `topk_bf16_scores` (flag).
+    topk_bf16_scores: Flag,
 }

@@ -167,6 +167,10 @@ impl Model {
             None => {}
         }
 
+        if opts.topk_bf16_scores.is_present() {
+            config.topk_bf16_scores = true;
+        }
+
         match opts.targets {
             Some(Lenient::Ok(TargetList(lits), tokens)) => {
                 let mut targets = Vec::new();
@@ -264,6 +268,7 @@ impl Model {
         let (index_heads, index_dim) = (u(config.index_n_heads), u(config.index_head_dim));
         // Debug of a unit variant is its name: no match to keep in step with `Target`.
         let targets = config.targets.iter().map(|t| format_ident!("{}", format!("{t:?}")));
+        let topk_bf16_scores = config.topk_bf16_scores;
         let sources = embed_sources.then(|| self.embedded_sources());
         quote! {
             #[automatically_derived]
@@ -278,6 +283,7 @@ impl Model {
                 const INDEX_N_HEADS: u32 = #index_heads;
                 const INDEX_HEAD_DIM: u32 = #index_dim;
                 const TARGETS: &'static [#krate::kernels::Target] = &[#(#krate::kernels::Target::#targets),*];
+                const TOPK_BF16_SCORES: bool = #topk_bf16_scores;
                 #sources
             }
         }

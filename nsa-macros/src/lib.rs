@@ -30,6 +30,7 @@
 //! | `indexer(heads, head_dim)` | `index_n_heads`, `index_head_dim` | integers |
 //! | `kv_lora_rank` | `kv_lora_rank` | integer |
 //! | `rope_dim` | `qk_rope_head_dim` | integer |
+//! | `topk_bf16_scores` | `topk_bf16_scores` | flag: also the top-k kernels for bf16 scores |
 //! | `crate` | — | path of the runtime crate in generated code, default `"::nsa_runtime"` |
 //! | `embed_sources` | — | flag: render every kernel now into `NsaModel::EMBEDDED_SOURCES` |
 //!

@@ -83,6 +83,22 @@ fn no_preset_means_config_file_defaults() {
 }
 
 #[test]
+fn topk_bf16_scores_flag_sets_the_field_and_the_const() {
+    let input = quote! {
+        #[nsa(preset = "deepseek-v3.2", topk_bf16_scores)]
+        struct M;
+    };
+    let m = Model::from_input(&parse(input.clone())).unwrap();
+    assert_eq!(m.config(), &NsaConfig { topk_bf16_scores: true, ..preset() });
+    assert!(expand(input).contains("const TOPK_BF16_SCORES: bool = true;"));
+    let plain = expand(quote! {
+        #[nsa(preset = "deepseek-v3.2")]
+        struct M;
+    });
+    assert!(plain.contains("const TOPK_BF16_SCORES: bool = false;"), "{plain}");
+}
+
+#[test]
 fn preset_then_overrides() {
     let m = Model::from_input(&parse(quote! {
         #[nsa(preset = "deepseek-v3.2-tp2", topk = 1024, kv_cache = "bf16", targets("gfx942"))]

@@ -75,6 +75,8 @@ pub trait NsaModel: Sized {
     const INDEX_HEAD_DIM: u32;
     /// [`NsaConfig::targets`], in the order given.
     const TARGETS: &'static [Target];
+    /// [`NsaConfig::topk_bf16_scores`].
+    const TOPK_BF16_SCORES: bool = false;
     /// Kernel sources rendered at compile time (`#[nsa(embed_sources)]`), one per spec
     /// of [`kernel_specs`](Self::kernel_specs); empty unless asked for. Byte-identical
     /// to what [`nsa_kernels::render`] gives at run time.
@@ -92,6 +94,7 @@ pub trait NsaModel: Sized {
             index_head_dim: Self::INDEX_HEAD_DIM,
             kv_cache: <Self::KvFormat as KvFormat>::FORMAT,
             targets: Self::TARGETS.to_vec(),
+            topk_bf16_scores: Self::TOPK_BF16_SCORES,
         }
     }
 

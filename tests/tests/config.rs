@@ -390,6 +390,7 @@ fn several_errors_are_all_reported_in_field_order() {
         index_head_dim: 64,
         kv_cache: KvCacheFormat::Fp8,
         targets: vec![],
+        topk_bf16_scores: true,
     };
     let err = cfg.validate().unwrap_err();
     let fields: Vec<&str> = err.issues.iter().map(|i| i.field).collect();
@@ -555,6 +556,7 @@ fn custom() -> NsaConfig {
         num_q_heads: 32,
         kv_cache: KvCacheFormat::Bf16,
         targets: vec![Target::Gfx942, Target::Sm100a],
+        topk_bf16_scores: true,
         ..base()
     }
 }
@@ -574,6 +576,7 @@ fn json_shape_is_stable() {
             "index_head_dim": 128,
             "kv_cache": "fp8",
             "targets": ["sm_90a", "sm_100a"],
+            "topk_bf16_scores": false,
         })
     );
 }

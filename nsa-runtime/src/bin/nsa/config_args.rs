@@ -25,6 +25,9 @@ pub struct ConfigArgs {
     /// Override: KV cache format (bf16 or fp8).
     #[arg(long)]
     pub cache: Option<KvCacheFormat>,
+    /// Override: also generate the top-k kernels for bf16 scores.
+    #[arg(long)]
+    pub topk_bf16_scores: bool,
 }
 
 impl ConfigArgs {
@@ -49,6 +52,7 @@ impl ConfigArgs {
         if let Some(c) = self.cache {
             cfg.kv_cache = c;
         }
+        cfg.topk_bf16_scores |= self.topk_bf16_scores;
         cfg.validate()?;
         Ok(cfg)
     }
