@@ -77,6 +77,28 @@ pub fn kernel_set(cfg: &NsaConfig) -> Vec<KernelSpec> {
     specs
 }
 
+/// The deterministic one-block top-k kernels of `cfg` (every transform, layout and
+/// score type of the set), for every target it lists: what a layer with
+/// deterministic top-k runs (`nsa compile --deterministic-topk` bakes them). Not in
+/// [`kernel_set`]: the deterministic mode is a run-time choice.
+pub fn deterministic_topk_set(cfg: &NsaConfig) -> Vec<KernelSpec> {
+    let scores: &[TopkScore] = if cfg.topk_bf16_scores { &TopkScore::ALL } else { &[TopkScore::F32] };
+    let mut specs = Vec::new();
+    for &target in &cfg.targets {
+        for &score in scores {
+            for transform in TopkTransform::ALL {
+                for layout in [TopkLayout::Latency, TopkLayout::Throughput] {
+                    let family = KernelFamily::TopK { k: cfg.topk, transform, deterministic: true, layout, score };
+                    specs.push(KernelSpec::new(family, target));
+                }
+            }
+        }
+    }
+    specs.sort();
+    specs.dedup();
+    specs
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -91,6 +113,18 @@ mod tests {
             _ => false,
         };
         kernel_set(&cfg).into_iter().filter(|s| is_bf16(&s.family)).map(|s| s.id()).collect()
+    }
+
+    #[test]
+    fn deterministic_set_is_every_transform_and_layout_and_apart_from_the_kernel_set() {
+        let cfg = NsaConfig::preset("deepseek-v3.2").unwrap();
+        let det = deterministic_topk_set(&cfg);
+        assert_eq!(det.len(), cfg.targets.len() * 3 * 2);
+        assert!(det.iter().all(|s| matches!(s.family, KernelFamily::TopK { deterministic: true, .. })));
+        let set = kernel_set(&cfg);
+        assert!(det.iter().all(|s| !set.contains(s)), "the deterministic kernels are a run-time choice");
+        let bf16 = NsaConfig { topk_bf16_scores: true, ..cfg.clone() };
+        assert_eq!(deterministic_topk_set(&bf16).len(), 2 * det.len());
     }
 
     #[test]

@@ -9,7 +9,7 @@ pub mod render;
 pub mod spec;
 pub mod target;
 
-pub use catalog::kernel_set;
+pub use catalog::{deterministic_topk_set, kernel_set};
 pub use config::{ConfigError, ConfigIssue, KvCacheFormat, NsaConfig, PRESETS};
 pub use render::{render, RenderError, RenderedKernel, HEADERS};
 pub use spec::{KernelFamily, KernelSpec, TopkLayout, TopkScore, TopkTransform};

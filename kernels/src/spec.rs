@@ -723,6 +723,17 @@ impl KernelSpec {
         }
     }
 
+    /// Context shared by the top-k families (one block per row, split, cluster).
+    fn topk_context(&self, ctx: &mut Map<String, Value>, k: u32, transform: TopkTransform, score: TopkScore) {
+        ctx.insert("k".into(), json!(k));
+        ctx.insert("score".into(), json!(score.tag()));
+        ctx.insert("score_type".into(), json!(score.device_type()));
+        ctx.insert("transform".into(), json!(transform.tag()));
+        ctx.insert("transform_enum".into(), json!(transform.device_enum()));
+        ctx.insert("smem_words".into(), json!(self.topk_smem_words()));
+        ctx.insert("min_blocks_per_sm".into(), json!(self.topk_min_blocks_per_sm()));
+    }
+
     /// Context shared by the sparse MLA families (same consumer warps, same tiles).
     fn sparse_mla_context(&self, ctx: &mut Map<String, Value>, heads: u32, topk: u32, d_qk: u32) {
         ctx.insert("heads".into(), json!(heads));
@@ -748,42 +759,27 @@ impl KernelSpec {
         if matches!(self.family, KernelFamily::IndexerKStore | KernelFamily::IndexerKGather) {
             ctx.insert("tokens_per_lane_group".into(), json!(INDEXER_TOKENS_PER_LANE_GROUP));
         }
-        if let KernelFamily::TopK { k, transform, deterministic, score, .. } = self.family {
-            ctx.insert("k".into(), json!(k));
-            ctx.insert("score".into(), json!(score.tag()));
-            ctx.insert("score_type".into(), json!(score.device_type()));
-            ctx.insert("transform".into(), json!(transform.tag()));
-            ctx.insert("transform_enum".into(), json!(transform.device_enum()));
-            ctx.insert("deterministic".into(), json!(deterministic));
-            ctx.insert("candidate_capacity".into(), json!(self.topk_candidates()));
-            ctx.insert("row_cache_capacity".into(), json!(self.topk_row_cache()));
-            ctx.insert("smem_words".into(), json!(self.topk_smem_words()));
-            ctx.insert("min_blocks_per_sm".into(), json!(self.topk_min_blocks_per_sm()));
-        }
-        if let KernelFamily::IndexTransform { k } = self.family {
-            ctx.insert("k".into(), json!(k));
-        }
-        if let KernelFamily::TopkSplit { k, transform, score } = self.family {
-            ctx.insert("k".into(), json!(k));
-            ctx.insert("score".into(), json!(score.tag()));
-            ctx.insert("score_type".into(), json!(score.device_type()));
-            ctx.insert("transform".into(), json!(transform.tag()));
-            ctx.insert("transform_enum".into(), json!(transform.device_enum()));
-            ctx.insert("list_capacity".into(), json!(self.topk_split_list()));
-            ctx.insert("smem_words".into(), json!(self.topk_smem_words()));
-            ctx.insert("min_blocks_per_sm".into(), json!(self.topk_min_blocks_per_sm()));
-        }
-        if let KernelFamily::TopkCluster { k, transform, cluster, score } = self.family {
-            ctx.insert("k".into(), json!(k));
-            ctx.insert("score".into(), json!(score.tag()));
-            ctx.insert("score_type".into(), json!(score.device_type()));
-            ctx.insert("transform".into(), json!(transform.tag()));
-            ctx.insert("transform_enum".into(), json!(transform.device_enum()));
-            ctx.insert("cluster".into(), json!(cluster));
-            ctx.insert("candidate_capacity".into(), json!(self.topk_candidates()));
-            ctx.insert("row_cache_capacity".into(), json!(self.topk_row_cache()));
-            ctx.insert("smem_words".into(), json!(self.topk_smem_words()));
-            ctx.insert("min_blocks_per_sm".into(), json!(self.topk_min_blocks_per_sm()));
+        match self.family {
+            KernelFamily::TopK { k, transform, deterministic, score, .. } => {
+                self.topk_context(&mut ctx, k, transform, score);
+                ctx.insert("deterministic".into(), json!(deterministic));
+                ctx.insert("candidate_capacity".into(), json!(self.topk_candidates()));
+                ctx.insert("row_cache_capacity".into(), json!(self.topk_row_cache()));
+            }
+            KernelFamily::TopkSplit { k, transform, score } => {
+                self.topk_context(&mut ctx, k, transform, score);
+                ctx.insert("list_capacity".into(), json!(self.topk_split_list()));
+            }
+            KernelFamily::TopkCluster { k, transform, cluster, score } => {
+                self.topk_context(&mut ctx, k, transform, score);
+                ctx.insert("cluster".into(), json!(cluster));
+                ctx.insert("candidate_capacity".into(), json!(self.topk_candidates()));
+                ctx.insert("row_cache_capacity".into(), json!(self.topk_row_cache()));
+            }
+            KernelFamily::IndexTransform { k } => {
+                ctx.insert("k".into(), json!(k));
+            }
+            _ => {}
         }
         if let KernelFamily::MetadataReplay { page_size, mode } = self.family {
             ctx.insert("page_size".into(), json!(page_size));

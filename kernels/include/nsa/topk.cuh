@@ -3,7 +3,8 @@
 // plus a per-row offset (RAGGED).
 //
 // Keys are the scores (bf16 widened to f32, exactly) mapped to order-preserving u32
-// (NaN maps to 0, below -inf, so a NaN is never chosen ahead of any number). Three ways to a row's top k:
+// (NaN maps to 0, below -inf, so a NaN is never chosen ahead of any number). Three
+// ways to a row's top k:
 // - Sample filter (unordered rows, one block per row): a strided sample gives a
 //   threshold a little below the k-th largest, one pass lists the positions at or
 //   above it (a float compare per key; the few listed keys are gathered after), and
@@ -107,8 +108,9 @@ NSA_DEVICE u32 order_key(float f) {
 }
 
 // Calls f(i, value of src[i]) for every i in [0, n), the block's threads striding
-// over the row: a scalar head up to 16-byte alignment, then kUnroll 16-byte loads
-// issued before any is used (keeps 64 B per thread in flight), then a scalar tail.
+// over the row: a scalar head up to 16-byte alignment, then 16 keys' worth of 16-byte
+// loads issued before any is used (64 B of f32 per thread in flight, 32 B of bf16:
+// 64 B of bf16 spilled), then a scalar tail.
 template <int kBlockThreads, typename S, typename F>
 NSA_DEVICE void scan_scores(const S* src, i32 n, F&& f) {
   using V = ScoreVec<S>;
@@ -464,7 +466,8 @@ struct Sample {
 };
 
 // Fills keys[0, kSectors * kRun) with the keys of the row's sample: kSectors runs of
-// kRun adjacent scores (one 32-byte sector each), spread evenly over the row.
+// kRun adjacent scores (a 32-byte sector of f32, half of one of bf16), spread evenly
+// over the row.
 template <int kBlockThreads, int kCap, typename S>
 NSA_DEVICE void load_sample(const S* src, i32 n, u32* keys) {
   constexpr u32 kRun = Sample<kCap>::kRun;
@@ -518,9 +521,9 @@ NSA_DEVICE float keep_bound(u32 lo) {
 
 // Lists every position of src[begin, begin + len) at or above the bound `lo` (every
 // key when lo is 0), up to kCap (sm[kCands] counts past it; entries past it are
-// dropped); fkey is filled in by fill_keys. The body goes in batches of up to 32
-// keys per thread (kUnroll f32 vectors, half as many bf16 ones: a u32 hit mask, and
-// bf16 spilled on sm_100a with 64): one float compare per key, one list reservation
+// dropped); fkey is filled in by fill_keys. The body goes in batches of at most 32
+// keys per thread (kMaxUnroll f32 vectors, half as many bf16 ones: one u32 hit mask;
+// 64 bf16 keys spilled on sm_100a): one float compare per key, one list reservation
 // per warp and batch, and a loop over the thread's hits only (about 3% of keys).
 template <int kBlockThreads, int kCap, int kMaxUnroll, typename S>
 NSA_DEVICE void filter_pass(const S* src, i32 begin, i32 len, u32 lo, u32* sm, u32* fidx) {
@@ -544,11 +547,11 @@ NSA_DEVICE void filter_pass(const S* src, i32 begin, i32 len, u32 lo, u32* sm, u
   for (i32 i = (i32)tid; i < head; i += kBlockThreads) append_one(i, row[i]);
   const V* body = reinterpret_cast<const V*>(row + head);
   const i32 vecs = (len - head) / kLanes;
-  S nan1;
-  set_nan(nan1);
+  S nan_score;
+  set_nan(nan_score);
   V nan;
 #pragma unroll
-  for (int e = 0; e < kLanes; ++e) nan.v[e] = nan1;
+  for (int e = 0; e < kLanes; ++e) nan.v[e] = nan_score;
   for (i32 base = 0; base < vecs; base += kUnroll * kBlockThreads) {  // same trip count in every warp
     V v[kUnroll];
 #pragma unroll
@@ -795,8 +798,9 @@ NSA_DEVICE void select_row(const Params& p, u32* status, i32 row) {
   // The sample filter keeps its list in the candidate lists and the row cache.
   constexpr int kFilterCap = (2 * kCandCap + kCacheCap) / 2;
   if constexpr (kFilter && !kDeterministic && kFilterCap >= 2 * K) {
-    // 8 vectors in flight per thread, in both layouts (H200, BENCHMARKS.md session 13:
-    // 2048 x 32K 153.4 -> 144.0 us against 4 in the phase harness).
+    // 8 f32 vectors in flight per thread (4 of bf16: see filter_pass), in both
+    // layouts (H200, BENCHMARKS.md session 13: 2048 x 32K 153.4 -> 144.0 us against 4
+    // in the phase harness).
     constexpr int kUnroll = 8;
     if (filter_select<K, kTransform, kBlockThreads, kFilterCap, kUnroll>(p, row, trow, out, src, n, hist, sm, cand_idx,
                                                                           cand_idx + kFilterCap)) {

@@ -38,7 +38,7 @@ use crate::Result;
 use cudarc::driver::{CudaView, CudaViewMut};
 use half::bf16;
 use nsa_kernels::layout::{BF16_TOKEN_ELEMS, DEEPSEEK_V32_SM_SCALE, INDEXER_HEAD_DIM, KV_LORA_RANK};
-use nsa_kernels::{KernelFamily, NsaConfig, TopkLayout, TopkScore, TopkTransform};
+use nsa_kernels::NsaConfig;
 
 /// Default cap on one chunk of extend logits (spec §6.3 memory guard).
 pub const DEFAULT_LOGITS_BUDGET_BYTES: usize = 1 << 30;
@@ -153,21 +153,12 @@ impl<'rt> NsaLayer<'rt> {
         if !cfg.sm_scale.is_finite() || cfg.sm_scale <= 0.0 {
             return Err(invalid("sm_scale", cfg.sm_scale.to_string(), "a finite positive softmax scale"));
         }
-        for spec in nsa_kernels::kernel_set(&cfg.model).into_iter().filter(|s| s.target == target) {
-            rt.kernel(spec.family)?;
-        }
+        let mut specs = nsa_kernels::kernel_set(&cfg.model);
         if cfg.deterministic_topk {
-            for transform in [TopkTransform::Paged, TopkTransform::Ragged] {
-                for layout in [TopkLayout::Latency, TopkLayout::Throughput] {
-                    rt.kernel(KernelFamily::TopK {
-                        k: cfg.model.topk,
-                        transform,
-                        deterministic: true,
-                        layout,
-                        score: TopkScore::F32,
-                    })?;
-                }
-            }
+            specs.extend(nsa_kernels::deterministic_topk_set(&cfg.model));
+        }
+        for spec in specs.into_iter().filter(|s| s.target == target) {
+            rt.kernel(spec.family)?;
         }
         Ok(NsaLayer { rt, cfg })
     }

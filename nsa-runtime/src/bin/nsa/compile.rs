@@ -4,7 +4,10 @@ use crate::config_args::ConfigArgs;
 use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 use nsa_kernels::spec::MetadataMode;
-use nsa_kernels::{kernel_set, KernelFamily, KernelSpec, NsaConfig, Target, Toolchain, TopkScore, TopkTransform};
+use nsa_kernels::{
+    deterministic_topk_set, kernel_set, KernelFamily, KernelSpec, NsaConfig, Target, Toolchain, TopkScore,
+    TopkTransform,
+};
 use nsa_runtime::cache::{CacheConfig, CachedKernel, KernelCache, Origin};
 use nsa_runtime::jit::{clang_hip::ClangHipCompiler, nvrtc::NvrtcCompiler, Compiler};
 use nsa_runtime::metadata::GraphMode;
@@ -32,6 +35,10 @@ pub struct CompileArgs {
     /// After compiling, verify on the GPU: `auto` does so when an NVIDIA driver is present.
     #[arg(long, value_enum, default_value_t = VerifyMode::Auto)]
     pub verify: VerifyMode,
+    /// Also the deterministic top-k kernels (what a layer with deterministic top-k
+    /// runs; not in the config's kernel set).
+    #[arg(long)]
+    pub deterministic_topk: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -129,8 +136,11 @@ pub fn run(args: CompileArgs) -> Result<()> {
     let mut cfg = args.config.load()?;
     cfg.targets = parse_arch(&args.arch, &cfg)?;
     cfg.validate()?;
-    let specs = kernel_set(&cfg);
-    println!("config: {}", cfg.summary());
+    let mut specs = kernel_set(&cfg);
+    if args.deterministic_topk {
+        specs.extend(deterministic_topk_set(&cfg));
+    }
+    println!("config: {}{}", cfg.summary(), if args.deterministic_topk { " +deterministic top-k" } else { "" });
     let bar = ProgressBar::new(specs.len() as u64);
     bar.set_style(ProgressStyle::with_template("{bar:40} {pos}/{len} {msg}").expect("valid template"));
     let caches = Caches::for_specs(&specs)?;
