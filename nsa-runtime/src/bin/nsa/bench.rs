@@ -330,9 +330,11 @@ fn topk_cases(shapes: &[String]) -> Result<Vec<(usize, usize)>> {
     let case = |s: &String| {
         let [rows, n] = parse_dims::<2>("--topk-shapes", s, "rows x keys", "64x131072")?;
         if rows.checked_mul(n).is_none_or(|e| e > i32::MAX as usize) {
-            return Err(Error::Other(format!(
-                "--topk-shapes: `{s}` has more than 2^31 - 1 scores; the bench numbers them in i32"
-            )));
+            return Err(Error::InvalidArgument {
+                field: "--topk-shapes",
+                value: format!("`{s}`"),
+                expected: "at most 2^31 - 1 scores in all (the bench numbers them in i32)".into(),
+            });
         }
         Ok((rows, n))
     };
@@ -355,10 +357,14 @@ fn even_cu_seqlens(rows: usize, requests: usize) -> Vec<i32> {
 fn check_paged_requests(cases: &[(usize, usize)], paged_requests: Option<usize>) -> Result<()> {
     let Some(r) = paged_requests else { return Ok(()) };
     match cases.iter().find(|&&(rows, _)| r > rows) {
-        Some(&(rows, n)) => Err(Error::Other(format!(
-            "--topk-paged-requests: {r} requests for the {rows}x{n} shape; at most one request per row \
-             (use at most {rows}, or leave that shape out of --topk-shapes)"
-        ))),
+        Some(&(rows, n)) => Err(Error::InvalidArgument {
+            field: "--topk-paged-requests",
+            value: r.to_string(),
+            expected: format!(
+                "at most one request per row: at most {rows} for the {rows}x{n} shape (or leave that shape out of \
+                 --topk-shapes)"
+            ),
+        }),
         None => Ok(()),
     }
 }

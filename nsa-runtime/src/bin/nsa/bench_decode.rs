@@ -56,8 +56,11 @@ const DEFAULT_CASES: [(usize, usize, u32); 8] =
 
 fn parse_shape(s: &str) -> Result<(usize, usize, u32)> {
     let [b, q, h] = parse_dims::<3>("--decode-shapes", s, "batch x s_q x heads", "128x1x16")?;
-    let heads =
-        u32::try_from(h).map_err(|_| Error::Other(format!("--decode-shapes: heads {h} in `{s}` is too large")))?;
+    let heads = u32::try_from(h).map_err(|_| Error::InvalidArgument {
+        field: "--decode-shapes",
+        value: format!("`{s}`"),
+        expected: format!("a head count below 2^32 (not {h})"),
+    })?;
     Ok((b, q, heads))
 }
 

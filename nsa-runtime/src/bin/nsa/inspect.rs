@@ -44,7 +44,11 @@ pub fn run(args: InspectArgs) -> Result<()> {
     }
     if args.ptx {
         if spec.target.toolchain() != Toolchain::Nvrtc {
-            return Err(Error::Other(format!("--ptx is for NVIDIA targets; {} is {}", spec.id(), spec.target)));
+            return Err(Error::InvalidArgument {
+                field: "--ptx",
+                value: spec.id(),
+                expected: format!("a kernel of an NVIDIA target (this one is for {}; use --source)", spec.target),
+            });
         }
         println!("\n{}", NvrtcCompiler::new()?.ptx(&kernel)?);
     }

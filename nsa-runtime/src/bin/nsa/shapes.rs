@@ -4,8 +4,12 @@ use nsa_runtime::{Error, Result};
 
 /// Parses `s` as N numbers joined by `x` (e.g. `128x1x16`). The error names the
 /// flag, the value and the form `what` with an example.
-pub fn parse_dims<const N: usize>(flag: &str, s: &str, what: &str, example: &str) -> Result<[usize; N]> {
-    let bad = || Error::Other(format!("{flag}: `{s}` is not {what}, each at least 1 (e.g. {example})"));
+pub fn parse_dims<const N: usize>(flag: &'static str, s: &str, what: &str, example: &str) -> Result<[usize; N]> {
+    let bad = || Error::InvalidArgument {
+        field: flag,
+        value: format!("`{s}`"),
+        expected: format!("{what}, each at least 1 (e.g. {example})"),
+    };
     let parts: Vec<&str> = s.trim().split('x').collect();
     if parts.len() != N {
         return Err(bad());
