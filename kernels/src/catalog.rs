@@ -15,8 +15,7 @@ pub fn kernel_set(cfg: &NsaConfig) -> Vec<KernelSpec> {
         vec![KernelFamily::KvStore { format: cfg.kv_cache }, KernelFamily::IndexerKStore, KernelFamily::IndexerKGather];
     // Top-k: fused PAGED (decode/verify/draft-extend, extend without prefix) and
     // RAGGED (extend with prefix), plus the unfused path (plain + transform).
-    // f32 scores (the indexer's logits), and bf16 ones where the config asks.
-    let scores: &[TopkScore] = if cfg.topk_bf16_scores { &TopkScore::ALL } else { &[TopkScore::F32] };
+    let scores = topk_scores(cfg);
     for &score in scores {
         for transform in TopkTransform::ALL {
             for layout in [TopkLayout::Latency, TopkLayout::Throughput] {
@@ -77,12 +76,22 @@ pub fn kernel_set(cfg: &NsaConfig) -> Vec<KernelSpec> {
     specs
 }
 
+/// The score types `cfg`'s top-k kernels are generated for: f32 (the indexer's
+/// logits), and bf16 where the config asks.
+fn topk_scores(cfg: &NsaConfig) -> &'static [TopkScore] {
+    if cfg.topk_bf16_scores {
+        &TopkScore::ALL
+    } else {
+        &[TopkScore::F32]
+    }
+}
+
 /// The deterministic one-block top-k kernels of `cfg` (every transform, layout and
 /// score type of the set), for every target it lists: what a layer with
 /// deterministic top-k runs (`nsa compile --deterministic-topk` bakes them). Not in
 /// [`kernel_set`]: the deterministic mode is a run-time choice.
 pub fn deterministic_topk_set(cfg: &NsaConfig) -> Vec<KernelSpec> {
-    let scores: &[TopkScore] = if cfg.topk_bf16_scores { &TopkScore::ALL } else { &[TopkScore::F32] };
+    let scores = topk_scores(cfg);
     let mut specs = Vec::new();
     for &target in &cfg.targets {
         for &score in scores {

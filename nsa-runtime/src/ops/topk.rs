@@ -326,11 +326,37 @@ pub fn topk<T: TopkScoreElem>(
     let sms = rt.gpu().caps().sm_count;
     let clusters = rt.target().has_clusters();
     let (plan, _) = choose_plan(rows, scores.row_capacity, sms, deterministic, fits, clusters);
+    topk_with_plan(rt, k, deterministic, plan, scores, output, out, workspace)
+}
+
+/// [`topk`] on the plan the caller chose (benchmarks, tests). The split and cluster
+/// plans are unordered: `deterministic` takes one block per row; the split plan
+/// needs a `workspace`.
+#[allow(clippy::too_many_arguments)]
+pub fn topk_with_plan<T: TopkScoreElem>(
+    rt: &Runtime,
+    k: u32,
+    deterministic: bool,
+    plan: TopkPlan,
+    scores: &TopkScores<'_, T>,
+    output: &TopkOutput<'_>,
+    out: &mut CudaViewMut<'_, i32>,
+    workspace: Option<&mut TopkWorkspace>,
+) -> Result<()> {
+    if deterministic && !matches!(plan, TopkPlan::Single(_)) {
+        return Err(invalid(
+            "plan",
+            format!("{plan:?}"),
+            "TopkPlan::Single for deterministic top-k (the split and cluster plans are unordered)",
+        ));
+    }
     match (plan, workspace) {
         (TopkPlan::Cluster { size }, _) => topk_cluster(rt, k, size, scores, output, out),
         (TopkPlan::Split { chunk, chunks }, Some(ws)) => topk_split(rt, k, chunk, chunks, scores, output, out, ws),
         (TopkPlan::Single(layout), _) => topk_with_layout(rt, k, deterministic, layout, scores, output, out),
-        (TopkPlan::Split { .. }, None) => unreachable!("choose_plan splits only when a workspace fits"),
+        (TopkPlan::Split { .. }, None) => {
+            Err(invalid("workspace", "None", "a TopkWorkspace for the split plan (TopkWorkspace::new)"))
+        }
     }
 }
 

@@ -3,7 +3,7 @@
 //! any other [`TopkDevice`] (the tests' CPU emulation of the kernels).
 
 use super::{download, upload, Check};
-use crate::ops::topk::{self, PageTable, TopkOutput, TopkScoreElem, TopkScores};
+use crate::ops::topk::{self, PageTable, TopkOutput, TopkPlan, TopkScoreElem, TopkScores};
 use crate::reference::topk::{check_row, topk_deterministic};
 use crate::runtime::Runtime;
 use crate::testdata::{self, ScorePattern};
@@ -423,8 +423,8 @@ pub fn index_transform_on(dev: &impl TopkDevice, k: u32, prefill: bool, seed: u6
     })
 }
 
-/// Launches top-k family `family` through its own launcher; the split path (chunks
-/// of CHECK_SPLIT_CHUNK) needs `ws`.
+/// Launches top-k family `family` on its plan; the split path (chunks of
+/// CHECK_SPLIT_CHUNK) needs `ws`.
 fn launch_family<T: TopkScoreElem>(
     rt: &Runtime,
     family: KernelFamily,
@@ -434,17 +434,16 @@ fn launch_family<T: TopkScoreElem>(
     out: &mut CudaViewMut<'_, i32>,
     ws: Option<&mut topk::TopkWorkspace>,
 ) -> Result<()> {
-    match (family, ws) {
-        (KernelFamily::TopK { layout, deterministic, .. }, _) => {
-            topk::topk_with_layout(rt, k, deterministic, layout, input, output, out)
-        }
-        (KernelFamily::TopkCluster { cluster, .. }, _) => topk::topk_cluster(rt, k, cluster, input, output, out),
-        (KernelFamily::TopkSplit { .. }, Some(ws)) => {
+    let (plan, deterministic) = match family {
+        KernelFamily::TopK { layout, deterministic, .. } => (TopkPlan::Single(layout), deterministic),
+        KernelFamily::TopkCluster { cluster, .. } => (TopkPlan::Cluster { size: cluster }, false),
+        KernelFamily::TopkSplit { .. } => {
             let chunks = input.row_capacity.div_ceil(CHECK_SPLIT_CHUNK);
-            topk::topk_split(rt, k, CHECK_SPLIT_CHUNK, chunks, input, output, out, ws)
+            (TopkPlan::Split { chunk: CHECK_SPLIT_CHUNK, chunks }, false)
         }
-        (other, _) => unreachable!("{other:?}: a top-k family, the split path with its workspace"),
-    }
+        other => unreachable!("{other:?} is not a top-k family"),
+    };
+    topk::topk_with_plan(rt, k, deterministic, plan, input, output, out, ws)
 }
 
 /// Rows of `n` scores back to back, from position 0.

@@ -425,8 +425,8 @@ struct TopkShape {
 fn topk_bench_shape<T: TopkScoreElem>(rt: &Runtime, shape: &TopkShape, values: &[T]) -> Result<Vec<TopkRow>> {
     use nsa_kernels::{TopkLayout, TopkTransform};
     use nsa_runtime::ops::topk::{
-        choose_plan, cluster_size, split_list_suffices, split_plan, topk_cluster, topk_split, topk_with_layout,
-        PageTable, TopkOutput, TopkPlan, TopkScores, TopkWorkspace,
+        choose_plan, cluster_size, split_list_suffices, split_plan, topk_with_plan, PageTable, TopkOutput, TopkPlan,
+        TopkScores, TopkWorkspace,
     };
     let &TopkShape { rows, n, reps, chosen_only, paged_requests, copy_gbps } = shape;
     let stream = rt.gpu().stream().clone();
@@ -467,14 +467,8 @@ fn topk_bench_shape<T: TopkScoreElem>(rt: &Runtime, shape: &TopkShape, values: &
                 TopkOutput::Paged(PageTable { table: &tv, rows: table_rows, stride: n, width: n, cu_seqlens_q })
             }
         };
-        let timing = time_launches(&stream, reps, || match plan {
-            TopkPlan::Single(layout) => {
-                topk_with_layout(rt, k, false, layout, &input, &output, &mut d_out.slice_mut(0..))
-            }
-            TopkPlan::Split { chunk, chunks } => {
-                topk_split(rt, k, chunk, chunks, &input, &output, &mut d_out.slice_mut(0..), &mut ws)
-            }
-            TopkPlan::Cluster { size } => topk_cluster(rt, k, size, &input, &output, &mut d_out.slice_mut(0..)),
+        let timing = time_launches(&stream, reps, || {
+            topk_with_plan(rt, k, false, plan, &input, &output, &mut d_out.slice_mut(0..), Some(&mut ws))
         })?;
         let (us, host_us) = (timing.gpu_us, timing.host_us);
         let bytes = (rows * n * T::SCORE.bytes()) as f64;
