@@ -343,6 +343,18 @@ pub fn topk_with_plan<T: TopkScoreElem>(
     out: &mut CudaViewMut<'_, i32>,
     workspace: Option<&mut TopkWorkspace>,
 ) -> Result<()> {
+    check_plan(deterministic, plan, workspace.is_some())?;
+    match (plan, workspace) {
+        (TopkPlan::Cluster { size }, _) => topk_cluster(rt, k, size, scores, output, out),
+        (TopkPlan::Split { chunk, chunks }, Some(ws)) => topk_split(rt, k, chunk, chunks, scores, output, out, ws),
+        (TopkPlan::Single(layout), _) => topk_with_layout(rt, k, deterministic, layout, scores, output, out),
+        (TopkPlan::Split { .. }, None) => unreachable!("check_plan: the split plan has a workspace"),
+    }
+}
+
+/// What [`topk_with_plan`] rejects before any launch: a deterministic call on an
+/// unordered plan, and the split plan without a workspace.
+fn check_plan(deterministic: bool, plan: TopkPlan, workspace: bool) -> Result<()> {
     if deterministic && !matches!(plan, TopkPlan::Single(_)) {
         return Err(invalid(
             "plan",
@@ -350,14 +362,10 @@ pub fn topk_with_plan<T: TopkScoreElem>(
             "TopkPlan::Single for deterministic top-k (the split and cluster plans are unordered)",
         ));
     }
-    match (plan, workspace) {
-        (TopkPlan::Cluster { size }, _) => topk_cluster(rt, k, size, scores, output, out),
-        (TopkPlan::Split { chunk, chunks }, Some(ws)) => topk_split(rt, k, chunk, chunks, scores, output, out, ws),
-        (TopkPlan::Single(layout), _) => topk_with_layout(rt, k, deterministic, layout, scores, output, out),
-        (TopkPlan::Split { .. }, None) => {
-            Err(invalid("workspace", "None", "a TopkWorkspace for the split plan (TopkWorkspace::new)"))
-        }
+    if matches!(plan, TopkPlan::Split { .. }) && !workspace {
+        return Err(invalid("workspace", "None", "a TopkWorkspace for the split plan (TopkWorkspace::new)"));
     }
+    Ok(())
 }
 
 /// [`topk`] with the layout chosen by the caller (benchmarks, tests).
@@ -624,6 +632,19 @@ mod tests {
         assert!(!split_list_suffices(Target::Gfx942, 512, 131_072));
         assert!(split_list_suffices(Target::Gfx942, 512, 16_384), "1536 expected, at the bound");
         assert!(split_list_suffices(Target::Gfx942, 2048, 2048), "the whole row fits");
+    }
+
+    #[test]
+    fn plans_a_call_cannot_run_are_errors() {
+        let split = TopkPlan::Split { chunk: 1024, chunks: 2 };
+        let err = check_plan(true, TopkPlan::Cluster { size: 8 }, false).unwrap_err().to_string();
+        assert!(err.contains("`plan`") && err.contains("deterministic"), "{err}");
+        assert!(check_plan(true, split, true).is_err());
+        let err = check_plan(false, split, false).unwrap_err().to_string();
+        assert!(err.contains("`workspace`") && err.contains("TopkWorkspace::new"), "{err}");
+        assert!(check_plan(true, TopkPlan::Single(TopkLayout::Latency), false).is_ok());
+        assert!(check_plan(false, split, true).is_ok());
+        assert!(check_plan(false, TopkPlan::Cluster { size: 2 }, false).is_ok());
     }
 
     #[test]
