@@ -57,7 +57,7 @@ constexpr int kSmemWords = kFixedWords + 2 * kCandCap + kCacheCap;
 const char* const kPhaseNames[kMarks - 1] = {"sample", "list", "counts", "push", "cut+place"};
 
 __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1) marked(Params p, u32* status) {
-  cluster_select<K, kPlain, kThreads, kCluster, kCandCap, kCacheCap, kSmemWords>(p, status);
+  cluster_select<float, K, kPlain, kThreads, kCluster, kCandCap, kCacheCap, kSmemWords>(p, status);
 }
 
 int main(int argc, char** argv) {

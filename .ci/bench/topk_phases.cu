@@ -21,7 +21,7 @@ using namespace nsa::topk;
 
 template <int K, int T, int kCandCap, int kCacheCap, int kMinBlocks>
 __global__ void __launch_bounds__(T, kMinBlocks) product(Params p, u32* status) {
-  select<K, kPlain, false, T, kCandCap, kCacheCap, kFixedWords + 2 * kCandCap + kCacheCap>(p, status);
+  select<float, K, kPlain, false, T, kCandCap, kCacheCap, kFixedWords + 2 * kCandCap + kCacheCap>(p, status);
 }
 
 constexpr int kPhases = 6;
@@ -36,7 +36,7 @@ __global__ void __launch_bounds__(T, kMinBlocks) phases(Params p, long long* mar
   const u32 tid = thread_x();
   const i32 row = (i32)block_x();
   const i32 n = p.lengths[row];
-  const float* src = p.scores + (i64)row * p.row_stride;
+  const float* src = static_cast<const float*>(p.scores) + (i64)row * p.row_stride;
   int m = 0;
   auto mark = [&] {
     sync_block();
