@@ -15,14 +15,9 @@ pub fn kernel_set(cfg: &NsaConfig) -> Vec<KernelSpec> {
         vec![KernelFamily::KvStore { format: cfg.kv_cache }, KernelFamily::IndexerKStore, KernelFamily::IndexerKGather];
     // Top-k: fused PAGED (decode/verify/draft-extend, extend without prefix) and
     // RAGGED (extend with prefix), plus the unfused path (plain + transform).
-    let scores = topk_scores(cfg);
-    for &score in scores {
-        for transform in TopkTransform::ALL {
-            for layout in [TopkLayout::Latency, TopkLayout::Throughput] {
-                families.push(KernelFamily::TopK { k: cfg.topk, transform, deterministic: false, layout, score });
-            }
-            families.push(KernelFamily::TopkSplit { k: cfg.topk, transform, score });
-        }
+    families.extend(one_block_topk(cfg, false));
+    for (score, transform) in topk_variants(cfg) {
+        families.push(KernelFamily::TopkSplit { k: cfg.topk, transform, score });
     }
     families.push(KernelFamily::IndexTransform { k: cfg.topk });
     if cfg.kv_cache == KvCacheFormat::Fp8 {
@@ -53,14 +48,11 @@ pub fn kernel_set(cfg: &NsaConfig) -> Vec<KernelSpec> {
     }
     // Few long top-k rows go over thread-block clusters where the target has them
     // (`ops::topk::choose_plan`), at any size `cluster_size` may pick.
-    let mut clustered = Vec::new();
-    for &score in scores {
-        for transform in TopkTransform::ALL {
-            for cluster in TOPK_CLUSTER_SIZES {
-                clustered.push(KernelFamily::TopkCluster { k: cfg.topk, transform, cluster, score });
-            }
-        }
-    }
+    let clustered: Vec<KernelFamily> = topk_variants(cfg)
+        .flat_map(|(score, transform)| {
+            TOPK_CLUSTER_SIZES.map(|cluster| KernelFamily::TopkCluster { k: cfg.topk, transform, cluster, score })
+        })
+        .collect();
     let mut specs: Vec<KernelSpec> = cfg
         .targets
         .iter()
@@ -86,23 +78,32 @@ fn topk_scores(cfg: &NsaConfig) -> &'static [TopkScore] {
     }
 }
 
+/// Every (score type, transform) pair of `cfg`'s top-k kernels.
+fn topk_variants(cfg: &NsaConfig) -> impl Iterator<Item = (TopkScore, TopkTransform)> {
+    topk_scores(cfg).iter().flat_map(|&score| TopkTransform::ALL.map(|transform| (score, transform)))
+}
+
+/// The one-block top-k kernels of `cfg`: every score type, transform and layout.
+fn one_block_topk(cfg: &NsaConfig, deterministic: bool) -> impl Iterator<Item = KernelFamily> + '_ {
+    topk_variants(cfg).flat_map(move |(score, transform)| {
+        [TopkLayout::Latency, TopkLayout::Throughput].map(|layout| KernelFamily::TopK {
+            k: cfg.topk,
+            transform,
+            deterministic,
+            layout,
+            score,
+        })
+    })
+}
+
 /// The deterministic one-block top-k kernels of `cfg` (every transform, layout and
 /// score type of the set), for every target it lists: what a layer with
 /// deterministic top-k runs (`nsa compile --deterministic-topk` bakes them). Not in
 /// [`kernel_set`]: the deterministic mode is a run-time choice.
 pub fn deterministic_topk_set(cfg: &NsaConfig) -> Vec<KernelSpec> {
-    let scores = topk_scores(cfg);
-    let mut specs = Vec::new();
-    for &target in &cfg.targets {
-        for &score in scores {
-            for transform in TopkTransform::ALL {
-                for layout in [TopkLayout::Latency, TopkLayout::Throughput] {
-                    let family = KernelFamily::TopK { k: cfg.topk, transform, deterministic: true, layout, score };
-                    specs.push(KernelSpec::new(family, target));
-                }
-            }
-        }
-    }
+    let families: Vec<KernelFamily> = one_block_topk(cfg, true).collect();
+    let mut specs: Vec<KernelSpec> =
+        cfg.targets.iter().flat_map(|&t| families.iter().map(move |&f| KernelSpec::new(f, t))).collect();
     specs.sort();
     specs.dedup();
     specs

@@ -2,7 +2,7 @@
 //! and options, `choose_plan` returns a plan the launchers can run, and spreads a
 //! row over blocks or a cluster only where the tables say it pays.
 
-use nsa_kernels::{kernel_set, KernelFamily, KernelSpec, NsaConfig, Target, TopkScore, TopkTransform};
+use nsa_kernels::{kernel_set, KernelSpec, NsaConfig, Target, TopkScore, TopkTransform};
 use nsa_runtime::ops::topk::{choose_layout, choose_plan, TopkPlan, SPLIT_MIN_CHUNK, SPREAD_MIN_ROW};
 use proptest::prelude::*;
 
@@ -58,12 +58,7 @@ proptest! {
         let sms = if target == Target::Gfx942 { 304 } else { 132 };
         let (plan, _) = choose_plan(rows, cap, sms, false, workspace, target.has_clusters());
         for transform in TopkTransform::ALL {
-            let (k, score) = (cfg.topk, TopkScore::F32);
-            let family = match plan {
-                TopkPlan::Single(layout) => KernelFamily::TopK { k, transform, deterministic: false, layout, score },
-                TopkPlan::Split { .. } => KernelFamily::TopkSplit { k, transform, score },
-                TopkPlan::Cluster { size } => KernelFamily::TopkCluster { k, transform, cluster: size, score },
-            };
+            let family = plan.family(cfg.topk, transform, false, TopkScore::F32);
             let spec = KernelSpec::new(family, target);
             prop_assert!(set.contains(&spec), "{} ({plan:?}) is not in the kernel set", spec.id());
         }

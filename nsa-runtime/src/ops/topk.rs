@@ -60,7 +60,8 @@ pub enum TopkOutput<'a> {
 }
 
 impl TopkOutput<'_> {
-    fn transform(&self) -> TopkTransform {
+    /// The transform this output asks of the kernel.
+    pub fn transform(&self) -> TopkTransform {
         match self {
             TopkOutput::Plain => TopkTransform::Plain,
             TopkOutput::Paged(_) => TopkTransform::Paged,
@@ -184,6 +185,18 @@ pub enum TopkPlan {
     Split { chunk: usize, chunks: usize },
     /// Few long rows: each row over a cluster of `size` CTAs (sm_90+), one launch.
     Cluster { size: u32 },
+}
+
+impl TopkPlan {
+    /// The kernel this plan launches for top-`k` of `score`s with `transform`
+    /// (`deterministic` applies to one block per row only).
+    pub fn family(self, k: u32, transform: TopkTransform, deterministic: bool, score: TopkScore) -> KernelFamily {
+        match self {
+            TopkPlan::Single(layout) => KernelFamily::TopK { k, transform, deterministic, layout, score },
+            TopkPlan::Split { .. } => KernelFamily::TopkSplit { k, transform, score },
+            TopkPlan::Cluster { size } => KernelFamily::TopkCluster { k, transform, cluster: size, score },
+        }
+    }
 }
 
 /// Cluster size for `rows` rows on `sm_count` SMs: the largest whose clusters all
@@ -378,7 +391,7 @@ pub fn topk_with_layout<T: TopkScoreElem>(
     output: &TopkOutput<'_>,
     out: &mut CudaViewMut<'_, i32>,
 ) -> Result<()> {
-    let family = KernelFamily::TopK { k, transform: output.transform(), deterministic, layout, score: T::SCORE };
+    let family = TopkPlan::Single(layout).family(k, output.transform(), deterministic, T::SCORE);
     launch_one(rt, k, family, 1, scores, output, out)
 }
 
@@ -424,7 +437,7 @@ pub fn topk_cluster<T: TopkScoreElem>(
             "an NVIDIA target (thread-block clusters need sm_90+); use topk_with_layout",
         ));
     }
-    let family = KernelFamily::TopkCluster { k, transform: output.transform(), cluster, score: T::SCORE };
+    let family = TopkPlan::Cluster { size: cluster }.family(k, output.transform(), false, T::SCORE);
     launch_one(rt, k, family, cluster as usize, scores, output, out)
 }
 
@@ -458,7 +471,7 @@ pub fn topk_split<T: TopkScoreElem>(
     if rows == 0 {
         return Ok(());
     }
-    let kernel = rt.kernel(KernelFamily::TopkSplit { k, transform: output.transform(), score: T::SCORE })?;
+    let kernel = rt.kernel(TopkPlan::Split { chunk, chunks }.family(k, output.transform(), false, T::SCORE))?;
     let stream = rt.gpu().stream();
     let (st, _s1) = workspace.state.device_ptr_mut(stream);
     let (ci, _s2) = workspace.cand_idx.device_ptr_mut(stream);
@@ -632,6 +645,20 @@ mod tests {
         assert!(!split_list_suffices(Target::Gfx942, 512, 131_072));
         assert!(split_list_suffices(Target::Gfx942, 512, 16_384), "1536 expected, at the bound");
         assert!(split_list_suffices(Target::Gfx942, 2048, 2048), "the whole row fits");
+    }
+
+    #[test]
+    fn each_plan_launches_its_own_family_with_every_knob() {
+        let (k, t, s) = (1024, TopkTransform::Ragged, TopkScore::Bf16);
+        let single = TopkPlan::Single(TopkLayout::Throughput).family(k, t, true, s);
+        let want =
+            KernelFamily::TopK { k, transform: t, deterministic: true, layout: TopkLayout::Throughput, score: s };
+        assert_eq!(single, want);
+        let split = TopkPlan::Split { chunk: 4096, chunks: 3 }.family(k, t, false, s);
+        assert_eq!(split, KernelFamily::TopkSplit { k, transform: t, score: s });
+        let cluster = TopkPlan::Cluster { size: 4 }.family(k, TopkTransform::Paged, false, TopkScore::F32);
+        let want = KernelFamily::TopkCluster { k, transform: TopkTransform::Paged, cluster: 4, score: TopkScore::F32 };
+        assert_eq!(cluster, want);
     }
 
     #[test]
