@@ -13,7 +13,7 @@ use nsa_runtime::jit::nvrtc::NvrtcCompiler;
 use nsa_runtime::ops::kv_cache::{self, MlaCacheMut};
 use nsa_runtime::ops::topk::TopkScoreElem;
 use nsa_runtime::ops::Rows;
-use nsa_runtime::verify::upload;
+use nsa_runtime::verify::{download, upload};
 use nsa_runtime::{testdata, Error, Result, Runtime};
 use serde::Serialize;
 use std::path::PathBuf;
@@ -106,7 +106,11 @@ struct TopkRow {
     paged_requests: Option<usize>,
     /// Score bytes read once, per µs.
     gbps: f64,
-    /// Time to read the scores once at the copy rate measured in this run.
+    /// PAGED: bytes of the distinct 32-byte page-table sectors the output's slots
+    /// were read from (0 otherwise): reads any exact PAGED top-k must make.
+    table_bytes: usize,
+    /// Time to read the scores, and PAGED's table sectors, once at the copy rate
+    /// measured in this run.
     roofline_us: f64,
 }
 
@@ -405,6 +409,17 @@ fn topk_bench(
     Ok(out_rows)
 }
 
+/// Bytes of the distinct 32-byte page-table sectors that PAGED `slots` were read
+/// from. The bench's page table maps entry i to slot i, so a slot is also the index
+/// of the table entry it came from; −1 (padding) reads nothing.
+fn table_sector_bytes(slots: &[i32]) -> usize {
+    const ENTRIES_PER_SECTOR: i32 = 32 / std::mem::size_of::<i32>() as i32;
+    let mut sectors: Vec<i32> = slots.iter().filter(|&&s| s >= 0).map(|&s| s / ENTRIES_PER_SECTOR).collect();
+    sectors.sort_unstable();
+    sectors.dedup();
+    sectors.len() * 32
+}
+
 /// `--topk-scores` values: what `TopkScore::from_str` takes (its error names them).
 fn parse_topk_score(s: &str) -> std::result::Result<TopkScore, String> {
     s.parse()
@@ -472,6 +487,10 @@ fn topk_bench_shape<T: TopkScoreElem>(rt: &Runtime, shape: &TopkShape, values: &
         })?;
         let (us, host_us) = (timing.gpu_us, timing.host_us);
         let bytes = (rows * n * T::SCORE.bytes()) as f64;
+        let table_bytes = match transform {
+            TopkTransform::Paged => table_sector_bytes(&download(&stream, &d_out, rows * k as usize)?),
+            _ => 0,
+        };
         let row = TopkRow {
             rows,
             n,
@@ -489,15 +508,17 @@ fn topk_bench_shape<T: TopkScoreElem>(rt: &Runtime, shape: &TopkShape, values: &
             host_us,
             paged_requests: paged_requests.filter(|_| transform == TopkTransform::Paged),
             gbps: bytes / us / 1e3,
-            roofline_us: bytes / copy_gbps / 1e3,
+            table_bytes,
+            roofline_us: (bytes + table_bytes as f64) / copy_gbps / 1e3,
         };
         println!(
-            "topk k{k} {:<4} {:<7} {:<10} {rows:>5} rows × {n:>7}: {us:>9.2} µs  {:>6.0} GB/s  (read-once roofline {:.2} µs at {copy_gbps:.0} GB/s; host {host_us:.2} µs a launch{}){}{}",
+            "topk k{k} {:<4} {:<7} {:<10} {rows:>5} rows × {n:>7}: {us:>9.2} µs  {:>6.0} GB/s  (read-once roofline {:.2} µs at {copy_gbps:.0} GB/s{}; host {host_us:.2} µs a launch{}){}{}",
             row.score,
             row.transform,
             row.layout,
             row.gbps,
             row.roofline_us,
+            if table_bytes > 0 { format!(", {:.1} MB of it table sectors", table_bytes as f64 / 1e6) } else { String::new() },
             // Within 10% of the stream time: the host may be what is timed.
             if host_us >= 0.9 * us { ", host-bound" } else { "" },
             row.paged_requests.map(|r| format!("  [prefill form: {r} requests]")).unwrap_or_default(),
@@ -659,12 +680,20 @@ pub fn run(args: BenchArgs) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::{BenchArgs, TopkScore};
+    use super::{table_sector_bytes, BenchArgs, TopkScore};
     use clap::{Args, Command, FromArgMatches};
 
     fn parse(args: &[&str]) -> Result<BenchArgs, clap::Error> {
         let cmd = BenchArgs::augment_args(Command::new("bench"));
         BenchArgs::from_arg_matches(&cmd.try_get_matches_from(args)?)
+    }
+
+    #[test]
+    fn table_sectors_count_each_32_byte_sector_once_and_skip_padding() {
+        // Entries 0..8 share sector 0; 8 and 15 share sector 1; 16 is sector 2.
+        assert_eq!(table_sector_bytes(&[0, 7, 3, 8, 15, 16, -1, -1]), 3 * 32);
+        assert_eq!(table_sector_bytes(&[-1, -1]), 0);
+        assert_eq!(table_sector_bytes(&[]), 0);
     }
 
     #[test]
