@@ -46,6 +46,12 @@ pub enum Error {
     Other(String),
 }
 
+/// [`Error::InvalidArgument`]: `field` holds `value`, and `expected` says what is
+/// allowed and how to fix it.
+pub(crate) fn invalid(field: &'static str, value: impl Into<String>, expected: impl Into<String>) -> Error {
+    Error::InvalidArgument { field, value: value.into(), expected: expected.into() }
+}
+
 impl Error {
     pub fn io(path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> Error {
         let path = path.into();

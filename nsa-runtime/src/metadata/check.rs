@@ -2,11 +2,9 @@
 //! names the field, the offending value (with its index) and what is allowed.
 
 use super::ReqToToken;
-use crate::{Error, Result};
+use crate::Result;
 
-pub(crate) fn invalid(field: &'static str, value: impl Into<String>, expected: impl Into<String>) -> Error {
-    Error::InvalidArgument { field, value: value.into(), expected: expected.into() }
-}
+pub(crate) use crate::error::invalid;
 
 /// `field` must have one entry per request, like `like`.
 pub(crate) fn same_len(field: &'static str, got: usize, like: &str, want: usize) -> Result<()> {

@@ -8,7 +8,7 @@ pub mod sparse_decode;
 pub mod sparse_prefill;
 pub mod topk;
 
-use crate::{Error, Result};
+use crate::Result;
 use cudarc::driver::{CudaStream, DevicePtr};
 use nsa_kernels::Target;
 
@@ -100,9 +100,7 @@ pub(crate) fn check_target(field: &'static str, planned: Target, rt: &crate::run
     Ok(())
 }
 
-pub(crate) fn invalid(field: &'static str, value: impl Into<String>, expected: impl Into<String>) -> Error {
-    Error::InvalidArgument { field, value: value.into(), expected: expected.into() }
-}
+pub(crate) use crate::error::invalid;
 
 pub(crate) fn check_aligned<T, P: DevicePtr<T>>(
     field: &'static str,

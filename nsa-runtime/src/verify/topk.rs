@@ -446,11 +446,8 @@ fn launch_family<T: TopkScoreElem>(
     // The launcher picks the kernel from the inputs: it must be the one asked for.
     let launched = plan.family(k, output.transform(), deterministic, T::SCORE);
     if launched != family {
-        return Err(crate::Error::InvalidArgument {
-            field: "family",
-            value: format!("{family:?}"),
-            expected: format!("{launched:?}, the kernel of these scores and this output"),
-        });
+        let expected = format!("{launched:?}, the kernel of these scores and this output");
+        return Err(crate::error::invalid("family", format!("{family:?}"), expected));
     }
     topk::topk_with_plan(rt, k, deterministic, plan, input, output, out, ws)
 }

@@ -413,11 +413,12 @@ fn topk_bench(
 /// from. The bench's page table maps entry i to slot i, so a slot is also the index
 /// of the table entry it came from; −1 (padding) reads nothing.
 fn table_sector_bytes(slots: &[i32]) -> usize {
-    const ENTRIES_PER_SECTOR: i32 = 32 / std::mem::size_of::<i32>() as i32;
+    const SECTOR_BYTES: usize = 32;
+    const ENTRIES_PER_SECTOR: i32 = (SECTOR_BYTES / std::mem::size_of::<i32>()) as i32;
     let mut sectors: Vec<i32> = slots.iter().filter(|&&s| s >= 0).map(|&s| s / ENTRIES_PER_SECTOR).collect();
     sectors.sort_unstable();
     sectors.dedup();
-    sectors.len() * 32
+    sectors.len() * SECTOR_BYTES
 }
 
 /// `--topk-scores` values: what `TopkScore::from_str` takes (its error names them).
