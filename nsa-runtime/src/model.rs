@@ -39,10 +39,11 @@
 //!   launchers are the untyped ones of [`crate::ops::kv_cache`], which check every
 //!   buffer on the host as before.
 
+use crate::error::invalid;
 use crate::ops::kv_cache::{self, MlaCacheMut};
 use crate::ops::Rows;
 use crate::runtime::Runtime;
-use crate::{Error, Result};
+use crate::Result;
 use cudarc::driver::{CudaView, CudaViewMut, DeviceRepr, ValidAsZeroBits};
 use half::bf16;
 use nsa_kernels::layout::{BF16_TOKEN_ELEMS, FP8_TOKEN_BYTES};
@@ -192,11 +193,8 @@ impl<'a, F: KvFormat> MlaCache<'a, F> {
     /// Wraps a device buffer holding a whole number of `F` tokens.
     pub fn new(view: CudaViewMut<'a, F::Elem>) -> Result<Self> {
         if view.len() % F::ELEMS_PER_TOKEN != 0 {
-            return Err(Error::InvalidArgument {
-                field: "cache",
-                value: format!("{} elements", view.len()),
-                expected: format!("a whole number of {}-element {} rows", F::ELEMS_PER_TOKEN, F::FORMAT.tag()),
-            });
+            let expected = format!("a whole number of {}-element {} rows", F::ELEMS_PER_TOKEN, F::FORMAT.tag());
+            return Err(invalid("cache", format!("{} elements", view.len()), expected));
         }
         Ok(MlaCache { view, _format: PhantomData })
     }
@@ -254,11 +252,8 @@ impl<'rt, M: NsaModel> ModelKernels<'rt, M> {
         let target = rt.target();
         if !M::TARGETS.contains(&target) {
             let targets: Vec<&str> = M::TARGETS.iter().map(|t| t.arch()).collect();
-            return Err(Error::InvalidArgument {
-                field: "runtime target",
-                value: target.arch().to_string(),
-                expected: format!("one of the targets `{}` is derived for: {}", M::NAME, targets.join(", ")),
-            });
+            let expected = format!("one of the targets `{}` is derived for: {}", M::NAME, targets.join(", "));
+            return Err(invalid("runtime target", target.arch(), expected));
         }
         let specs: Vec<KernelSpec> =
             nsa_kernels::kernel_set(&config).into_iter().filter(|s| s.target == target).collect();

@@ -3,6 +3,7 @@
 
 use crate::cache::{CacheConfig, CachedKernel, KernelCache};
 use crate::device::Gpu;
+use crate::error::invalid;
 use crate::jit::nvrtc::NvrtcCompiler;
 use crate::{Error, Result};
 use cudarc::driver::{sys, CudaFunction, CudaSlice, DevicePtr, DeviceRepr, LaunchArgs, LaunchConfig, PushKernelArg};
@@ -105,11 +106,11 @@ impl Runtime {
     /// (NVIDIA); `NSA_PDL=0` or `set_pdl(false)` turns it off.
     pub fn set_pdl(&mut self, on: bool) -> Result<()> {
         if on && !self.target.has_pdl() {
-            return Err(Error::InvalidArgument {
-                field: "pdl",
-                value: format!("on for {}", self.target),
-                expected: "an NVIDIA target (sm_90a, sm_100a); leave it off on this GPU".into(),
-            });
+            return Err(invalid(
+                "pdl",
+                format!("on for {}", self.target),
+                "an NVIDIA target (sm_90a, sm_100a); leave it off on this GPU",
+            ));
         }
         self.pdl = on;
         Ok(())
@@ -301,11 +302,11 @@ fn parse_flag(name: &'static str, value: Option<&str>, unset_means: &str) -> Res
         None => Ok(None),
         Some("1") | Some("true") => Ok(Some(true)),
         Some("0") | Some("false") => Ok(Some(false)),
-        Some(other) => Err(Error::InvalidArgument {
-            field: name,
-            value: format!("{other:?}"),
-            expected: format!("1 or true (on), 0 or false (off), or unset ({unset_means})"),
-        }),
+        Some(other) => Err(invalid(
+            name,
+            format!("{other:?}"),
+            format!("1 or true (on), 0 or false (off), or unset ({unset_means})"),
+        )),
     }
 }
 

@@ -93,12 +93,13 @@ impl CacheConfig {
             None => JitPolicy::Enabled,
             Some(v) => {
                 let s = v.to_string_lossy();
-                JitPolicy::parse(&s).ok_or_else(|| Error::InvalidArgument {
-                    field: ENV_JIT,
-                    value: format!("{s:?}"),
-                    expected: "`off` (never compile: misses are errors) or `on` (the default); \
-                               also accepted: 0/false/no/disabled and 1/true/yes/enabled"
-                        .into(),
+                JitPolicy::parse(&s).ok_or_else(|| {
+                    crate::error::invalid(
+                        ENV_JIT,
+                        format!("{s:?}"),
+                        "`off` (never compile: misses are errors) or `on` (the default); \
+                         also accepted: 0/false/no/disabled and 1/true/yes/enabled",
+                    )
                 })?
             }
         };

@@ -6,6 +6,7 @@
 //! and the FP8 dequantize of the RAGGED prefill, where `ks` is the
 //! `topk_indices_offset` of the RAGGED top-k transform.
 
+use crate::error::invalid;
 use crate::metadata::{ForwardMode, NsaMetadata};
 use crate::{Error, Result};
 
@@ -31,11 +32,7 @@ pub fn table_rows_per_token(mode: ForwardMode) -> bool {
 }
 
 fn inconsistent(what: String) -> Error {
-    Error::InvalidArgument {
-        field: "metadata",
-        value: what,
-        expected: "metadata from MetadataBuilder (per-request query counts summing to the token count)".into(),
-    }
+    invalid("metadata", what, "metadata from MetadataBuilder (per-request query counts summing to the token count)")
 }
 
 /// Builds the layout from a step's metadata. Token `j` of request `i` sees keys

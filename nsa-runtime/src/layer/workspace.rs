@@ -2,6 +2,7 @@
 //! largest step (or a CUDA graph's capacity) and shared by every layer.
 
 use super::plan::WorkspaceNeeds;
+use crate::error::invalid;
 use crate::ops::topk::TopkWorkspace;
 use crate::runtime::Runtime;
 use crate::{Error, Result};
@@ -58,13 +59,13 @@ impl LayerWorkspace {
             ("ragged_kv", have.ragged_kv, want.ragged_kv),
         ] {
             if h < w {
-                return Err(Error::InvalidArgument {
-                    field: "workspace",
-                    value: format!("{name} holds {h} elements"),
-                    expected: format!(
+                return Err(invalid(
+                    "workspace",
+                    format!("{name} holds {h} elements"),
+                    format!(
                         "at least {w} for this step: allocate with LayerWorkspace::new(rt, plan.needs()) (or the max over the steps it serves)"
                     ),
-                });
+                ));
             }
         }
         Ok(())

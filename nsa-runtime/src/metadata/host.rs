@@ -4,7 +4,8 @@
 //! device mirror ([`super::device`]) is one copy per field (or one packed copy).
 
 use super::{ForwardMode, TransformMethod};
-use crate::{Error, Result};
+use crate::error::invalid;
+use crate::Result;
 
 /// A dense row-major `[rows, width]` int32 table.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -201,11 +202,8 @@ pub fn dp_padded_tokens(
         return Ok(0);
     }
     if global_num_tokens.len() > 1 && dp_rank >= global_num_tokens.len() {
-        return Err(Error::InvalidArgument {
-            field: "dp_rank",
-            value: dp_rank.to_string(),
-            expected: format!("a rank below {} (one count per DP rank in global_num_tokens)", global_num_tokens.len()),
-        });
+        let expected = format!("a rank below {} (one count per DP rank in global_num_tokens)", global_num_tokens.len());
+        return Err(invalid("dp_rank", dp_rank.to_string(), expected));
     }
     let cp = attn_cp_size.max(1);
     let rounded = |n: usize| n.div_ceil(cp) * cp;

@@ -31,7 +31,7 @@ pub use graph::{GraphCapacity, GraphMode, GraphShape, GraphState, ReplayExtent};
 pub use host::{dp_padded_tokens, DpPadding, IndexerRanges, NsaMetadata, PageTable, RealPageTable};
 pub use multistep::MultiStepGraphs;
 
-use crate::{Error, Result};
+use crate::Result;
 
 /// The forward modes metadata is built for (spec §4).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -104,11 +104,11 @@ impl<'a> ReqToToken<'a> {
     /// `data` holds whole rows of `width` (= max_context_len) slots.
     pub fn new(data: &'a [i32], width: usize) -> Result<Self> {
         if width == 0 || data.len() % width != 0 {
-            return Err(Error::InvalidArgument {
-                field: "req_to_token",
-                value: format!("{} entries with width {width}", data.len()),
-                expected: "a whole number of rows of a non-zero width (max_context_len)".into(),
-            });
+            return Err(crate::error::invalid(
+                "req_to_token",
+                format!("{} entries with width {width}", data.len()),
+                "a whole number of rows of a non-zero width (max_context_len)",
+            ));
         }
         Ok(ReqToToken { data, width })
     }
