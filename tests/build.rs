@@ -45,8 +45,27 @@ fn emulated_families(target: Target) -> Vec<KernelFamily> {
         }
         families.push(KernelFamily::IndexTransform { k });
     }
+    // PAGED over tables of pages (topk_cases::paged_tables_of_pages_every_path): a
+    // power of two, a prime and the smallest page, on every path at k = 2048.
+    for page_size in PAGE_SIZES {
+        let (k, transform, score) = (2048, TopkTransform::Pages(page_size), TopkScore::F32);
+        for deterministic in [false, true] {
+            for layout in [TopkLayout::Latency, TopkLayout::Throughput] {
+                families.push(KernelFamily::TopK { k, transform, deterministic, layout, score });
+            }
+        }
+        families.push(KernelFamily::TopkSplit { k, transform, score });
+        if target.has_clusters() {
+            for cluster in TOPK_CLUSTER_SIZES {
+                families.push(KernelFamily::TopkCluster { k, transform, cluster, score });
+            }
+        }
+    }
     families
 }
+
+/// Page sizes of the emulated PAGED-over-pages kernels.
+const PAGE_SIZES: [u32; 3] = [64, 61, 2];
 
 /// One emulated build: a target's kernels, compiled against the emulated arch layer
 /// with that target's warp width.

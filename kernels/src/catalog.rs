@@ -13,8 +13,9 @@ pub fn kernel_set(cfg: &NsaConfig) -> Vec<KernelSpec> {
     // Every model has an indexer: its K store, and the gather feeding the ragged logits.
     let mut families =
         vec![KernelFamily::KvStore { format: cfg.kv_cache }, KernelFamily::IndexerKStore, KernelFamily::IndexerKGather];
-    // Top-k: fused PAGED (decode/verify/draft-extend, extend without prefix) and
-    // RAGGED (extend with prefix), plus the unfused path (plain + transform).
+    // Top-k: fused PAGED (decode/verify/draft-extend, extend without prefix; from a
+    // page_table_1, and from the table of pages at the config's page size) and RAGGED
+    // (extend with prefix), plus the unfused path (plain + transform).
     families.extend(one_block_topk(cfg, false));
     for (score, transform) in topk_variants(cfg) {
         families.push(KernelFamily::TopkSplit { k: cfg.topk, transform, score });
@@ -78,9 +79,12 @@ fn topk_scores(cfg: &NsaConfig) -> &'static [TopkScore] {
     }
 }
 
-/// Every (score type, transform) pair of `cfg`'s top-k kernels.
+/// Every (score type, transform) pair of `cfg`'s top-k kernels: the three
+/// transforms, and PAGED over the table of pages where pages hold more than one token.
 fn topk_variants(cfg: &NsaConfig) -> impl Iterator<Item = (TopkScore, TopkTransform)> {
-    topk_scores(cfg).iter().flat_map(|&score| TopkTransform::ALL.map(|transform| (score, transform)))
+    let pages = (cfg.page_size > 1).then_some(TopkTransform::Pages(cfg.page_size));
+    let transforms: Vec<TopkTransform> = TopkTransform::ALL.into_iter().chain(pages).collect();
+    topk_scores(cfg).iter().flat_map(move |&score| transforms.clone().into_iter().map(move |t| (score, t)))
 }
 
 /// The one-block top-k kernels of `cfg`: every score type, transform and layout.
@@ -129,7 +133,8 @@ mod tests {
     fn deterministic_set_is_every_transform_and_layout_and_apart_from_the_kernel_set() {
         let cfg = NsaConfig::preset("deepseek-v3.2").unwrap();
         let det = deterministic_topk_set(&cfg);
-        assert_eq!(det.len(), cfg.targets.len() * 3 * 2);
+        // Plain, PAGED (page_table_1 and pages of 64), RAGGED; two layouts.
+        assert_eq!(det.len(), cfg.targets.len() * 4 * 2);
         assert!(det.iter().all(|s| matches!(s.family, KernelFamily::TopK { deterministic: true, .. })));
         let set = kernel_set(&cfg);
         assert!(det.iter().all(|s| !set.contains(s)), "the deterministic kernels are a run-time choice");
@@ -141,12 +146,13 @@ mod tests {
     fn bf16_top_k_kernels_only_when_asked_for_on_every_plan() {
         assert!(bf16_ids(false).is_empty());
         let ids = bf16_ids(true);
-        // Per target (sm_90a, sm_100a): 3 transforms × (2 layouts + split + 3 cluster sizes).
-        assert_eq!(ids.len(), 2 * 3 * 6, "{ids:?}");
+        // Per target (sm_90a, sm_100a): 4 transforms × (2 layouts + split + 3 cluster sizes).
+        assert_eq!(ids.len(), 2 * 4 * 6, "{ids:?}");
         for id in ["topk.k2048.paged.bf16.tput.sm_90a", "topk_split.k2048.ragged.bf16.sm_100a"] {
             assert!(ids.iter().any(|i| i == id), "{id} missing from {ids:?}");
         }
         assert!(ids.iter().any(|i| i == "topk_cluster.k2048.plain.bf16.c4.sm_90a"));
+        assert!(ids.iter().any(|i| i == "topk_cluster.k2048.pages64.bf16.c8.sm_90a"));
         let gfx = NsaConfig {
             targets: vec![Target::Gfx942],
             topk_bf16_scores: true,
@@ -156,5 +162,21 @@ mod tests {
             !kernel_set(&gfx).iter().any(|s| matches!(s.family, KernelFamily::TopkCluster { .. })),
             "no clusters on gfx942"
         );
+    }
+
+    #[test]
+    fn paged_over_the_table_of_pages_on_every_plan_at_the_config_page_size() {
+        let ids_of = |page_size| {
+            let cfg = NsaConfig { page_size, ..NsaConfig::preset("deepseek-v3.2").unwrap() };
+            kernel_set(&cfg).into_iter().map(|s| s.id()).filter(|id| id.contains(".pages")).collect::<Vec<_>>()
+        };
+        assert!(ids_of(1).is_empty(), "a page_table_1 is the table of pages of one token");
+        let ids = ids_of(32);
+        // Per target: both layouts, split, three cluster sizes.
+        assert_eq!(ids.len(), 2 * 6, "{ids:?}");
+        for id in ["topk.k2048.pages32.tput.sm_100a", "topk_split.k2048.pages32.sm_90a", "topk_cluster.k2048.pages32.c2.sm_90a"]
+        {
+            assert!(ids.iter().any(|i| i == id), "{id} missing from {ids:?}");
+        }
     }
 }

@@ -352,24 +352,63 @@ pub enum TopkTransform {
     Paged,
     /// p + offsets[b] (spec §7.4).
     Ragged,
+    /// PAGED from a table of pages of this many positions (at least 2; spec §2.2):
+    /// `table[row of b, p / P] · P + p % P`, the same slot as [`TopkTransform::Paged`]
+    /// reads from the page_table_1 that table expands to, from a table P times
+    /// smaller. The page size is a kernel constant.
+    Pages(u32),
 }
 
+/// Page sizes [`TopkTransform::Pages`] takes.
+pub const TOPK_PAGE_SIZES: std::ops::RangeInclusive<u32> = 2..=65536;
+
 impl TopkTransform {
+    /// The transforms of every kernel set; [`TopkTransform::Pages`] joins them at the
+    /// config's page size.
     pub const ALL: [TopkTransform; 3] = [TopkTransform::Plain, TopkTransform::Paged, TopkTransform::Ragged];
 
-    pub fn tag(self) -> &'static str {
-        match self {
-            TopkTransform::Plain => "plain",
-            TopkTransform::Paged => "paged",
-            TopkTransform::Ragged => "ragged",
+    /// PAGED from a table with `page_size` positions per entry: 1 is a page_table_1.
+    pub fn paged(page_size: u32) -> TopkTransform {
+        if page_size == 1 {
+            TopkTransform::Paged
+        } else {
+            TopkTransform::Pages(page_size)
         }
     }
 
-    fn device_enum(self) -> &'static str {
+    /// Either PAGED form: the output is KV slots.
+    pub fn is_paged(self) -> bool {
+        matches!(self, TopkTransform::Paged | TopkTransform::Pages(_))
+    }
+
+    pub fn tag(self) -> String {
         match self {
-            TopkTransform::Plain => "kPlain",
-            TopkTransform::Paged => "kPaged",
-            TopkTransform::Ragged => "kRagged",
+            TopkTransform::Plain => "plain".into(),
+            TopkTransform::Paged => "paged".into(),
+            TopkTransform::Ragged => "ragged".into(),
+            TopkTransform::Pages(p) => format!("pages{p}"),
+        }
+    }
+
+    /// The transform a [`TopkTransform::tag`] names.
+    pub fn from_tag(tag: &str) -> Option<TopkTransform> {
+        match tag {
+            "plain" => Some(TopkTransform::Plain),
+            "paged" => Some(TopkTransform::Paged),
+            "ragged" => Some(TopkTransform::Ragged),
+            _ => {
+                let p = tag.strip_prefix("pages")?.parse::<u32>().ok()?;
+                TOPK_PAGE_SIZES.contains(&p).then_some(TopkTransform::Pages(p))
+            }
+        }
+    }
+
+    fn device_enum(self) -> String {
+        match self {
+            TopkTransform::Plain => "kPlain".into(),
+            TopkTransform::Paged => "kPaged".into(),
+            TopkTransform::Ragged => "kRagged".into(),
+            TopkTransform::Pages(p) => format!("paged_over_pages({p})"),
         }
     }
 }
@@ -490,7 +529,7 @@ impl KernelSpec {
             KernelFamily::KvDequant => vec![KvCacheFormat::Fp8.tag().into()],
             KernelFamily::IndexerKStore | KernelFamily::IndexerKGather => vec!["fp8_132".into(), "p64".into()],
             KernelFamily::TopK { k, transform, deterministic, layout, score } => {
-                let mut v = vec![format!("k{k}"), transform.tag().into()];
+                let mut v = vec![format!("k{k}"), transform.tag()];
                 score.id_knobs(&mut v);
                 if deterministic {
                     v.push("det".into());
@@ -503,12 +542,12 @@ impl KernelSpec {
             KernelFamily::IndexTransform { k } => vec![format!("k{k}")],
             KernelFamily::MetadataReplay { page_size, mode } => vec![mode.tag().into(), format!("p{page_size}")],
             KernelFamily::TopkSplit { k, transform, score } => {
-                let mut v = vec![format!("k{k}"), transform.tag().into()];
+                let mut v = vec![format!("k{k}"), transform.tag()];
                 score.id_knobs(&mut v);
                 v
             }
             KernelFamily::TopkCluster { k, transform, cluster, score } => {
-                let mut v = vec![format!("k{k}"), transform.tag().into()];
+                let mut v = vec![format!("k{k}"), transform.tag()];
                 score.id_knobs(&mut v);
                 v.push(format!("c{cluster}"));
                 v
@@ -819,7 +858,7 @@ impl KernelSpec {
     /// The representative variants of every family for `target` (compile-all and
     /// snapshot matrix): each store, dequant and gather kernel; top-k for k
     /// 512/1024/2048 with every transform, plus the deterministic and throughput
-    /// k 2048 ones; the index transform at 2048; metadata replay of every mode at
+    /// k 2048 ones, and PAGED over tables of pages of 64 and 61; the index transform at 2048; metadata replay of every mode at
     /// page sizes 64 and 1; on NVIDIA, sparse decode (+ combine) for every head
     /// count of [`DECODE_HEADS`] at top-k 2048 / page 64, top-k 512 and 1024 at
     /// 128 heads, and page sizes 1 and 61; sparse prefill for every head count of
@@ -855,6 +894,16 @@ impl KernelSpec {
                 families.push(KernelFamily::TopkSplit { k: 2048, transform, score });
             }
         }
+        // PAGED over tables of pages: DeepSeek's 64 (a shift) and 61 (a division), on
+        // every one-block path and the split path; clusters below.
+        for transform in [TopkTransform::Pages(64), TopkTransform::Pages(61)] {
+            for (deterministic, layout) in
+                [(false, TopkLayout::Latency), (true, TopkLayout::Latency), (false, TopkLayout::Throughput)]
+            {
+                families.push(KernelFamily::TopK { k: 2048, transform, deterministic, layout, score: TopkScore::F32 });
+            }
+            families.push(KernelFamily::TopkSplit { k: 2048, transform, score: TopkScore::F32 });
+        }
         for page_size in [64, 1] {
             for mode in MetadataMode::ALL {
                 families.push(KernelFamily::MetadataReplay { page_size, mode });
@@ -870,6 +919,9 @@ impl KernelSpec {
                         families.push(KernelFamily::TopkCluster { k, transform, cluster: 8, score: TopkScore::Bf16 });
                     }
                 }
+            }
+            for transform in [TopkTransform::Pages(64), TopkTransform::Pages(61)] {
+                families.push(KernelFamily::TopkCluster { k: 2048, transform, cluster: 8, score: TopkScore::F32 });
             }
             for heads in DECODE_HEADS {
                 families.push(KernelFamily::SparseDecode { heads, topk: 2048, page_size: 64 });
@@ -912,7 +964,7 @@ impl KernelSpec {
             ("indexer_k_gather", _) => KernelFamily::IndexerKGather,
             ("topk", [k, t, flags @ ..]) => KernelFamily::TopK {
                 k: k_of(k)?,
-                transform: TopkTransform::ALL.into_iter().find(|x| x.tag() == *t)?,
+                transform: TopkTransform::from_tag(t)?,
                 deterministic: flags.contains(&"det"),
                 layout: if flags.contains(&"tput") { TopkLayout::Throughput } else { TopkLayout::Latency },
                 score: score_of(flags),
@@ -920,13 +972,13 @@ impl KernelSpec {
             ("index_transform", [k]) => KernelFamily::IndexTransform { k: k_of(k)? },
             ("topk_cluster", [k, t, flags @ .., c]) => KernelFamily::TopkCluster {
                 k: k_of(k)?,
-                transform: TopkTransform::ALL.into_iter().find(|x| x.tag() == *t)?,
+                transform: TopkTransform::from_tag(t)?,
                 cluster: c.strip_prefix('c').and_then(|n| n.parse::<u32>().ok())?,
                 score: score_of(flags),
             },
             ("topk_split", [k, t, flags @ ..]) => KernelFamily::TopkSplit {
                 k: k_of(k)?,
-                transform: TopkTransform::ALL.into_iter().find(|x| x.tag() == *t)?,
+                transform: TopkTransform::from_tag(t)?,
                 score: score_of(flags),
             },
             ("sparse_decode", [h, k, p]) => KernelFamily::SparseDecode {

@@ -239,6 +239,43 @@ pub fn bf16_scores_every_path() -> Vec<TopkCase> {
     cases
 }
 
+/// PAGED over tables of pages (page sizes 64, 61 and 2; decode and prefill forms)
+/// on every path: one block (both layouts, deterministic or not), the cluster path
+/// (on gfx942 the split path) and the split path, around every length boundary
+/// and the table's last page (rows of exactly 2048 pages, one key short of and one
+/// past them), up to 1M keys.
+pub fn paged_tables_of_pages_every_path() -> Vec<TopkCase> {
+    let mut cases = Vec::new();
+    let mut seed = 1700;
+    let patterns =
+        [ScorePattern::Gaussian, ScorePattern::OneBucket, ScorePattern::FewDistinct, ScorePattern::NonFinite];
+    for (j, page_size) in [64u32, 61, 2].into_iter().enumerate() {
+        let transform = TopkTransform::Pages(page_size);
+        let pages = 2048 * page_size as i32;
+        let mut lengths = edge_lengths(2048);
+        lengths.extend([pages - 1, pages, pages + 1]);
+        for (i, pattern) in patterns.into_iter().enumerate() {
+            for deterministic in [false, true] {
+                seed += 1;
+                let mut c = case(2048, transform, deterministic, pattern, lengths.clone(), seed);
+                c.grouped = (i + j) % 2 == 0;
+                c.path = TopkPath::Single(Some([TopkLayout::Latency, TopkLayout::Throughput][(i + j) % 2]));
+                cases.push(c);
+            }
+            if i < 2 {
+                seed += 1;
+                let mut long = lengths.clone();
+                long.extend([24_577, 131_072, 1 << 20]);
+                let mut c = case(2048, transform, false, pattern, long, seed);
+                c.grouped = i == 1;
+                c.path = if j == 2 { TopkPath::Split } else { TopkPath::Cluster([2, 8][i]) };
+                cases.push(c);
+            }
+        }
+    }
+    cases
+}
+
 /// One `#[test]` per case list above, each handing its cases to `$run_all`
 /// (`fn(Vec<TopkCase>)`): the GPU and the emulated targets run the same tests.
 #[macro_export]
@@ -252,7 +289,8 @@ macro_rules! topk_case_tests {
             cluster_path_every_size_transform_and_pattern,
             paged_prefill_form_groups_rows_by_request,
             many_rows_and_very_long_rows,
-            bf16_scores_every_path
+            bf16_scores_every_path,
+            paged_tables_of_pages_every_path
         );
     };
     ($run_all:ident: $($name:ident),+) => {

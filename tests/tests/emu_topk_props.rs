@@ -1,6 +1,6 @@
 //! Random top-k cases on the CPU emulation of the sm_90a and gfx942 kernels (`tests/emu/`):
 //! any k, transform, path, score type and pattern, mix of row lengths (around k, the list and
-//! cache capacities, and long rows), row starts and request grouping, checked
+//! cache capacities, and long rows), row starts, request grouping and PAGED page size, checked
 //! against the CPU reference. Explores combinations the fixed GPU case lists do not.
 
 use nsa_kernels::{Target, TopkLayout, TopkScore, TopkTransform};
@@ -30,7 +30,7 @@ fn path() -> impl Strategy<Value = TopkPath> {
 }
 
 fn topk_case() -> impl Strategy<Value = TopkCase> {
-    (prop::sample::select(vec![512u32, 1024, 2048]), 0usize..3, path(), 0..SCORE_PATTERNS.len(), any::<u64>())
+    (prop::sample::select(vec![512u32, 1024, 2048]), 0usize..4, path(), 0..SCORE_PATTERNS.len(), any::<u64>())
         .prop_flat_map(|(k, t, path, pattern, seed)| {
             let spread = !matches!(path, TopkPath::Single(_));
             (
@@ -41,9 +41,12 @@ fn topk_case() -> impl Strategy<Value = TopkCase> {
                 any::<bool>(),
                 // bf16 scores where the emulator has them (k = 512, 2048).
                 any::<bool>().prop_map(move |b| if b && k != 1024 { TopkScore::Bf16 } else { TopkScore::F32 }),
+                // PAGED over a table of pages (emulated at k = 2048, f32): its page size.
+                prop::sample::select(vec![64u32, 61, 2]),
             )
-                .prop_map(move |(lengths, row_starts, deterministic, grouped, score)| {
-                    let transform = TopkTransform::ALL[t];
+                .prop_map(move |(lengths, row_starts, deterministic, grouped, score, page_size)| {
+                    let pages = t == 3 && k == 2048 && score == TopkScore::F32;
+                    let transform = if pages { TopkTransform::Pages(page_size) } else { TopkTransform::ALL[t % 3] };
                     TopkCase {
                         k,
                         transform,
@@ -51,7 +54,7 @@ fn topk_case() -> impl Strategy<Value = TopkCase> {
                         pattern: SCORE_PATTERNS[pattern],
                         lengths,
                         row_starts,
-                        grouped: grouped && transform == TopkTransform::Paged,
+                        grouped: grouped && transform.is_paged(),
                         path,
                         score,
                         seed,

@@ -1,6 +1,6 @@
 // Exact top-k of f32 or bf16 scores per row by radix select (spec §7), with the output
-// transformed in place: relative positions, page-table slots (PAGED) or positions
-// plus a per-row offset (RAGGED).
+// transformed in place: relative positions, page-table slots (PAGED, from a
+// page_table_1 or from a table of pages) or positions plus a per-row offset (RAGGED).
 //
 // Keys are the scores (bf16 widened to f32, exactly) mapped to order-preserving u32
 // (NaN maps to 0, below -inf, so a NaN is never chosen ahead of any number). Three
@@ -30,6 +30,15 @@ namespace nsa {
 namespace topk {
 
 enum Transform { kPlain = 0, kPaged = 1, kRagged = 2 };
+
+// PAGED over a table of pages of P >= 2 positions (spec §2.2: slot = table[p / P] · P
+// + p % P, the page_table_1 slot of p) is the transform kPages + P: the page size is
+// a compile-time constant, so the slot costs a shift and a mask for powers of two.
+constexpr int kPages = 1 << 16;
+NSA_DEVICE constexpr int paged_over_pages(int page_size) { return kPages + page_size; }
+NSA_DEVICE constexpr int page_size_of(int transform) { return transform > kPages ? transform - kPages : 1; }
+// Either PAGED form: the output is page-table slots.
+NSA_DEVICE constexpr bool is_paged(int transform) { return transform == kPaged || transform > kPages; }
 
 // Kernel parameters; the host mirrors this layout field for field.
 struct Params {
@@ -159,13 +168,18 @@ NSA_DEVICE void for_each_key(bool cached, const u32* cache, const S* src, i32 n,
 // Which page-table row serves score row `row` (-1: none).
 template <int kTransform>
 NSA_DEVICE i32 table_row_of(const Params& p, i32 row) {
-  return kTransform == kPaged ? segment_of(p.cu_seqlens_q, p.table_rows, row) : 0;
+  return is_paged(kTransform) ? segment_of(p.cu_seqlens_q, p.table_rows, row) : 0;
 }
 
-// PAGED entries that are slots already, or are translated afterwards, pass through
-// as they are (kPlain); the other transforms are unchanged.
+// PAGED entries that are translated afterwards pass through as they are (kPlain);
+// the other transforms are unchanged.
 template <int kTransform>
-constexpr int kUnpaged = kTransform == kPaged ? kPlain : kTransform;
+constexpr int kUnpaged = is_paged(kTransform) ? kPlain : kTransform;
+// Entries of a list whose page_table_1 slots were looked up where it was built
+// (translate_listed) pass through as they are; a table of pages is read when they
+// are placed.
+template <int kTransform>
+constexpr int kListed = kTransform == kPaged ? kPlain : kTransform;
 
 // Page-table row `trow` as words, for the asynchronous slot lookups.
 NSA_DEVICE const u32* table_row_slots(const Params& p, i32 trow) {
@@ -176,6 +190,10 @@ template <int kTransform>
 NSA_DEVICE i32 emit(const Params& p, i32 row, i32 trow, i32 pos) {
   if (kTransform == kRagged) return pos + p.offsets[row];
   if (kTransform == kPaged) return p.page_table[(i64)trow * p.table_stride + pos];
+  if (kTransform > kPages) {
+    constexpr int P = page_size_of(kTransform);
+    return p.page_table[(i64)trow * p.table_stride + pos / P] * P + pos % P;
+  }
   return pos;
 }
 
@@ -327,9 +345,9 @@ NSA_NOINLINE void overflow_select_apart(const Params& p, i32 row, i32 trow, i32*
                                         u32* cand_key) {
   overflow_select<K, kUnpaged<kTransform>, kBlockThreads, kCandCap>(p, row, trow, out, cached, cache, src, n, bin0, r,
                                                                      hist, sm, cand_idx, cand_key);
-  if constexpr (kTransform == kPaged) {
+  if constexpr (is_paged(kTransform)) {
     // All K slots hold positions here (n > K); each thread translates its own.
-    for (int k = thread_x(); k < K; k += kBlockThreads) out[k] = emit<kPaged>(p, row, trow, out[k]);
+    for (int k = thread_x(); k < K; k += kBlockThreads) out[k] = emit<kTransform>(p, row, trow, out[k]);
   }
 }
 
@@ -697,7 +715,7 @@ NSA_DEVICE void look_up_slots(const u32* slots, u32* fidx, const u32* fkey, u32 
 // the positions of its own listed keys by their page-table slots, asynchronously
 // (wait_async_copies() before a thread's entries are read), so the lookups run in
 // every block at once instead of in the one that cuts; that one then places the
-// list's entries as they are (kUnpaged).
+// list's entries as they are (kListed).
 template <int kBlockThreads>
 NSA_DEVICE void translate_listed(const Params& p, i32 trow, u32* fidx, u32 listed) {
   const u32* slots = table_row_slots(p, trow);
@@ -705,10 +723,12 @@ NSA_DEVICE void translate_listed(const Params& p, i32 trow, u32* fidx, u32 liste
 }
 
 // Places the top K of the `kept` listed keys (K <= kept < 2^16); the cut's histogram
-// words then stage the chosen positions. PAGED: once round 0 of the cut has found
-// its bin, the page-table slots of the listed keys in or above it (about K of them)
-// are copied over their positions asynchronously, so the lookups overlap the cut's
-// later rounds instead of following it.
+// words then stage the chosen positions. PAGED from a page_table_1: once round 0 of
+// the cut has found its bin, the page-table slots of the listed keys in or above it
+// (about K of them) are copied over their positions asynchronously, so the lookups
+// overlap the cut's later rounds instead of following it. A table of pages (a few KB
+// a row) is read as the chosen entries are placed: measured faster than prefetching
+// it into L2 or copying it to shared memory after round 0 (BENCHMARKS.md, session 27).
 template <int K, int kTransform, int kBlockThreads>
 NSA_DEVICE void cut_and_place(const Params& p, i32 row, i32 trow, i32* out, u32* fidx, const u32* fkey, u32 kept,
                               u32* hist, u32* sm) {
@@ -758,7 +778,7 @@ NSA_DEVICE RowExtent row_extent(const Params& p, i32 row) {
   e.n = p.lengths[row] > 0 ? p.lengths[row] : 0;
   e.trow = table_row_of<kTransform>(p, row);
   e.ok = e.n == 0 || (e.s0 >= 0 && (i64)e.s0 + e.n <= p.row_capacity && e.trow >= 0 &&
-                      (kTransform != kPaged || e.n <= p.table_width));
+                      (!is_paged(kTransform) || (i64)e.n <= (i64)p.table_width * page_size_of(kTransform)));
   return e;
 }
 
@@ -1034,8 +1054,8 @@ NSA_DEVICE void split_select(const Params& p, const Split& split, u32* status) {
       }
     }
     sync_block();
-    cut_and_place<K, kUnpaged<kTransform>, kBlockThreads>(p, row, ext.trow, p.out + (i64)row * K, fidx, fkey,
-                                                                kept, hist, sm);
+    cut_and_place<K, kListed<kTransform>, kBlockThreads>(p, row, ext.trow, p.out + (i64)row * K, fidx, fkey, kept,
+                                                               hist, sm);
   } else {
     whole_row();
   }

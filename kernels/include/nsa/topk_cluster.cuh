@@ -103,8 +103,8 @@ NSA_DEVICE void cluster_select(const Params& p, u32* status) {
   NSA_TOPK_CLUSTER_MARK(4);
   if (rank != 0) return;
   if (fits) {
-    cut_and_place<K, kUnpaged<kTransform>, kBlockThreads>(p, row, ext.trow, p.out + (i64)row * K, fidx, fkey,
-                                                                joined, hist, sm);
+    cut_and_place<K, kListed<kTransform>, kBlockThreads>(p, row, ext.trow, p.out + (i64)row * K, fidx, fkey, joined,
+                                                               hist, sm);
     NSA_TOPK_CLUSTER_MARK(5);
   } else {
     whole_row();

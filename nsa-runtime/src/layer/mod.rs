@@ -276,7 +276,12 @@ impl<'rt> NsaLayer<'rt> {
             plan.metadata.field(f).ok_or_else(|| invalid("metadata", format!("{f:?} absent"), "a field the step reads"))
         };
         let expanded = field(Field::SeqlensExpanded)?;
-        let table = field(Field::PageTable1)?;
+        // PAGED top-k reads the table of pages where pages hold more than one token:
+        // the same slots as page_table_1 (spec §2.1 allocates whole pages) from a table
+        // page_size times smaller (BENCHMARKS.md, session 27).
+        let page_size = m.page_size as usize;
+        let table = field(if page_size > 1 { Field::RealPageTable } else { Field::PageTable1 })?;
+        let table_width = plan.table_width.div_ceil(page_size);
         let keys = plan.keys.as_ref();
         let index_cache = caches.index_k.as_view();
         if let IndexerStage::Gathered { num_keys, .. } = d.indexer {
@@ -352,13 +357,14 @@ impl<'rt> NsaLayer<'rt> {
             let output = match d.transform {
                 // Decode-like: one table row per query token.
                 TransformMethod::Paged if plan.table_per_token || d.mode != ForwardMode::Extend => {
-                    let w = plan.table_width;
+                    let w = table_width;
                     table_rows = table.slice(rows.start * w..rows.end * w);
                     TopkOutput::Paged(PageTable {
                         table: &table_rows,
                         rows: n,
                         stride: w,
                         width: w,
+                        page_size,
                         cu_seqlens_q: None,
                     })
                 }
@@ -368,13 +374,14 @@ impl<'rt> NsaLayer<'rt> {
                         Some(kd) if !kd.chunk_cu.is_empty() => kd.buf.slice(kd.chunk_cu[ci].clone()),
                         _ => field(Field::CuSeqlensQ)?,
                     };
-                    let w = plan.table_width;
+                    let w = table_width;
                     table_rows = table.slice(..);
                     TopkOutput::Paged(PageTable {
                         table: &table_rows,
                         rows: plan.table_rows,
                         stride: w,
                         width: w,
+                        page_size,
                         cu_seqlens_q: Some(&cu),
                     })
                 }

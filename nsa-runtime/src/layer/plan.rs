@@ -205,8 +205,12 @@ fn assemble(
         ),
     });
     explain.push(format!(
-        "top-k: k={topk} {} transform{}",
+        "top-k: k={topk} {} transform{}{}",
         transform.name(),
+        match (transform, model.page_size) {
+            (TransformMethod::Paged, p) if p > 1 => format!(" (slots from the real page table, pages of {p})"),
+            _ => String::new(),
+        },
         if cfg.deterministic_topk { ", deterministic ties" } else { "" }
     ));
     explain.push(match &attention {

@@ -8,6 +8,7 @@ use cudarc::driver::CudaSlice;
 use cudarc::driver::{CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr};
 use half::bf16;
 use nsa_kernels::spec::TOPK_CLUSTER_SIZES;
+use nsa_kernels::spec::TOPK_PAGE_SIZES;
 use nsa_kernels::{KernelFamily, KernelSpec, Target, TopkLayout, TopkScore, TopkTransform};
 
 /// A score type top-k reads: f32 or bf16 (exact either way: a bf16's f32 value is
@@ -43,6 +44,13 @@ pub struct PageTable<'a> {
     pub rows: usize,
     pub stride: usize,
     pub width: usize,
+    /// Positions per entry. 1: a `page_table_1` (spec §2.1), whose entries are
+    /// slots. P > 1 (fused top-k only): a table of pages (spec §2.2, the
+    /// `real_page_table` at the cache's page size), and position p's slot is
+    /// `table[p / P] · P + p % P`, the slot of the page_table_1 it expands to, read
+    /// from a table P times smaller. Rows of more than `width · page_size` keys are
+    /// rejected. The page size is a kernel constant: each one is its own kernel.
+    pub page_size: usize,
     /// `Some(cu)` (`rows + 1` entries): score/token row b uses table row i with
     /// `cu[i] <= b < cu[i+1]` (prefill). `None`: row b uses table row b (decode).
     pub cu_seqlens_q: Option<&'a CudaView<'a, i32>>,
@@ -64,7 +72,7 @@ impl TopkOutput<'_> {
     pub fn transform(&self) -> TopkTransform {
         match self {
             TopkOutput::Plain => TopkTransform::Plain,
-            TopkOutput::Paged(_) => TopkTransform::Paged,
+            TopkOutput::Paged(t) => TopkTransform::paged(t.page_size as u32),
             TopkOutput::Ragged { .. } => TopkTransform::Ragged,
         }
     }
@@ -271,7 +279,7 @@ struct TransformParams {
 // SAFETY: as above.
 unsafe impl DeviceRepr for TransformParams {}
 
-const ROW_EXPECTED: &str = "row_starts[b] + lengths[b] <= row_capacity, lengths[b] <= the page-table width (PAGED), \
+const ROW_EXPECTED: &str = "row_starts[b] + lengths[b] <= row_capacity, lengths[b] <= the page-table width × page size (PAGED), \
                             and b covered by cu_seqlens_q (PAGED prefill); the row was written as all -1";
 
 /// `rows` rows of `width` elements, `stride` apart, fit in `len` elements.
@@ -288,6 +296,18 @@ fn check_rows_fit(field: &'static str, len: usize, rows: usize, stride: usize, w
 }
 
 fn check_page_table(t: &PageTable<'_>) -> Result<()> {
+    let page_size_ok = t.page_size == 1 || u32::try_from(t.page_size).is_ok_and(|p| TOPK_PAGE_SIZES.contains(&p));
+    if !page_size_ok {
+        return Err(invalid(
+            "page_table.page_size",
+            t.page_size.to_string(),
+            format!(
+                "1 (a page_table_1 of slots) or the KV cache's page size, {} to {} (a table of page ids)",
+                TOPK_PAGE_SIZES.start(),
+                TOPK_PAGE_SIZES.end()
+            ),
+        ));
+    }
     if t.width > t.stride {
         return Err(invalid("page_table.width", t.width.to_string(), format!("at most the stride {}", t.stride)));
     }
@@ -603,6 +623,13 @@ pub fn page_table_transform(
         return Err(invalid("out", format!("length {}", out.len()), format!("the length of idx ({})", idx.len())));
     }
     check_page_table(table)?;
+    if table.page_size != 1 {
+        return Err(invalid(
+            "page_table.page_size",
+            table.page_size.to_string(),
+            "1: the unfused transform reads a page_table_1 (spec §7.7); pass a table of pages to the fused PAGED top-k",
+        ));
+    }
     let rows = idx.len() / k as usize;
     let num_rows = check_count_fits_i32("idx rows", rows)?;
     if rows == 0 {

@@ -68,10 +68,32 @@ pub trait TopkDevice {
 pub struct HostPageTable {
     pub table: Vec<i32>,
     pub rows: usize,
-    /// Stride and width (equal here).
+    /// Stride and width (equal here), in entries.
     pub width: usize,
+    /// Positions per entry (see [`PageTable::page_size`]).
+    pub page_size: usize,
     /// `Some`: prefill form (rows grouped into requests).
     pub cu_seqlens_q: Option<Vec<i32>>,
+}
+
+impl HostPageTable {
+    /// The slot of relative position `pos` in table row `row` (spec §2.1, §2.2).
+    pub fn slot(&self, row: usize, pos: usize) -> i32 {
+        let p = self.page_size;
+        self.table[row * self.width + pos / p] * p as i32 + (pos % p) as i32
+    }
+
+    /// The device view of this table.
+    fn view<'a>(&self, table: &'a CudaView<'a, i32>, cu: &'a CudaView<'a, i32>) -> PageTable<'a> {
+        PageTable {
+            table,
+            rows: self.rows,
+            stride: self.width,
+            width: self.width,
+            page_size: self.page_size,
+            cu_seqlens_q: self.cu_seqlens_q.is_some().then_some(cu),
+        }
+    }
 }
 
 /// A case's inputs in host memory, as a launch takes them.
@@ -116,22 +138,26 @@ impl TopkInputs {
             row_values.push(values);
         }
         let (table, offsets) = match case.transform {
-            TopkTransform::Paged => {
+            TopkTransform::Paged | TopkTransform::Pages(_) => {
+                let page_size = page_size_of(case.transform);
                 let cu: Vec<i32> = if case.grouped { group_rows(rows, &mut rng) } else { (0..=rows as i32).collect() };
                 let requests = cu.len() - 1;
-                let width = (0..requests)
+                let positions = (0..requests)
                     .map(|i| (cu[i]..cu[i + 1]).map(|b| case.lengths[b as usize].max(0)).max().unwrap_or(0))
                     .max()
                     .unwrap_or(0)
                     .max(1) as usize;
-                // Each table row is a distinct shuffled run of slots, so slots invert to positions.
+                let width = positions.div_ceil(page_size);
+                // Each table row is a distinct shuffled run of entries (slots, or pages of
+                // slots), so slots invert to positions.
                 let mut table = Vec::with_capacity(requests * width);
                 for i in 0..requests {
                     let perm = testdata::distinct_slots(width, width, case.seed ^ (i as u64 + 7));
                     table.extend(perm.iter().map(|&p| (i * width) as i32 + p));
                 }
                 // Decode form: the identity grouping, passed as no cu_seqlens_q.
-                (Some(HostPageTable { table, rows: requests, width, cu_seqlens_q: case.grouped.then_some(cu) }), vec![])
+                let cu_seqlens_q = case.grouped.then_some(cu);
+                (Some(HostPageTable { table, rows: requests, width, page_size, cu_seqlens_q }), vec![])
             }
             TopkTransform::Ragged => (None, (0..rows).map(|_| rng.random_range(0..1_000_000)).collect()),
             TopkTransform::Plain => (None, vec![]),
@@ -234,13 +260,7 @@ impl TopkDevice for Runtime {
         let d_cu = upload(stream, table.cu_seqlens_q.as_deref().unwrap_or(&[]))?;
         let mut d_out = upload(stream, &vec![i32::MIN; idx.len()])?;
         let (tv, cv) = (d_table.slice(0..), d_cu.slice(0..));
-        let pt = PageTable {
-            table: &tv,
-            rows: table.rows,
-            stride: table.width,
-            width: table.width,
-            cu_seqlens_q: table.cu_seqlens_q.is_some().then_some(&cv),
-        };
+        let pt = table.view(&tv, &cv);
         topk::page_table_transform(self, k, &d_idx.slice(0..idx.len()), &pt, &mut d_out.slice_mut(0..idx.len()))?;
         download(stream, &d_out, idx.len())
     }
@@ -256,7 +276,7 @@ fn topk_on_gpu<T: TopkScoreElem>(
     let stream = rt.gpu().stream();
     let rows = inputs.rows();
     let k = inputs.k as usize;
-    let no_table = HostPageTable { table: vec![], rows: 0, width: 0, cu_seqlens_q: None };
+    let no_table = HostPageTable { table: vec![], rows: 0, width: 0, page_size: 1, cu_seqlens_q: None };
     let t = inputs.table.as_ref().unwrap_or(&no_table);
     let d_scores = upload(stream, scores)?;
     let d_lengths = upload(stream, &inputs.lengths)?;
@@ -281,13 +301,7 @@ fn topk_on_gpu<T: TopkScoreElem>(
     let output = match inputs.transform {
         TopkTransform::Plain => TopkOutput::Plain,
         TopkTransform::Ragged => TopkOutput::Ragged { offsets: &offsets_view },
-        TopkTransform::Paged => TopkOutput::Paged(PageTable {
-            table: &table_view,
-            rows: t.rows,
-            stride: t.width,
-            width: t.width,
-            cu_seqlens_q: t.cu_seqlens_q.is_some().then_some(&cu_view),
-        }),
+        TopkTransform::Paged | TopkTransform::Pages(_) => TopkOutput::Paged(t.view(&table_view, &cu_view)),
     };
     let mut out_view = d_out.slice_mut(0..rows * k);
     let mut ws = match family {
@@ -301,15 +315,23 @@ fn topk_on_gpu<T: TopkScoreElem>(
     download(stream, &d_out, rows * k)
 }
 
+/// Positions per page-table entry of a PAGED transform (1: a page_table_1).
+fn page_size_of(transform: TopkTransform) -> usize {
+    match transform {
+        TopkTransform::Pages(p) => p as usize,
+        _ => 1,
+    }
+}
+
 /// Checks a top-k output (`rows × k`) of `case` against the CPU reference.
 pub fn check_output(case: &TopkCase, inputs: &TopkInputs, out: &[i32], kernel: String) -> Check {
     let rows = inputs.rows();
     let k = case.k as usize;
     // Slot → relative position, per table row.
     let inverse: Vec<HashMap<i32, i32>> = match &inputs.table {
-        Some(t) => (0..t.rows)
-            .map(|i| t.table[i * t.width..][..t.width].iter().enumerate().map(|(p, &s)| (s, p as i32)).collect())
-            .collect(),
+        Some(t) => {
+            (0..t.rows).map(|i| (0..t.width * t.page_size).map(|p| (t.slot(i, p), p as i32)).collect()).collect()
+        }
         None => vec![],
     };
     let mut mismatches = 0;
@@ -322,7 +344,7 @@ pub fn check_output(case: &TopkCase, inputs: &TopkInputs, out: &[i32], kernel: S
                 _ if v == -1 => Some(-1),
                 TopkTransform::Plain => Some(v),
                 TopkTransform::Ragged => Some(v - inputs.offsets[b]),
-                TopkTransform::Paged => inverse[inputs.table_row_of(b)].get(&v).copied(),
+                TopkTransform::Paged | TopkTransform::Pages(_) => inverse[inputs.table_row_of(b)].get(&v).copied(),
             })
             .collect();
         let row_values = &inputs.row_values[b];
@@ -387,6 +409,7 @@ pub fn index_transform_on(dev: &impl TopkDevice, k: u32, prefill: bool, seed: u6
         table: (0..table_rows * width).map(|i| (i as i32) * 7 + 1).collect(),
         rows: table_rows,
         width,
+        page_size: 1,
         // Rows 0-1 → request 0, 2-3 → 1, request 2 empty.
         cu_seqlens_q: prefill.then(|| vec![0, 2, 4, 4]),
     };
@@ -472,7 +495,7 @@ pub fn topk_then_transform(rt: &Runtime, k: u32, rows: usize, n: usize, rounds: 
     let d_table = upload(stream, &table)?;
     let d_lengths = upload(stream, &vec![n as i32; rows])?;
     let (table_view, lengths_view) = (d_table.slice(0..), d_lengths.slice(0..rows));
-    let pt = PageTable { table: &table_view, rows, stride: n, width: n, cu_seqlens_q: None };
+    let pt = PageTable { table: &table_view, rows, stride: n, width: n, page_size: 1, cu_seqlens_q: None };
     let mut mismatches = 0;
     let mut first_mismatch = None;
     for round in 0..rounds {
@@ -535,7 +558,8 @@ pub fn transform_then_topk(rt: &Runtime, k: u32, rows: usize, n: usize, path: To
     let idx: Vec<i32> = (0..entries).map(|_| rng.random_range(0..width as i32)).collect();
     let d_idx = upload(stream, &idx)?;
     let (table_view, cu_view) = (d_table.slice(0..), d_cu.slice(0..2));
-    let pt = PageTable { table: &table_view, rows: 1, stride: width, width, cu_seqlens_q: Some(&cu_view) };
+    let pt =
+        PageTable { table: &table_view, rows: 1, stride: width, width, page_size: 1, cu_seqlens_q: Some(&cu_view) };
     let family = path_family(k, TopkTransform::Plain, false, path, TopkScore::F32, rows, rt.gpu().caps().sm_count);
     // Made before the transform: its zeroing copy must not sit between the launches.
     let mut ws = if path == TopkPath::Split { Some(topk::TopkWorkspace::new(rt, rows)?) } else { None };

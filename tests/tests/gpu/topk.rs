@@ -2,7 +2,7 @@
 
 use super::{assert_all, rt};
 use nsa_kernels::{TopkLayout, TopkTransform};
-use nsa_runtime::ops::topk::{self, TopkOutput, TopkScores};
+use nsa_runtime::ops::topk::{self, PageTable, TopkOutput, TopkScores};
 use nsa_runtime::testdata::ScorePattern;
 use nsa_runtime::verify::topk::{index_transform, run, topk_then_transform, transform_then_topk, TopkCase, TopkPath};
 use nsa_runtime::verify::{download, upload, Check};
@@ -44,6 +44,41 @@ fn out_of_window_rows_are_rejected_not_read() {
         }
     }
     rt.set_checks(DeviceChecks::Skip).unwrap();
+}
+
+/// PAGED over a table of pages: a row may hold up to width × page_size positions.
+/// Row 1 asks for one position past its table's 2 pages of 64 and is rejected (all
+/// −1, reported); row 0 fills them exactly and is translated page by page.
+#[test]
+fn paged_rows_past_their_pages_are_rejected() {
+    let mut rt = rt();
+    let stream = rt.gpu().stream().clone();
+    let scores = upload(&stream, &(0..2 * 129).map(|i| i as f32).collect::<Vec<_>>()).unwrap();
+    let lengths = upload(&stream, &[128i32, 129]).unwrap();
+    let table = upload(&stream, &[5i32, 3, 9, 1]).unwrap();
+    let (sv, lv, tv) = (scores.slice(0..), lengths.slice(0..), table.slice(0..));
+    let input = TopkScores { scores: &sv, row_stride: 129, row_capacity: 129, lengths: &lv, row_starts: None };
+    let pt = PageTable { table: &tv, rows: 2, stride: 2, width: 2, page_size: 64, cu_seqlens_q: None };
+    rt.set_checks(DeviceChecks::Report).unwrap();
+    let mut out = upload(&stream, &vec![7i32; 2 * 512]).unwrap();
+    let r = topk::topk(&rt, 512, false, &input, &TopkOutput::Paged(pt), &mut out.slice_mut(0..), None);
+    rt.set_checks(DeviceChecks::Skip).unwrap();
+    assert!(matches!(r, Err(Error::DeviceRejected { count: 1, field: "lengths", .. })), "{r:?}");
+    let got = download(&stream, &out, 2 * 512).unwrap();
+    let want: Vec<i32> = (0..128).map(|p| [5, 3][p / 64] * 64 + (p % 64) as i32).collect();
+    assert_eq!(&got[..128], &want[..]);
+    assert!(got[128..].iter().all(|&v| v == -1), "row 0's padding and all of row 1 must be -1");
+    // A page size of 0 is refused before any launch, as is a table of pages for the
+    // unfused transform (it reads a page_table_1).
+    let zero = PageTable { table: &tv, rows: 2, stride: 2, width: 2, page_size: 0, cu_seqlens_q: None };
+    let err = topk::topk(&rt, 512, false, &input, &TopkOutput::Paged(zero), &mut out.slice_mut(0..), None);
+    let err = err.unwrap_err().to_string();
+    assert!(err.contains("page_table.page_size") && err.contains("1 (a page_table_1"), "{err}");
+    let pages = PageTable { table: &tv, rows: 2, stride: 2, width: 2, page_size: 64, cu_seqlens_q: None };
+    let idx = upload(&stream, &vec![0i32; 512]).unwrap();
+    let err = topk::page_table_transform(&rt, 512, &idx.slice(0..), &pages, &mut out.slice_mut(0..512));
+    let err = err.unwrap_err().to_string();
+    assert!(err.contains("page_table.page_size") && err.contains("page_table_1"), "{err}");
 }
 
 #[test]

@@ -46,6 +46,11 @@ pub struct BenchArgs {
     /// in extend/prefill). Default: the decode form, a table row per score row.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     pub topk_paged_requests: Option<u32>,
+    /// Top-k PAGED: the page sizes to time, each a row of its own: 1 reads a
+    /// page_table_1 (an entry per position), P > 1 a table of page ids (an entry per
+    /// P positions, as the KV cache's page table), e.g. `1,64`.
+    #[arg(long, value_delimiter = ',', default_value = "1", value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub topk_page_sizes: Vec<u32>,
     /// Top-k score types to time, each over the same values (bf16: rounded): f32,
     /// bf16, or both (`f32,bf16`).
     #[arg(long, value_delimiter = ',', default_value = "f32", value_parser = parse_topk_score)]
@@ -95,7 +100,7 @@ struct TopkRow {
     k: u32,
     /// The scores' type: f32 or bf16.
     score: &'static str,
-    transform: &'static str,
+    transform: String,
     layout: String,
     /// Whether `choose_plan` picks this row's plan for the shape.
     chosen: bool,
@@ -104,6 +109,8 @@ struct TopkRow {
     host_us: f64,
     /// PAGED in the prefill form: the requests sharing the rows (None: decode form).
     paged_requests: Option<usize>,
+    /// PAGED: positions per page-table entry (1: page_table_1); None otherwise.
+    page_size: Option<usize>,
     /// Score bytes read once, per µs.
     gbps: f64,
     /// PAGED: bytes of the distinct 32-byte page-table sectors the output's slots
@@ -383,6 +390,7 @@ fn topk_bench(
     cases: &[(usize, usize)],
     chosen_only: bool,
     paged_requests: Option<usize>,
+    page_sizes: &[usize],
     scores: &[TopkScore],
 ) -> Result<Vec<TopkRow>> {
     check_paged_requests(cases, paged_requests)?;
@@ -395,7 +403,7 @@ fn topk_bench(
     for &(rows, n) in cases {
         let mut rng = testdata::rng(rows as u64 ^ n as u64);
         let values: Vec<f32> = (0..rows * n).map(|_| rand::Rng::random::<f32>(&mut rng)).collect();
-        let shape = TopkShape { rows, n, reps, chosen_only, paged_requests, copy_gbps };
+        let shape = TopkShape { rows, n, reps, chosen_only, paged_requests, page_sizes, copy_gbps };
         for &score in scores {
             match score {
                 TopkScore::F32 => out_rows.extend(topk_bench_shape(rt, &shape, &values)?),
@@ -410,12 +418,14 @@ fn topk_bench(
 }
 
 /// Bytes of the distinct 32-byte page-table sectors that PAGED `slots` were read
-/// from. The bench's page table maps entry i to slot i, so a slot is also the index
-/// of the table entry it came from; −1 (padding) reads nothing.
-fn table_sector_bytes(slots: &[i32]) -> usize {
+/// from. The bench's page table maps entry i to page (or slot) i, so a slot over the
+/// page size is the index of the table entry it came from; −1 (padding) reads
+/// nothing.
+fn table_sector_bytes(slots: &[i32], page_size: usize) -> usize {
     const SECTOR_BYTES: usize = 32;
     const ENTRIES_PER_SECTOR: i32 = (SECTOR_BYTES / std::mem::size_of::<i32>()) as i32;
-    let mut sectors: Vec<i32> = slots.iter().filter(|&&s| s >= 0).map(|&s| s / ENTRIES_PER_SECTOR).collect();
+    let page = page_size as i32;
+    let mut sectors: Vec<i32> = slots.iter().filter(|&&s| s >= 0).map(|&s| s / page / ENTRIES_PER_SECTOR).collect();
     sectors.sort_unstable();
     sectors.dedup();
     sectors.len() * SECTOR_BYTES
@@ -427,31 +437,33 @@ fn parse_topk_score(s: &str) -> std::result::Result<TopkScore, String> {
 }
 
 /// One top-k bench shape and how to run it.
-struct TopkShape {
+struct TopkShape<'a> {
     rows: usize,
     n: usize,
     reps: usize,
     chosen_only: bool,
     paged_requests: Option<usize>,
+    page_sizes: &'a [usize],
     /// The copy rate measured in this run (the roofline).
     copy_gbps: f64,
 }
 
 /// [`topk_bench`] of one shape over `values` (`rows × n` scores of type `T`).
-fn topk_bench_shape<T: TopkScoreElem>(rt: &Runtime, shape: &TopkShape, values: &[T]) -> Result<Vec<TopkRow>> {
+fn topk_bench_shape<T: TopkScoreElem>(rt: &Runtime, shape: &TopkShape<'_>, values: &[T]) -> Result<Vec<TopkRow>> {
     use nsa_kernels::{TopkLayout, TopkTransform};
     use nsa_runtime::ops::topk::{
         choose_plan, cluster_size, split_list_suffices, split_plan, topk_with_plan, PageTable, TopkOutput, TopkPlan,
         TopkScores, TopkWorkspace,
     };
-    let &TopkShape { rows, n, reps, chosen_only, paged_requests, copy_gbps } = shape;
+    let &TopkShape { rows, n, reps, chosen_only, paged_requests, page_sizes, copy_gbps } = shape;
     let stream = rt.gpu().stream().clone();
     let k = 2048u32;
     let d_scores = upload(&stream, values)?;
     let d_lengths = upload(&stream, &vec![n as i32; rows])?;
     let table_rows = paged_requests.unwrap_or(rows);
-    let table: Vec<i32> = (0..(table_rows * n) as i32).collect();
-    let d_table = upload(&stream, &table)?;
+    // Entry i holds page (or slot) i; a table of pages has one entry per page_size
+    // positions, so the page_table_1's entries cover every table.
+    let d_table = upload(&stream, &(0..(table_rows * n) as i32).collect::<Vec<_>>())?;
     // The prefill form's cu_seqlens_q (none in the decode form).
     let d_cu = paged_requests.map(|r| upload(&stream, &even_cu_seqlens(rows, r))).transpose()?;
     let cu_view = d_cu.as_ref().map(|cu| cu.slice(0..));
@@ -474,13 +486,21 @@ fn topk_bench_shape<T: TopkScoreElem>(rt: &Runtime, shape: &TopkShape, values: &
     }
     let mut ws = TopkWorkspace::new(rt, rows)?;
     let mut out_rows = Vec::new();
-    for (transform, plan) in TopkTransform::ALL.into_iter().flat_map(|t| plans.iter().map(move |&p| (t, p))) {
-        let output = match transform {
-            TopkTransform::Plain => TopkOutput::Plain,
-            TopkTransform::Ragged => TopkOutput::Ragged { offsets: &ov },
-            TopkTransform::Paged => {
-                let cu_seqlens_q = cu_view.as_ref();
-                TopkOutput::Paged(PageTable { table: &tv, rows: table_rows, stride: n, width: n, cu_seqlens_q })
+    // Each transform, PAGED once per page size (with its page size).
+    let transforms = TopkTransform::ALL.into_iter().flat_map(|t| match t {
+        TopkTransform::Paged => page_sizes.iter().map(|&p| (TopkTransform::paged(p as u32), Some(p))).collect(),
+        _ => vec![(t, None)],
+    });
+    let variants: Vec<_> = transforms.flat_map(|o| plans.iter().map(move |&p| (o, p))).collect();
+    for ((transform, page_size), plan) in variants {
+        let output = match (transform, page_size) {
+            (TopkTransform::Plain, _) => TopkOutput::Plain,
+            (TopkTransform::Ragged, _) => TopkOutput::Ragged { offsets: &ov },
+            (_, page_size) => {
+                let page_size = page_size.expect("PAGED rows have a page size");
+                let width = n.div_ceil(page_size);
+                let (cu_seqlens_q, rows) = (cu_view.as_ref(), table_rows);
+                TopkOutput::Paged(PageTable { table: &tv, rows, stride: width, width, page_size, cu_seqlens_q })
             }
         };
         let timing = time_launches(&stream, reps, || {
@@ -488,15 +508,16 @@ fn topk_bench_shape<T: TopkScoreElem>(rt: &Runtime, shape: &TopkShape, values: &
         })?;
         let (us, host_us) = (timing.gpu_us, timing.host_us);
         let bytes = (rows * n * T::SCORE.bytes()) as f64;
-        let table_bytes = match transform {
-            TopkTransform::Paged => table_sector_bytes(&download(&stream, &d_out, rows * k as usize)?),
-            _ => 0,
+        let table_bytes = match page_size {
+            Some(p) => table_sector_bytes(&download(&stream, &d_out, rows * k as usize)?, p),
+            None => 0,
         };
         let row = TopkRow {
             rows,
             n,
             k,
             score: T::SCORE.tag(),
+            // PAGED over pages of P: `pagesP` (the kernel's transform).
             transform: transform.tag(),
             layout: match plan {
                 TopkPlan::Single(TopkLayout::Latency) => "latency".into(),
@@ -507,13 +528,14 @@ fn topk_bench_shape<T: TopkScoreElem>(rt: &Runtime, shape: &TopkShape, values: &
             chosen: plan == chosen,
             us,
             host_us,
-            paged_requests: paged_requests.filter(|_| transform == TopkTransform::Paged),
+            paged_requests: paged_requests.filter(|_| transform.is_paged()),
+            page_size,
             gbps: bytes / us / 1e3,
             table_bytes,
             roofline_us: (bytes + table_bytes as f64) / copy_gbps / 1e3,
         };
         println!(
-            "topk k{k} {:<4} {:<7} {:<10} {rows:>5} rows × {n:>7}: {us:>9.2} µs  {:>6.0} GB/s  (read-once roofline {:.2} µs at {copy_gbps:.0} GB/s{}; host {host_us:.2} µs a launch{}){}{}",
+            "topk k{k} {:<4} {:<11} {:<10} {rows:>5} rows × {n:>7}: {us:>9.2} µs  {:>6.0} GB/s  (read-once roofline {:.2} µs at {copy_gbps:.0} GB/s{}; host {host_us:.2} µs a launch{}){}{}",
             row.score,
             row.transform,
             row.layout,
@@ -628,7 +650,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let want = |s: Suite| args.suite == s || args.suite == Suite::All;
     let topk = if want(Suite::Topk) {
         let requests = args.topk_paged_requests.map(|r| r as usize);
-        topk_bench(&rt, args.reps, &topk_cases, args.topk_chosen_only, requests, &args.topk_scores)?
+        let page_sizes: Vec<usize> = args.topk_page_sizes.iter().map(|&p| p as usize).collect();
+        topk_bench(&rt, args.reps, &topk_cases, args.topk_chosen_only, requests, &page_sizes, &args.topk_scores)?
     } else {
         vec![]
     };
@@ -692,9 +715,19 @@ mod tests {
     #[test]
     fn table_sectors_count_each_32_byte_sector_once_and_skip_padding() {
         // Entries 0..8 share sector 0; 8 and 15 share sector 1; 16 is sector 2.
-        assert_eq!(table_sector_bytes(&[0, 7, 3, 8, 15, 16, -1, -1]), 3 * 32);
-        assert_eq!(table_sector_bytes(&[-1, -1]), 0);
-        assert_eq!(table_sector_bytes(&[]), 0);
+        assert_eq!(table_sector_bytes(&[0, 7, 3, 8, 15, 16, -1, -1], 1), 3 * 32);
+        assert_eq!(table_sector_bytes(&[-1, -1], 1), 0);
+        assert_eq!(table_sector_bytes(&[], 1), 0);
+        // Pages of 64: slots 0..512 come from entries 0..8, sector 0; 512 from sector 1.
+        assert_eq!(table_sector_bytes(&[0, 63, 64, 511, 512, -1], 64), 2 * 32);
+    }
+
+    #[test]
+    fn topk_page_sizes_default_to_the_page_table_1_and_take_a_list() {
+        assert_eq!(parse(&["bench"]).unwrap().topk_page_sizes, vec![1]);
+        assert_eq!(parse(&["bench", "--topk-page-sizes", "1,64"]).unwrap().topk_page_sizes, vec![1, 64]);
+        let err = parse(&["bench", "--topk-page-sizes", "0"]).unwrap_err().to_string();
+        assert!(err.contains("--topk-page-sizes") && err.contains('0') && err.contains("1..=4096"), "{err}");
     }
 
     #[test]

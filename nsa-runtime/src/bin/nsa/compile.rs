@@ -322,7 +322,7 @@ fn topk_case(k: u32, transform: TopkTransform, score: TopkScore, i: usize, n: us
         pattern: [ScorePattern::Gaussian, ScorePattern::OneBucket][i % 2],
         lengths: vec![0, 1, k as i32, k as i32 + 1, n as i32 + k as i32 + 1, 50_000],
         row_starts: true,
-        grouped: transform == TopkTransform::Paged && i % 2 == 1,
+        grouped: transform.is_paged() && i % 2 == 1,
         path: TopkPath::Single(None),
         seed,
     }
