@@ -920,9 +920,12 @@ impl KernelSpec {
                     }
                 }
             }
-            for transform in [TopkTransform::Pages(64), TopkTransform::Pages(61)] {
-                families.push(KernelFamily::TopkCluster { k: 2048, transform, cluster: 8, score: TopkScore::F32 });
+            for cluster in TOPK_CLUSTER_SIZES {
+                let transform = TopkTransform::Pages(64);
+                families.push(KernelFamily::TopkCluster { k: 2048, transform, cluster, score: TopkScore::F32 });
             }
+            let transform = TopkTransform::Pages(61);
+            families.push(KernelFamily::TopkCluster { k: 2048, transform, cluster: 8, score: TopkScore::F32 });
             for heads in DECODE_HEADS {
                 families.push(KernelFamily::SparseDecode { heads, topk: 2048, page_size: 64 });
                 families.push(KernelFamily::SparseDecodeCombine { heads });

@@ -535,7 +535,7 @@ fn topk_bench_shape<T: TopkScoreElem>(rt: &Runtime, shape: &TopkShape<'_>, value
             roofline_us: (bytes + table_bytes as f64) / copy_gbps / 1e3,
         };
         println!(
-            "topk k{k} {:<4} {:<11} {:<10} {rows:>5} rows × {n:>7}: {us:>9.2} µs  {:>6.0} GB/s  (read-once roofline {:.2} µs at {copy_gbps:.0} GB/s{}; host {host_us:.2} µs a launch{}){}{}",
+            "topk k{k} {:<4} {:<7} {:<10} {rows:>5} rows × {n:>7}: {us:>9.2} µs  {:>6.0} GB/s  (read-once roofline {:.2} µs at {copy_gbps:.0} GB/s{}; host {host_us:.2} µs a launch{}){}{}",
             row.score,
             row.transform,
             row.layout,
