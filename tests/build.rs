@@ -30,17 +30,7 @@ fn emulated_families(target: Target) -> Vec<KernelFamily> {
         let scores: &[TopkScore] = if k == 1024 { &[TopkScore::F32] } else { &TopkScore::ALL };
         for &score in scores {
             for transform in TopkTransform::ALL {
-                for deterministic in [false, true] {
-                    for layout in [TopkLayout::Latency, TopkLayout::Throughput] {
-                        families.push(KernelFamily::TopK { k, transform, deterministic, layout, score });
-                    }
-                }
-                families.push(KernelFamily::TopkSplit { k, transform, score });
-                if target.has_clusters() {
-                    for cluster in TOPK_CLUSTER_SIZES {
-                        families.push(KernelFamily::TopkCluster { k, transform, cluster, score });
-                    }
-                }
+                every_path(&mut families, target, k, transform, score);
             }
         }
         families.push(KernelFamily::IndexTransform { k });
@@ -48,20 +38,25 @@ fn emulated_families(target: Target) -> Vec<KernelFamily> {
     // PAGED over tables of pages (topk_cases::paged_tables_of_pages_every_path): a
     // power of two, a prime and the smallest page, on every path at k = 2048.
     for page_size in PAGE_SIZES {
-        let (k, transform, score) = (2048, TopkTransform::Pages(page_size), TopkScore::F32);
-        for deterministic in [false, true] {
-            for layout in [TopkLayout::Latency, TopkLayout::Throughput] {
-                families.push(KernelFamily::TopK { k, transform, deterministic, layout, score });
-            }
-        }
-        families.push(KernelFamily::TopkSplit { k, transform, score });
-        if target.has_clusters() {
-            for cluster in TOPK_CLUSTER_SIZES {
-                families.push(KernelFamily::TopkCluster { k, transform, cluster, score });
-            }
-        }
+        every_path(&mut families, target, 2048, TopkTransform::Pages(page_size), TopkScore::F32);
     }
     families
+}
+
+/// One top-k variant on every path: one block (both layouts, deterministic or
+/// not), split, and clusters of every size where `target` has them.
+fn every_path(families: &mut Vec<KernelFamily>, target: Target, k: u32, transform: TopkTransform, score: TopkScore) {
+    for deterministic in [false, true] {
+        for layout in [TopkLayout::Latency, TopkLayout::Throughput] {
+            families.push(KernelFamily::TopK { k, transform, deterministic, layout, score });
+        }
+    }
+    families.push(KernelFamily::TopkSplit { k, transform, score });
+    if target.has_clusters() {
+        for cluster in TOPK_CLUSTER_SIZES {
+            families.push(KernelFamily::TopkCluster { k, transform, cluster, score });
+        }
+    }
 }
 
 /// Page sizes of the emulated PAGED-over-pages kernels.

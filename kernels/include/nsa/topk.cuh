@@ -190,9 +190,10 @@ template <int kTransform>
 NSA_DEVICE i32 emit(const Params& p, i32 row, i32 trow, i32 pos) {
   if (kTransform == kRagged) return pos + p.offsets[row];
   if (kTransform == kPaged) return p.page_table[(i64)trow * p.table_stride + pos];
-  if (kTransform > kPages) {
-    constexpr int P = page_size_of(kTransform);
-    return p.page_table[(i64)trow * p.table_stride + pos / P] * P + pos % P;
+  if (kTransform > kPages) {  // pos >= 0: unsigned, so a power-of-two P is a shift and a mask
+    constexpr u32 P = (u32)page_size_of(kTransform);
+    const u32 page = (u32)pos / P;
+    return p.page_table[(i64)trow * p.table_stride + page] * (i32)P + (i32)((u32)pos - page * P);
   }
   return pos;
 }
