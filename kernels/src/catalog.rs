@@ -174,8 +174,11 @@ mod tests {
         let ids = ids_of(32);
         // Per target: both layouts, split, three cluster sizes.
         assert_eq!(ids.len(), 2 * 6, "{ids:?}");
-        for id in ["topk.k2048.pages32.tput.sm_100a", "topk_split.k2048.pages32.sm_90a", "topk_cluster.k2048.pages32.c2.sm_90a"]
-        {
+        for id in [
+            "topk.k2048.pages32.tput.sm_100a",
+            "topk_split.k2048.pages32.sm_90a",
+            "topk_cluster.k2048.pages32.c2.sm_90a",
+        ] {
             assert!(ids.iter().any(|i| i == id), "{id} missing from {ids:?}");
         }
     }

@@ -408,7 +408,7 @@ impl TopkTransform {
             TopkTransform::Plain => "kPlain".into(),
             TopkTransform::Paged => "kPaged".into(),
             TopkTransform::Ragged => "kRagged".into(),
-            TopkTransform::Pages(p) => format!("paged_over_pages({p})"),
+            TopkTransform::Pages(p) => format!("kPagesOf<{p}>"),
         }
     }
 }
@@ -979,11 +979,9 @@ impl KernelSpec {
                 cluster: c.strip_prefix('c').and_then(|n| n.parse::<u32>().ok())?,
                 score: score_of(flags),
             },
-            ("topk_split", [k, t, flags @ ..]) => KernelFamily::TopkSplit {
-                k: k_of(k)?,
-                transform: TopkTransform::from_tag(t)?,
-                score: score_of(flags),
-            },
+            ("topk_split", [k, t, flags @ ..]) => {
+                KernelFamily::TopkSplit { k: k_of(k)?, transform: TopkTransform::from_tag(t)?, score: score_of(flags) }
+            }
             ("sparse_decode", [h, k, p]) => KernelFamily::SparseDecode {
                 heads: h.strip_prefix('h').and_then(|n| n.parse::<u32>().ok())?,
                 topk: k_of(k)?,

@@ -32,13 +32,18 @@ namespace topk {
 enum Transform { kPlain = 0, kPaged = 1, kRagged = 2 };
 
 // PAGED over a table of pages of P >= 2 positions (spec §2.2: slot = table[p / P] · P
-// + p % P, the page_table_1 slot of p) is the transform kPages + P: the page size is
+// + p % P, the page_table_1 slot of p) is the transform kPagesOf<P>: the page size is
 // a compile-time constant, so the slot costs a shift and a mask for powers of two.
+// (Variable templates, not functions: host-side constants too, which clang's HIP
+// mode refuses to compute with device functions.)
 constexpr int kPages = 1 << 16;
-NSA_DEVICE constexpr int paged_over_pages(int page_size) { return kPages + page_size; }
-NSA_DEVICE constexpr int page_size_of(int transform) { return transform > kPages ? transform - kPages : 1; }
+template <int P>
+constexpr int kPagesOf = kPages + P;
+template <int kTransform>
+constexpr int kPageSizeOf = kTransform > kPages ? kTransform - kPages : 1;
 // Either PAGED form: the output is page-table slots.
-NSA_DEVICE constexpr bool is_paged(int transform) { return transform == kPaged || transform > kPages; }
+template <int kTransform>
+constexpr bool kIsPaged = kTransform == kPaged || kTransform > kPages;
 
 // Kernel parameters; the host mirrors this layout field for field.
 struct Params {
@@ -168,13 +173,13 @@ NSA_DEVICE void for_each_key(bool cached, const u32* cache, const S* src, i32 n,
 // Which page-table row serves score row `row` (-1: none).
 template <int kTransform>
 NSA_DEVICE i32 table_row_of(const Params& p, i32 row) {
-  return is_paged(kTransform) ? segment_of(p.cu_seqlens_q, p.table_rows, row) : 0;
+  return kIsPaged<kTransform> ? segment_of(p.cu_seqlens_q, p.table_rows, row) : 0;
 }
 
 // PAGED entries that are translated afterwards pass through as they are (kPlain);
 // the other transforms are unchanged.
 template <int kTransform>
-constexpr int kUnpaged = is_paged(kTransform) ? kPlain : kTransform;
+constexpr int kUnpaged = kIsPaged<kTransform> ? kPlain : kTransform;
 // Entries of a list whose page_table_1 slots were looked up where it was built
 // (translate_listed) pass through as they are; a table of pages is read when they
 // are placed.
@@ -191,7 +196,7 @@ NSA_DEVICE i32 emit(const Params& p, i32 row, i32 trow, i32 pos) {
   if (kTransform == kRagged) return pos + p.offsets[row];
   if (kTransform == kPaged) return p.page_table[(i64)trow * p.table_stride + pos];
   if (kTransform > kPages) {  // pos >= 0: unsigned, so a power-of-two P is a shift and a mask
-    constexpr u32 P = (u32)page_size_of(kTransform);
+    constexpr u32 P = (u32)kPageSizeOf<kTransform>;
     const u32 page = (u32)pos / P;
     return p.page_table[(i64)trow * p.table_stride + page] * (i32)P + (i32)((u32)pos - page * P);
   }
@@ -346,7 +351,7 @@ NSA_NOINLINE void overflow_select_apart(const Params& p, i32 row, i32 trow, i32*
                                         u32* cand_key) {
   overflow_select<K, kUnpaged<kTransform>, kBlockThreads, kCandCap>(p, row, trow, out, cached, cache, src, n, bin0, r,
                                                                      hist, sm, cand_idx, cand_key);
-  if constexpr (is_paged(kTransform)) {
+  if constexpr (kIsPaged<kTransform>) {
     // All K slots hold positions here (n > K); each thread translates its own.
     for (int k = thread_x(); k < K; k += kBlockThreads) out[k] = emit<kTransform>(p, row, trow, out[k]);
   }
@@ -779,7 +784,7 @@ NSA_DEVICE RowExtent row_extent(const Params& p, i32 row) {
   e.n = p.lengths[row] > 0 ? p.lengths[row] : 0;
   e.trow = table_row_of<kTransform>(p, row);
   e.ok = e.n == 0 || (e.s0 >= 0 && (i64)e.s0 + e.n <= p.row_capacity && e.trow >= 0 &&
-                      (!is_paged(kTransform) || (i64)e.n <= (i64)p.table_width * page_size_of(kTransform)));
+                      (!kIsPaged<kTransform> || (i64)e.n <= (i64)p.table_width * kPageSizeOf<kTransform>));
   return e;
 }
 
