@@ -779,6 +779,8 @@ struct RowExtent {
 };
 template <int kTransform>
 NSA_DEVICE RowExtent row_extent(const Params& p, i32 row) {
+  static_assert(kTransform == kPlain || kTransform == kPaged || kTransform == kRagged || kTransform >= kPagesOf<2>,
+                "a transform of topk.cuh; tables of pages hold at least 2 positions a page");
   RowExtent e;
   e.s0 = p.row_starts != nullptr ? p.row_starts[row] : 0;
   e.n = p.lengths[row] > 0 ? p.lengths[row] : 0;
