@@ -36,10 +36,12 @@ fn emulated_families(target: Target) -> Vec<KernelFamily> {
         families.push(KernelFamily::IndexTransform { k });
     }
     // PAGED over tables of pages (topk_cases::paged_tables_of_pages_every_path): a
-    // power of two, a prime and the smallest page, on every path at k = 2048.
+    // power of two, a prime and the smallest page, on every path at k = 2048; bf16
+    // scores at the prime.
     for page_size in PAGE_SIZES {
         every_path(&mut families, target, 2048, TopkTransform::Pages(page_size), TopkScore::F32);
     }
+    every_path(&mut families, target, 2048, TopkTransform::Pages(61), TopkScore::Bf16);
     families
 }
 

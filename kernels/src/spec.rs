@@ -355,7 +355,8 @@ pub enum TopkTransform {
     /// PAGED from a table of pages of this many positions (at least 2; spec §2.2):
     /// `table[row of b, p / P] · P + p % P`, the same slot as [`TopkTransform::Paged`]
     /// reads from the page_table_1 that table expands to, from a table P times
-    /// smaller. The page size is a kernel constant.
+    /// smaller; an entry < 0 (no page) gives −1, as its page_table_1 entries would.
+    /// The page size is a kernel constant.
     Pages(u32),
 }
 

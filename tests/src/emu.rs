@@ -275,6 +275,13 @@ impl TopkDevice for Emulator {
     }
 
     fn page_table_transform(&self, k: u32, idx: &[i32], table: &HostPageTable) -> Result<Vec<i32>> {
+        // As the GPU launcher: the unfused transform reads a page_table_1.
+        if table.page_size != 1 {
+            return Err(Error::Other(format!(
+                "emulated index transform: page_table.page_size is {}, must be 1 (a page_table_1)",
+                table.page_size
+            )));
+        }
         let spec = KernelSpec::new(KernelFamily::IndexTransform { k }, self.target);
         let mut out = vec![i32::MIN; idx.len()];
         let params = TransformParams {

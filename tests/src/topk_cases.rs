@@ -27,6 +27,7 @@ pub fn case(
         lengths,
         row_starts: true,
         grouped: false,
+        table_width: None,
         path: TopkPath::Single(None),
         score: TopkScore::F32,
         seed,
@@ -239,11 +240,22 @@ pub fn bf16_scores_every_path() -> Vec<TopkCase> {
     cases
 }
 
+/// One of each path: one block in either layout, split, and clusters of 4 (on gfx942
+/// the emulator's tests take the split path for it).
+const EVERY_PATH: [TopkPath; 4] = [
+    TopkPath::Single(Some(TopkLayout::Latency)),
+    TopkPath::Single(Some(TopkLayout::Throughput)),
+    TopkPath::Split,
+    TopkPath::Cluster(4),
+];
+
 /// PAGED over tables of pages (page sizes 64, 61 and 2; decode and prefill forms)
 /// on every path: one block (both layouts, deterministic or not), the cluster path
 /// (on gfx942 the split path) and the split path, around every length boundary
-/// and the table's last page (rows of exactly 2048 pages, one key short of and one
-/// past them), up to 1M keys.
+/// and the table's last page (a table of at least 2048 pages; rows that fill it,
+/// one key short of it, and one key past it, which are rejected), up to 1M keys;
+/// bf16 scores on every path at one page size; and a page_table_1's rows past its
+/// table on every path.
 pub fn paged_tables_of_pages_every_path() -> Vec<TopkCase> {
     let mut cases = Vec::new();
     let mut seed = 1700;
@@ -251,14 +263,17 @@ pub fn paged_tables_of_pages_every_path() -> Vec<TopkCase> {
         [ScorePattern::Gaussian, ScorePattern::OneBucket, ScorePattern::FewDistinct, ScorePattern::NonFinite];
     for (j, page_size) in [64u32, 61, 2].into_iter().enumerate() {
         let transform = TopkTransform::Pages(page_size);
-        let pages = 2048 * page_size as i32;
+        // Every edge length fits: the past-the-table row is the only one rejected.
+        let pages = 2048.max(70_001usize.div_ceil(page_size as usize) + 1);
+        let filled = (pages * page_size as usize) as i32;
         let mut lengths = edge_lengths(2048);
-        lengths.extend([pages - 1, pages, pages + 1]);
+        lengths.extend([filled - 1, filled, filled + 1]);
         for (i, pattern) in patterns.into_iter().enumerate() {
             for deterministic in [false, true] {
                 seed += 1;
                 let mut c = case(2048, transform, deterministic, pattern, lengths.clone(), seed);
                 c.grouped = (i + j) % 2 == 0;
+                c.table_width = Some(pages);
                 c.path = TopkPath::Single(Some([TopkLayout::Latency, TopkLayout::Throughput][(i + j) % 2]));
                 cases.push(c);
             }
@@ -271,6 +286,46 @@ pub fn paged_tables_of_pages_every_path() -> Vec<TopkCase> {
                 c.path = if j == 2 { TopkPath::Split } else { TopkPath::Cluster([2, 8][i]) };
                 cases.push(c);
             }
+        }
+        // Rows past the table on the split and cluster paths (the one-block rows above
+        // cover the rest).
+        for path in [TopkPath::Split, TopkPath::Cluster(2)] {
+            seed += 1;
+            let mut c = case(2048, transform, false, ScorePattern::OneBucket, vec![filled + 1, filled, 70_001], seed);
+            c.table_width = Some(pages);
+            c.path = path;
+            cases.push(c);
+        }
+    }
+    for (i, path) in EVERY_PATH.into_iter().enumerate() {
+        seed += 1;
+        let mut bf16 = case(2048, TopkTransform::Pages(61), false, ScorePattern::FewDistinct, edge_lengths(2048), seed);
+        bf16.score = TopkScore::Bf16;
+        bf16.grouped = i % 2 == 1;
+        bf16.path = path;
+        cases.push(bf16);
+        seed += 1;
+        let lengths = vec![4095, 4096, 4097, 0, 2049, 1 << 20];
+        let mut past = case(2048, TopkTransform::Paged, i == 1, ScorePattern::Gaussian, lengths, seed);
+        past.table_width = Some(4096);
+        past.grouped = i % 2 == 0;
+        past.path = path;
+        cases.push(past);
+    }
+    cases
+}
+
+/// PAGED over tables of pages with a page missing (entry −1) on every path
+/// (`verify::topk::page_holes_on`): short rows, rows of a few pages, long rows.
+pub fn page_holes_every_path() -> Vec<TopkCase> {
+    let mut cases = Vec::new();
+    for (i, path) in EVERY_PATH.into_iter().enumerate() {
+        for (j, page_size) in [64u32, 61].into_iter().enumerate() {
+            let lengths = vec![300, 2047, 5000, 70_001, 2048];
+            let mut c = case(2048, TopkTransform::Pages(page_size), i == 0, ScorePattern::Gaussian, lengths, 1950);
+            c.seed += (2 * i + j) as u64;
+            c.path = path;
+            cases.push(c);
         }
     }
     cases

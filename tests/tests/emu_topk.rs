@@ -4,7 +4,7 @@
 //! other test runs. No GPU is needed, so CI runs them; timings mean nothing here.
 
 use nsa_kernels::Target;
-use nsa_runtime::verify::topk::{index_transform_on, run_on, TopkCase, TopkPath};
+use nsa_runtime::verify::topk::{index_transform_on, page_holes_on, run_on, TopkCase, TopkPath};
 use nsa_runtime::verify::Check;
 use nsa_tests::emu::Emulator;
 use nsa_tests::topk_cases as cases;
@@ -30,6 +30,22 @@ fn unfused_page_table_transform_decode_and_prefill() {
         let emu = Emulator::new(target);
         for &(k, prefill) in &cases::INDEX_TRANSFORM_CASES {
             let check = index_transform_on(&emu, k, prefill, k as u64).unwrap();
+            eprintln!("{check}");
+            assert!(check.passed());
+        }
+    }
+}
+
+#[test]
+fn pages_missing_from_the_table_give_minus_one() {
+    for target in [Target::Sm90a, Target::Gfx942] {
+        let emu = Emulator::new(target);
+        for case in cases::page_holes_every_path() {
+            let case = match (target, case.path) {
+                (Target::Gfx942, TopkPath::Cluster(_)) => TopkCase { path: TopkPath::Split, ..case },
+                _ => case,
+            };
+            let check = page_holes_on(&emu, &case).unwrap();
             eprintln!("{check}");
             assert!(check.passed());
         }

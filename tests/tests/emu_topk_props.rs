@@ -55,6 +55,7 @@ fn topk_case() -> impl Strategy<Value = TopkCase> {
                         lengths,
                         row_starts,
                         grouped: grouped && transform.is_paged(),
+                        table_width: None,
                         path,
                         score,
                         seed,

@@ -198,7 +198,9 @@ NSA_DEVICE i32 emit(const Params& p, i32 row, i32 trow, i32 pos) {
   if (kTransform > kPages) {  // pos >= 0: unsigned, so a power-of-two P is a shift and a mask
     constexpr u32 P = (u32)kPageSizeOf<kTransform>;
     const u32 page = (u32)pos / P;
-    return p.page_table[(i64)trow * p.table_stride + page] * (i32)P + (i32)((u32)pos - page * P);
+    const i32 entry = p.page_table[(i64)trow * p.table_stride + page];
+    // A page entry < 0 (no page) gives the slot -1, as its page_table_1 entries would.
+    return entry < 0 ? -1 : (i32)((u32)entry * P + ((u32)pos - page * P));
   }
   return pos;
 }
@@ -603,8 +605,9 @@ NSA_DEVICE void filter_pass(const S* src, i32 begin, i32 len, u32 lo, u32* sm, u
 // gather of the few listed keys (mostly L2 hits), after the pass that listed them,
 // which then carries no key per hit. In one block, PAGED slots are looked up only for
 // the winners, during the cut: looking them up (or prefetching them) here for the
-// whole list measured slower (BENCHMARKS.md, sessions 12 and 17). The cluster and
-// split paths look up their whole lists, spread over their blocks (translate_listed).
+// whole list measured slower (BENCHMARKS.md, sessions 12 and 17). For a page_table_1
+// the cluster and split paths look up their whole lists, spread over their blocks
+// (translate_listed); over a table of pages they look up winners at placement too.
 template <int kBlockThreads, typename S>
 NSA_DEVICE void fill_keys(const S* src, u32 kept, const u32* fidx, u32* fkey) {
   constexpr u32 kBatch = 8;  // loads in flight per thread: one round trip for most lists

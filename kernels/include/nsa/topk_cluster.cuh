@@ -75,9 +75,10 @@ NSA_DEVICE void cluster_select(const Params& p, u32* status) {
   list_at_or_above<kBlockThreads, kCap, 8>(src, begin, len, lo, sm, fidx, fkey);
   NSA_TOPK_CLUSTER_MARK(2);
   const u32 mine = sm[kCands];
-  // PAGED: each CTA looks up the slots of its own listed keys, so the lookups spread
-  // over the cluster and overlap the join instead of CTA 0 issuing about K of them
-  // during its cut; the joined list then carries slots, and CTA 0 places them as is.
+  // PAGED over a page_table_1: each CTA looks up the slots of its own listed keys, so
+  // the lookups spread over the cluster and overlap the join instead of CTA 0 issuing
+  // about K of them during its cut; the joined list then carries slots, and CTA 0
+  // places them as is. Over a table of pages CTA 0 looks up winners at placement.
   if constexpr (kTransform == kPaged) {
     translate_listed<kBlockThreads>(p, ext.trow, fidx, mine < (u32)kCap ? mine : (u32)kCap);
   }

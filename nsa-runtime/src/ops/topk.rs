@@ -48,8 +48,10 @@ pub struct PageTable<'a> {
     /// slots. P > 1 (fused top-k only): a table of pages (spec §2.2, the
     /// `real_page_table` at the cache's page size), and position p's slot is
     /// `table[p / P] · P + p % P`, the slot of the page_table_1 it expands to, read
-    /// from a table P times smaller. Rows of more than `width · page_size` keys are
-    /// rejected. The page size is a kernel constant: each one is its own kernel.
+    /// from a table P times smaller; an entry < 0 (no page) gives −1, as its
+    /// page_table_1 entries would. Slots are i32: every `entry · P + P − 1` must fit.
+    /// Rows of more than `width · page_size` keys are rejected. The page size is a
+    /// kernel constant: each one is its own kernel.
     pub page_size: usize,
     /// `Some(cu)` (`rows + 1` entries): score/token row b uses table row i with
     /// `cu[i] <= b < cu[i+1]` (prefill). `None`: row b uses table row b (decode).

@@ -27,6 +27,9 @@ pub struct TopkCase {
     pub row_starts: bool,
     /// PAGED only: rows grouped into requests through cu_seqlens_q (prefill form).
     pub grouped: bool,
+    /// PAGED only: the table's width in entries (`None`: enough for each request's
+    /// longest row). Rows of more keys than the table holds are rejected: all −1.
+    pub table_width: Option<usize>,
     pub path: TopkPath,
     /// The scores' type: bf16 cases round the pattern's values to bf16 (which turns
     /// near-equal values into ties), and the reference sees the rounded values.
@@ -77,10 +80,14 @@ pub struct HostPageTable {
 }
 
 impl HostPageTable {
-    /// The slot of relative position `pos` in table row `row` (spec §2.1, §2.2).
+    /// The slot of relative position `pos` in table row `row` (spec §2.1, §2.2); −1
+    /// where the entry is < 0 (no page).
     pub fn slot(&self, row: usize, pos: usize) -> i32 {
         let p = self.page_size;
-        self.table[row * self.width + pos / p] * p as i32 + (pos % p) as i32
+        match self.table[row * self.width + pos / p] {
+            entry if entry < 0 => -1,
+            entry => entry * p as i32 + (pos % p) as i32,
+        }
     }
 
     /// The device view of this table.
@@ -147,7 +154,7 @@ impl TopkInputs {
                     .max()
                     .unwrap_or(0)
                     .max(1) as usize;
-                let width = positions.div_ceil(page_size);
+                let width = case.table_width.unwrap_or(positions.div_ceil(page_size));
                 // Each table row is a distinct shuffled run of entries (slots, or pages of
                 // slots), so slots invert to positions.
                 let mut table = Vec::with_capacity(requests * width);
@@ -348,7 +355,13 @@ pub fn check_output(case: &TopkCase, inputs: &TopkInputs, out: &[i32], kernel: S
             })
             .collect();
         let row_values = &inputs.row_values[b];
-        let verdict = if case.deterministic {
+        let past_table = inputs.table.as_ref().is_some_and(|t| case.lengths[b] > (t.width * t.page_size) as i32);
+        let verdict = if past_table {
+            match got.iter().position(|&v| v != -1) {
+                None => Ok(()),
+                Some(j) => Err(format!("a row past its table must be all -1; entry {j} is {}", got[j])),
+            }
+        } else if case.deterministic {
             let want: Vec<Option<i32>> = topk_deterministic(row_values, k).into_iter().map(Some).collect();
             if positions == want {
                 Ok(())
@@ -441,6 +454,48 @@ pub fn index_transform_on(dev: &impl TopkDevice, k: u32, prefill: bool, seed: u6
         kernel: KernelSpec::new(KernelFamily::IndexTransform { k: k as u32 }, dev.target()).id(),
         case: format!("{} rows={rows}", if prefill { "prefill" } else { "decode" }),
         items: rows,
+        mismatches,
+        first_mismatch,
+    })
+}
+
+/// PAGED over a table of pages whose entry 1 of every row is −1 (no page), on
+/// `case`'s path (decode form): each chosen position in that page comes out as the
+/// slot −1, the rest as with the whole table. Compared as sets against a run on
+/// the whole table, which must itself choose positions in that page.
+pub fn page_holes_on(dev: &impl TopkDevice, case: &TopkCase) -> Result<Check> {
+    let page_size = page_size_of(case.transform) as i32;
+    assert!(page_size > 1 && !case.grouped, "page_holes_on takes a decode-form table of pages");
+    let mut inputs = TopkInputs::new(case);
+    let family = case_family(case, dev.sm_count());
+    let whole = dev.topk(family, &inputs)?;
+    let t = inputs.table.as_mut().expect("PAGED inputs carry a table");
+    let holes: Vec<i32> = (0..t.rows).map(|r| std::mem::replace(&mut t.table[r * t.width + 1], -1)).collect();
+    let holed = dev.topk(family, &inputs)?;
+    let k = case.k as usize;
+    let (mut mismatches, mut first_mismatch, mut in_hole) = (0, None, 0);
+    for (b, &hole) in holes.iter().enumerate() {
+        let mut want: Vec<i32> = whole[b * k..][..k]
+            .iter()
+            .map(|&s| if s >= 0 && s / page_size == hole { -1 } else { s })
+            .collect();
+        in_hole += want.iter().zip(&whole[b * k..][..k]).filter(|(w, s)| w != s).count();
+        let mut got = holed[b * k..][..k].to_vec();
+        want.sort_unstable();
+        got.sort_unstable();
+        if got != want {
+            mismatches += 1;
+            first_mismatch.get_or_insert_with(|| format!("row {b} (n={})", case.lengths[b]));
+        }
+    }
+    if in_hole == 0 {
+        mismatches += 1;
+        first_mismatch.get_or_insert_with(|| "no row chose a position in page 1: the case tests nothing".into());
+    }
+    Ok(Check {
+        kernel: KernelSpec::new(family, dev.target()).id(),
+        case: format!("page 1 missing, {in_hole} chosen positions in it"),
+        items: holes.len(),
         mismatches,
         first_mismatch,
     })

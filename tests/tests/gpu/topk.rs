@@ -4,7 +4,9 @@ use super::{assert_all, rt};
 use nsa_kernels::{TopkLayout, TopkTransform};
 use nsa_runtime::ops::topk::{self, PageTable, TopkOutput, TopkScores};
 use nsa_runtime::testdata::ScorePattern;
-use nsa_runtime::verify::topk::{index_transform, run, topk_then_transform, transform_then_topk, TopkCase, TopkPath};
+use nsa_runtime::verify::topk::{
+    index_transform, page_holes_on, run, topk_then_transform, transform_then_topk, TopkCase, TopkPath,
+};
 use nsa_runtime::verify::{download, upload, Check};
 use nsa_runtime::{DeviceChecks, Error};
 use nsa_tests::topk_cases as cases;
@@ -79,6 +81,13 @@ fn paged_rows_past_their_pages_are_rejected() {
     let err = topk::page_table_transform(&rt, 512, &idx.slice(0..), &pages, &mut out.slice_mut(0..512));
     let err = err.unwrap_err().to_string();
     assert!(err.contains("page_table.page_size") && err.contains("page_table_1"), "{err}");
+}
+
+#[test]
+fn pages_missing_from_the_table_give_minus_one() {
+    let rt = rt();
+    let checks: Vec<Check> = cases::page_holes_every_path().iter().map(|c| page_holes_on(&rt, c).unwrap()).collect();
+    assert_all(&checks);
 }
 
 #[test]

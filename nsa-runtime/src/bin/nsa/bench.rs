@@ -48,8 +48,9 @@ pub struct BenchArgs {
     pub topk_paged_requests: Option<u32>,
     /// Top-k PAGED: the page sizes to time, each a row of its own: 1 reads a
     /// page_table_1 (an entry per position), P > 1 a table of page ids (an entry per
-    /// P positions, as the KV cache's page table), e.g. `1,64`.
-    #[arg(long, value_delimiter = ',', default_value = "1", value_parser = clap::value_parser!(u32).range(1..=4096))]
+    /// P positions, as the KV cache's page table), e.g. `1,64`; up to 65536, as
+    /// the launcher.
+    #[arg(long, value_delimiter = ',', default_value = "1", value_parser = clap::value_parser!(u32).range(1..=65536))]
     pub topk_page_sizes: Vec<u32>,
     /// Top-k score types to time, each over the same values (bf16: rounded): f32,
     /// bf16, or both (`f32,bf16`).

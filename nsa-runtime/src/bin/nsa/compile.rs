@@ -323,6 +323,7 @@ fn topk_case(k: u32, transform: TopkTransform, score: TopkScore, i: usize, n: us
         lengths: vec![0, 1, k as i32, k as i32 + 1, n as i32 + k as i32 + 1, 50_000],
         row_starts: true,
         grouped: transform.is_paged() && i % 2 == 1,
+        table_width: None,
         path: TopkPath::Single(None),
         seed,
     }
