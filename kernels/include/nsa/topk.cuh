@@ -50,7 +50,7 @@ struct Params {
   const void* scores;       // [rows, row_stride] of the kernel's Score type; row r's candidates start at row_starts[r]
   const i32* lengths;       // [rows] candidates per row (<= 0: none)
   const i32* row_starts;    // [rows] or null (all 0)
-  const i32* page_table;    // PAGED: [table_rows, table_stride] slots
+  const i32* page_table;    // PAGED: [table_rows, table_stride] slots, or page ids (pages)
   const i32* cu_seqlens_q;  // PAGED prefill: [table_rows + 1], row r uses table row i with cu[i] <= r < cu[i+1]; null: row r
   const i32* offsets;       // RAGGED: [rows]
   i32* out;                 // [rows, K]
@@ -200,7 +200,8 @@ NSA_DEVICE i32 emit(const Params& p, i32 row, i32 trow, i32 pos) {
     const u32 page = (u32)pos / P;
     const i32 entry = p.page_table[(i64)trow * p.table_stride + page];
     // A page entry < 0 (no page) gives the slot -1, as its page_table_1 entries would.
-    return entry < 0 ? -1 : (i32)((u32)entry * P + ((u32)pos - page * P));
+    const i32 slot = (i32)((u32)entry * P + ((u32)pos - page * P));
+    return slot < -1 ? -1 : slot;
   }
   return pos;
 }
@@ -343,6 +344,19 @@ NSA_DEVICE void overflow_select(const Params& p, i32 row, i32 trow, i32* out, bo
   sync_block();
 }
 
+// PAGED after an overflow pass run with kUnpaged<kTransform> (which ends with a block
+// barrier): all K entries hold positions (n > K); each thread translates its own.
+template <int K, int kTransform, int kBlockThreads>
+NSA_DEVICE void translate_placed(const Params& p, i32 row, i32 trow, i32* out) {
+  for (int k = thread_x(); k < K; k += kBlockThreads) out[k] = emit<kTransform>(p, row, trow, out[k]);
+}
+
+// Tables of pages whose size is not a power of two: the division is a multiply-high,
+// and inlined into the one-block overflow pass its lookups spill under the
+// 64-register cap, so that pass writes positions and translates them after.
+template <int kTransform>
+constexpr bool kPagesByDivision = kTransform > kPages && (kPageSizeOf<kTransform> & (kPageSizeOf<kTransform> - 1)) != 0;
+
 // overflow_select compiled apart, for the histogram path that is itself compiled
 // apart (histogram_row): inlined there, its live values spill under the 64-register
 // cap of the split and cluster kernels. PAGED writes positions and translates them
@@ -353,10 +367,7 @@ NSA_NOINLINE void overflow_select_apart(const Params& p, i32 row, i32 trow, i32*
                                         u32* cand_key) {
   overflow_select<K, kUnpaged<kTransform>, kBlockThreads, kCandCap>(p, row, trow, out, cached, cache, src, n, bin0, r,
                                                                      hist, sm, cand_idx, cand_key);
-  if constexpr (kIsPaged<kTransform>) {
-    // All K slots hold positions here (n > K); each thread translates its own.
-    for (int k = thread_x(); k < K; k += kBlockThreads) out[k] = emit<kTransform>(p, row, trow, out[k]);
-  }
+  if constexpr (kIsPaged<kTransform>) translate_placed<K, kTransform, kBlockThreads>(p, row, trow, out);
 }
 
 // Shared-memory words the kernel needs beyond the candidate list and row cache.
@@ -868,7 +879,11 @@ NSA_DEVICE void select_row(const Params& p, u32* status, i32 row) {
   sync_block();
   if (!kDeterministic && !use_cands) {
     // The round-0 bin is too big for the candidate list (coarse bins: 4 per octave).
-    if constexpr (kFilter) {
+    if constexpr (kFilter && kPagesByDivision<kTransform>) {
+      overflow_select<K, kUnpaged<kTransform>, kBlockThreads, kCandCap>(p, row, trow, out, cached, cache, src, n, bin0,
+                                                                         r, hist, sm, cand_idx, cand_key);
+      translate_placed<K, kTransform, kBlockThreads>(p, row, trow, out);
+    } else if constexpr (kFilter) {
       overflow_select<K, kTransform, kBlockThreads, kCandCap>(p, row, trow, out, cached, cache, src, n, bin0, r, hist,
                                                              sm, cand_idx, cand_key);
     } else {

@@ -86,7 +86,7 @@ fn paged_rows_past_their_pages_are_rejected() {
 #[test]
 fn pages_missing_from_the_table_give_minus_one() {
     let rt = rt();
-    let checks: Vec<Check> = cases::page_holes_every_path().iter().map(|c| page_holes_on(&rt, c).unwrap()).collect();
+    let checks: Vec<Check> = cases::page_holes_every_path().iter().map(|c| page_holes_on(&*rt, c).unwrap()).collect();
     assert_all(&checks);
 }
 

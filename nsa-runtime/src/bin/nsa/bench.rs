@@ -728,7 +728,8 @@ mod tests {
         assert_eq!(parse(&["bench"]).unwrap().topk_page_sizes, vec![1]);
         assert_eq!(parse(&["bench", "--topk-page-sizes", "1,64"]).unwrap().topk_page_sizes, vec![1, 64]);
         let err = parse(&["bench", "--topk-page-sizes", "0"]).unwrap_err().to_string();
-        assert!(err.contains("--topk-page-sizes") && err.contains('0') && err.contains("1..=4096"), "{err}");
+        assert!(err.contains("--topk-page-sizes") && err.contains('0') && err.contains("1..=65536"), "{err}");
+        assert!(parse(&["bench", "--topk-page-sizes", "65537"]).is_err());
     }
 
     #[test]
