@@ -200,8 +200,7 @@ NSA_DEVICE i32 emit(const Params& p, i32 row, i32 trow, i32 pos) {
     const u32 page = (u32)pos / P;
     const i32 entry = p.page_table[(i64)trow * p.table_stride + page];
     // A page entry < 0 (no page) gives the slot -1, as its page_table_1 entries would.
-    const i32 slot = (i32)((u32)entry * P + ((u32)pos - page * P));
-    return slot < -1 ? -1 : slot;
+    return entry < 0 ? -1 : (i32)((u32)entry * P + ((u32)pos - page * P));
   }
   return pos;
 }
