@@ -475,10 +475,8 @@ pub fn page_holes_on(dev: &impl TopkDevice, case: &TopkCase) -> Result<Check> {
     let k = case.k as usize;
     let (mut mismatches, mut first_mismatch, mut in_hole) = (0, None, 0);
     for (b, &hole) in holes.iter().enumerate() {
-        let mut want: Vec<i32> = whole[b * k..][..k]
-            .iter()
-            .map(|&s| if s >= 0 && s / page_size == hole { -1 } else { s })
-            .collect();
+        let mut want: Vec<i32> =
+            whole[b * k..][..k].iter().map(|&s| if s >= 0 && s / page_size == hole { -1 } else { s }).collect();
         in_hole += want.iter().zip(&whole[b * k..][..k]).filter(|(w, s)| w != s).count();
         let mut got = holed[b * k..][..k].to_vec();
         want.sort_unstable();
