@@ -83,8 +83,7 @@ fn topk_scores(cfg: &NsaConfig) -> &'static [TopkScore] {
 /// transforms, and PAGED over the table of pages where pages hold more than one token.
 fn topk_variants(cfg: &NsaConfig) -> impl Iterator<Item = (TopkScore, TopkTransform)> {
     let pages = (cfg.page_size > 1).then_some(TopkTransform::Pages(cfg.page_size));
-    let transforms: Vec<TopkTransform> = TopkTransform::ALL.into_iter().chain(pages).collect();
-    topk_scores(cfg).iter().flat_map(move |&score| transforms.clone().into_iter().map(move |t| (score, t)))
+    topk_scores(cfg).iter().flat_map(move |&score| TopkTransform::ALL.into_iter().chain(pages).map(move |t| (score, t)))
 }
 
 /// The one-block top-k kernels of `cfg`: every score type, transform and layout.

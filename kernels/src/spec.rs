@@ -379,7 +379,17 @@ impl TopkTransform {
 
     /// Either PAGED form: the output is KV slots.
     pub fn is_paged(self) -> bool {
-        matches!(self, TopkTransform::Paged | TopkTransform::Pages(_))
+        self.page_size().is_some()
+    }
+
+    /// PAGED: positions per page-table entry (1: a page_table_1); `None` otherwise.
+    /// The inverse of [`TopkTransform::paged`].
+    pub fn page_size(self) -> Option<u32> {
+        match self {
+            TopkTransform::Paged => Some(1),
+            TopkTransform::Pages(p) => Some(p),
+            TopkTransform::Plain | TopkTransform::Ragged => None,
+        }
     }
 
     pub fn tag(self) -> String {
@@ -859,8 +869,8 @@ impl KernelSpec {
     /// The representative variants of every family for `target` (compile-all and
     /// snapshot matrix): each store, dequant and gather kernel; top-k for k
     /// 512/1024/2048 with every transform, plus the deterministic and throughput
-    /// k 2048 ones, and PAGED over tables of pages of 64 and 61; the index transform at 2048; metadata replay of every mode at
-    /// page sizes 64 and 1; on NVIDIA, sparse decode (+ combine) for every head
+    /// k 2048 ones, and PAGED over tables of pages of 64 and 61; the index
+    /// transform at 2048; metadata replay of every mode at page sizes 64 and 1; on NVIDIA, sparse decode (+ combine) for every head
     /// count of [`DECODE_HEADS`] at top-k 2048 / page 64, top-k 512 and 1024 at
     /// 128 heads, and page sizes 1 and 61; sparse prefill for every head count of
     /// [`PREFILL_HEADS`] at top-k 2048 / d_qk 576, top-k 512 and 1024 and d_qk 512
@@ -1020,6 +1030,19 @@ impl fmt::Display for KernelSpec {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn page_size_inverts_paged_and_only_paged_transforms_have_one() {
+        for p in [1, 2, 61, 64, 65536] {
+            assert_eq!(TopkTransform::paged(p).page_size(), Some(p));
+            assert!(TopkTransform::paged(p).is_paged());
+        }
+        assert_eq!(TopkTransform::paged(1), TopkTransform::Paged);
+        for t in [TopkTransform::Plain, TopkTransform::Ragged] {
+            assert_eq!(t.page_size(), None);
+            assert!(!t.is_paged());
+        }
+    }
 
     /// Only kernels whose templates wait at their top may be launched with PDL, and
     /// only where the target has it.

@@ -283,7 +283,7 @@ unsafe impl DeviceRepr for TransformParams {}
 
 const ROW_EXPECTED: &str =
     "row_starts[b] + lengths[b] <= row_capacity, lengths[b] <= the page-table width × page size (PAGED), \
-                            and b covered by cu_seqlens_q (PAGED prefill); the row was written as all -1";
+     and b covered by cu_seqlens_q (PAGED prefill); the row was written as all -1";
 
 /// `rows` rows of `width` elements, `stride` apart, fit in `len` elements.
 fn check_rows_fit(field: &'static str, len: usize, rows: usize, stride: usize, width: usize) -> Result<()> {

@@ -146,7 +146,7 @@ impl TopkInputs {
         }
         let (table, offsets) = match case.transform {
             TopkTransform::Paged | TopkTransform::Pages(_) => {
-                let page_size = page_size_of(case.transform);
+                let page_size = case.transform.page_size().expect("a PAGED transform") as usize;
                 let cu: Vec<i32> = if case.grouped { group_rows(rows, &mut rng) } else { (0..=rows as i32).collect() };
                 let requests = cu.len() - 1;
                 let positions = (0..requests)
@@ -322,14 +322,6 @@ fn topk_on_gpu<T: TopkScoreElem>(
     download(stream, &d_out, rows * k)
 }
 
-/// Positions per page-table entry of a PAGED transform (1: a page_table_1).
-fn page_size_of(transform: TopkTransform) -> usize {
-    match transform {
-        TopkTransform::Pages(p) => p as usize,
-        _ => 1,
-    }
-}
-
 /// Checks a top-k output (`rows × k`) of `case` against the CPU reference.
 pub fn check_output(case: &TopkCase, inputs: &TopkInputs, out: &[i32], kernel: String) -> Check {
     let rows = inputs.rows();
@@ -464,7 +456,7 @@ pub fn index_transform_on(dev: &impl TopkDevice, k: u32, prefill: bool, seed: u6
 /// slot −1, the rest as with the whole table. Compared as sets against a run on
 /// the whole table, which must itself choose positions in that page.
 pub fn page_holes_on(dev: &impl TopkDevice, case: &TopkCase) -> Result<Check> {
-    let page_size = page_size_of(case.transform) as i32;
+    let page_size = case.transform.page_size().unwrap_or(0) as i32;
     assert!(page_size > 1 && !case.grouped, "page_holes_on takes a decode-form table of pages");
     let mut inputs = TopkInputs::new(case);
     let family = case_family(case, dev.sm_count());

@@ -489,16 +489,16 @@ fn topk_bench_shape<T: TopkScoreElem>(rt: &Runtime, shape: &TopkShape<'_>, value
     let mut out_rows = Vec::new();
     // Each transform, PAGED once per page size (with its page size).
     let transforms = TopkTransform::ALL.into_iter().flat_map(|t| match t {
-        TopkTransform::Paged => page_sizes.iter().map(|&p| (TopkTransform::paged(p as u32), Some(p))).collect(),
-        _ => vec![(t, None)],
+        TopkTransform::Paged => page_sizes.iter().map(|&p| TopkTransform::paged(p as u32)).collect(),
+        _ => vec![t],
     });
-    let variants: Vec<_> = transforms.flat_map(|o| plans.iter().map(move |&p| (o, p))).collect();
-    for ((transform, page_size), plan) in variants {
+    let variants: Vec<_> = transforms.flat_map(|t| plans.iter().map(move |&p| (t, p))).collect();
+    for (transform, plan) in variants {
+        let page_size = transform.page_size().map(|p| p as usize);
         let output = match (transform, page_size) {
-            (TopkTransform::Plain, _) => TopkOutput::Plain,
             (TopkTransform::Ragged, _) => TopkOutput::Ragged { offsets: &ov },
-            (_, page_size) => {
-                let page_size = page_size.expect("PAGED rows have a page size");
+            (_, None) => TopkOutput::Plain,
+            (_, Some(page_size)) => {
                 let width = n.div_ceil(page_size);
                 let (cu_seqlens_q, rows) = (cu_view.as_ref(), table_rows);
                 TopkOutput::Paged(PageTable { table: &tv, rows, stride: width, width, page_size, cu_seqlens_q })
