@@ -56,6 +56,11 @@ pub struct BenchArgs {
     /// bf16, or both (`f32,bf16`).
     #[arg(long, value_delimiter = ',', default_value = "f32", value_parser = parse_topk_score)]
     pub topk_scores: Vec<TopkScore>,
+    /// Top-k score values: uniform in [0, 1) (as torch_topk.py's rows; the top keys
+    /// share one octave) or N(0, 1) (the top keys cross powers of two, as spread
+    /// logits do).
+    #[arg(long, value_enum, default_value_t = TopkValues::Uniform)]
+    pub topk_values: TopkValues,
     /// Launch top-k and the page-table transform without programmatic dependent
     /// launch (on by default on NVIDIA: each back-to-back launch starts while the
     /// previous kernel runs and waits on the device until it is done), to compare.
@@ -87,6 +92,28 @@ pub enum Suite {
     All,
 }
 
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum TopkValues {
+    Uniform,
+    Gaussian,
+}
+
+impl TopkValues {
+    fn tag(self) -> &'static str {
+        match self {
+            TopkValues::Uniform => "uniform",
+            TopkValues::Gaussian => "gaussian",
+        }
+    }
+}
+
+/// What the timed top-k rows hold: the score types (bf16: the same values rounded)
+/// and the values' distribution.
+struct TopkData<'a> {
+    scores: &'a [TopkScore],
+    distribution: TopkValues,
+}
+
 #[derive(Serialize, Debug)]
 struct MetadataRow {
     what: String,
@@ -101,6 +128,8 @@ struct TopkRow {
     k: u32,
     /// The scores' type: f32 or bf16.
     score: &'static str,
+    /// The scores' distribution: uniform or gaussian.
+    values: &'static str,
     transform: String,
     layout: String,
     /// Whether `choose_plan` picks this row's plan for the shape.
@@ -381,10 +410,10 @@ fn check_paged_requests(cases: &[(usize, usize)], paged_requests: Option<usize>)
     }
 }
 
-/// Top-k (k = 2048) of uniform random scores over every transform and shape,
-/// on every plan `choose_plan` can return (or only the one it picks), for each score
-/// type in `scores` (bf16: the same values rounded). PAGED takes the decode form (a
-/// table row per score row) or, with `paged_requests`, the prefill form.
+/// Top-k (k = 2048) of random scores (`data`) over every transform and shape, on
+/// every plan `choose_plan` can return (or only the one it picks), for each score
+/// type. PAGED takes the decode form (a table row per score row) or, with
+/// `paged_requests`, the prefill form.
 fn topk_bench(
     rt: &Runtime,
     reps: usize,
@@ -392,7 +421,7 @@ fn topk_bench(
     chosen_only: bool,
     paged_requests: Option<usize>,
     page_sizes: &[usize],
-    scores: &[TopkScore],
+    data: TopkData<'_>,
 ) -> Result<Vec<TopkRow>> {
     check_paged_requests(cases, paged_requests)?;
     let stream = rt.gpu().stream().clone();
@@ -403,9 +432,13 @@ fn topk_bench(
     let mut out_rows = Vec::new();
     for &(rows, n) in cases {
         let mut rng = testdata::rng(rows as u64 ^ n as u64);
-        let values: Vec<f32> = (0..rows * n).map(|_| rand::Rng::random::<f32>(&mut rng)).collect();
-        let shape = TopkShape { rows, n, reps, chosen_only, paged_requests, page_sizes, copy_gbps };
-        for &score in scores {
+        let values: Vec<f32> = match data.distribution {
+            TopkValues::Uniform => (0..rows * n).map(|_| rand::Rng::random::<f32>(&mut rng)).collect(),
+            TopkValues::Gaussian => testdata::score_row(testdata::ScorePattern::Gaussian, rows * n, &mut rng),
+        };
+        let distribution = data.distribution;
+        let shape = TopkShape { rows, n, reps, chosen_only, paged_requests, page_sizes, distribution, copy_gbps };
+        for &score in data.scores {
             match score {
                 TopkScore::F32 => out_rows.extend(topk_bench_shape(rt, &shape, &values)?),
                 TopkScore::Bf16 => {
@@ -445,6 +478,7 @@ struct TopkShape<'a> {
     chosen_only: bool,
     paged_requests: Option<usize>,
     page_sizes: &'a [usize],
+    distribution: TopkValues,
     /// The copy rate measured in this run (the roofline).
     copy_gbps: f64,
 }
@@ -456,7 +490,7 @@ fn topk_bench_shape<T: TopkScoreElem>(rt: &Runtime, shape: &TopkShape<'_>, value
         choose_plan, cluster_size, split_list_suffices, split_plan, topk_with_plan, PageTable, TopkOutput, TopkPlan,
         TopkScores, TopkWorkspace,
     };
-    let &TopkShape { rows, n, reps, chosen_only, paged_requests, page_sizes, copy_gbps } = shape;
+    let &TopkShape { rows, n, reps, chosen_only, paged_requests, page_sizes, distribution, copy_gbps } = shape;
     let stream = rt.gpu().stream().clone();
     let k = 2048u32;
     let d_scores = upload(&stream, values)?;
@@ -518,6 +552,7 @@ fn topk_bench_shape<T: TopkScoreElem>(rt: &Runtime, shape: &TopkShape<'_>, value
             n,
             k,
             score: T::SCORE.tag(),
+            values: distribution.tag(),
             // PAGED over pages of P: `pagesP` (the kernel's transform).
             transform: transform.tag(),
             layout: match plan {
@@ -536,7 +571,7 @@ fn topk_bench_shape<T: TopkScoreElem>(rt: &Runtime, shape: &TopkShape<'_>, value
             roofline_us: (bytes + table_bytes as f64) / copy_gbps / 1e3,
         };
         println!(
-            "topk k{k} {:<4} {:<7} {:<10} {rows:>5} rows × {n:>7}: {us:>9.2} µs  {:>6.0} GB/s  (read-once roofline {:.2} µs at {copy_gbps:.0} GB/s{}; host {host_us:.2} µs a launch{}){}{}",
+            "topk k{k} {:<4} {:<7} {:<10} {rows:>5} rows × {n:>7}: {us:>9.2} µs  {:>6.0} GB/s  (read-once roofline {:.2} µs at {copy_gbps:.0} GB/s{}; host {host_us:.2} µs a launch{}){}{}{}",
             row.score,
             row.transform,
             row.layout,
@@ -546,6 +581,7 @@ fn topk_bench_shape<T: TopkScoreElem>(rt: &Runtime, shape: &TopkShape<'_>, value
             // Within 10% of the stream time: the host may be what is timed.
             if host_us >= 0.9 * us { ", host-bound" } else { "" },
             row.paged_requests.map(|r| format!("  [prefill form: {r} requests]")).unwrap_or_default(),
+            if distribution == TopkValues::Uniform { String::new() } else { format!("  [{} values]", row.values) },
             if row.chosen { "  <- plan" } else { "" }
         );
         out_rows.push(row);
@@ -652,7 +688,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let topk = if want(Suite::Topk) {
         let requests = args.topk_paged_requests.map(|r| r as usize);
         let page_sizes: Vec<usize> = args.topk_page_sizes.iter().map(|&p| p as usize).collect();
-        topk_bench(&rt, args.reps, &topk_cases, args.topk_chosen_only, requests, &page_sizes, &args.topk_scores)?
+        let data = TopkData { scores: &args.topk_scores, distribution: args.topk_values };
+        topk_bench(&rt, args.reps, &topk_cases, args.topk_chosen_only, requests, &page_sizes, data)?
     } else {
         vec![]
     };
@@ -739,6 +776,14 @@ mod tests {
         assert_eq!(both, vec![TopkScore::F32, TopkScore::Bf16]);
         let err = parse(&["bench", "--topk-scores", "fp16"]).unwrap_err().to_string();
         assert!(err.contains("fp16") && err.contains("allowed f32 or bf16"), "{err}");
+    }
+
+    #[test]
+    fn topk_values_default_to_uniform_and_take_gaussian() {
+        assert_eq!(parse(&["bench"]).unwrap().topk_values, super::TopkValues::Uniform);
+        assert_eq!(parse(&["bench", "--topk-values", "gaussian"]).unwrap().topk_values, super::TopkValues::Gaussian);
+        let err = parse(&["bench", "--topk-values", "normal"]).unwrap_err().to_string();
+        assert!(err.contains("normal") && err.contains("uniform") && err.contains("gaussian"), "{err}");
     }
 
     #[test]
