@@ -92,6 +92,7 @@ pub enum Suite {
     All,
 }
 
+/// The distribution the top-k bench draws its scores from (`--topk-values`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum TopkValues {
     Uniform,
