@@ -870,7 +870,8 @@ impl KernelSpec {
     /// snapshot matrix): each store, dequant and gather kernel; top-k for k
     /// 512/1024/2048 with every transform, plus the deterministic and throughput
     /// k 2048 ones, and PAGED over tables of pages of 64 and 61; the index
-    /// transform at 2048; metadata replay of every mode at page sizes 64 and 1; on NVIDIA, sparse decode (+ combine) for every head
+    /// transform at 2048; metadata replay of every mode at page sizes 64 and 1;
+    /// on NVIDIA, sparse decode (+ combine) for every head
     /// count of [`DECODE_HEADS`] at top-k 2048 / page 64, top-k 512 and 1024 at
     /// 128 heads, and page sizes 1 and 61; sparse prefill for every head count of
     /// [`PREFILL_HEADS`] at top-k 2048 / d_qk 576, top-k 512 and 1024 and d_qk 512
