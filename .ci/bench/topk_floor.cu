@@ -23,6 +23,10 @@
 //                Exact when every CTA's bound is at or below the row's K-th key
 //                (CTA 0 would check that the joined keys at or above the highest
 //                bound number at least K); the harness checks the set on the CPU
+//   pull       local+cut, but CTA 0 reads the other CTAs' lists through DSMEM after
+//                the first cluster barrier instead of their pushing them before a
+//                second; the others only wait, at a second barrier, until CTA 0 has
+//                read them (CTA 0 arrives there and does not wait)
 //   product    the product's cluster_select (plain transform), for the same card
 #include "nsa/cuda/arch.cuh"
 #include "nsa/topk_cluster.cuh"
@@ -92,7 +96,7 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1) 
 }
 
 // The sample-free chain (`local` and `local+cut` above).
-template <bool kCut>
+template <bool kCut, bool kPull>
 __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1) local_kernel(Params p, u32* status) {
   wait_prior_grids();
   start_dependent_grids();
@@ -139,6 +143,41 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1) 
   sync_block();
   const u32 mine = sm[kCands];
   cluster::sync();
+  if (kPull) {
+    __shared__ u32 counts[kCluster + 1];  // the CTAs' list starts in the joined list, then its length
+    if (rank != 0) {  // wait until CTA 0 has read this CTA's list
+      asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+      return;
+    }
+    if (tid < 32) {
+      const u32 lane = lane_id();
+      const u32 c = lane < (u32)kCluster ? cluster::load(cluster::map(cluster::local_addr(&sm[kCands]), lane)) : 0u;
+      const u32 incl = warp_inclusive_scan(c);
+      if (lane < (u32)kCluster) counts[lane] = incl - c;
+      if (lane == kCluster - 1) counts[kCluster] = incl;
+    }
+    sync_block();
+    const u32 joined = counts[kCluster];
+    const bool fits = joined >= (u32)K && joined <= (u32)kCap;
+    if (fits) {
+      for (u32 c = mine + tid; c < joined; c += kThreads) {
+        u32 cta = 1;
+#pragma unroll
+        for (int q = 2; q < kCluster; ++q) cta += c >= counts[q] ? 1u : 0u;
+        const u32 at = 4u * (c - counts[cta]);
+        fidx[c] = cluster::load(cluster::map(cluster::local_addr(fidx), cta) + at);
+        fkey[c] = cluster::load(cluster::map(cluster::local_addr(fkey), cta) + at);
+      }
+    }
+    sync_block();
+    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+    if (!fits) {
+      if (tid == 0) status[2] = joined;
+      return;
+    }
+    cut_and_place<K, kPlain, kThreads>(p, 0, -1, p.out, fidx, fkey, joined, hist, sm);
+    return;
+  }
   join_counts<kCluster>(sm, rank);
   sync_block();
   const u32 joined = sm[kJoined];
@@ -214,18 +253,22 @@ int main(int argc, char** argv) {
     row(kStepNames[kWrite], step_kernel<kWrite>);
     row(kStepNames[kClusterSync], step_kernel<kClusterSync>);
     row(kStepNames[kHist], step_kernel<kHist>);
-    row("local", local_kernel<false>);
-    row("local+cut", local_kernel<true>);
-    if (round == 0) {
+    row("local", local_kernel<false, false>);
+    auto check = [&](const char* name) {
       std::vector<float> host((size_t)n);
       std::vector<int> got(K);
       unsigned st[4];
       CK(cudaMemcpy(host.data(), t.scores, (size_t)n * 4, cudaMemcpyDeviceToHost));
       CK(cudaMemcpy(got.data(), t.out, K * 4, cudaMemcpyDeviceToHost));
       CK(cudaMemcpy(st, t.status, 16, cudaMemcpyDeviceToHost));
-      printf("local+cut's set: %s (a list that did not fit: %u keys)\n",
+      printf("%s's set: %s (a list that did not fit: %u keys)\n", name,
              topk_wrong_rows(host, got, 1, n, K, false, 1) == 0 ? "correct" : "WRONG", st[2]);
-    }
+      CK(cudaMemset(t.out, 0xff, K * 4));
+    };
+    row("local+cut", local_kernel<true, false>);
+    check("local+cut");
+    row("pull", local_kernel<true, true>);
+    check("pull");
     row("product", product);
   }
   std::vector<float> host((size_t)n);
