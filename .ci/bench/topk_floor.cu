@@ -27,6 +27,10 @@
 //                the first cluster barrier instead of their pushing them before a
 //                second; the others only wait, at a second barrier, until CTA 0 has
 //                read them (CTA 0 arrives there and does not wait)
+//   min+pull   pull, but every CTA lists its keys at or above the lowest of the
+//                CTAs' bounds (exchanged through DSMEM after one more cluster
+//                barrier): then at least K keys are listed whatever the row, so the
+//                set is exact with no check (a skewed row only lengthens the list)
 //   product    the product's cluster_select (plain transform), for the same card
 #include "nsa/cuda/arch.cuh"
 #include "nsa/topk_cluster.cuh"
@@ -96,7 +100,7 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1) 
 }
 
 // The sample-free chain (`local` and `local+cut` above).
-template <bool kCut, bool kPull>
+template <bool kCut, bool kPull, bool kMin = false>
 __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1) local_kernel(Params p, u32* status) {
   wait_prior_grids();
   start_dependent_grids();
@@ -128,7 +132,20 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1) 
   sync_block();
   constexpr u32 kLocal = K / kCluster;
   find_threshold<kThreads, kBins>(hist, kBins, kLocal + 4u * 16u + 4u, sm);  // sqrt(256) = 16
-  const u32 lo = sm[kThrBin] << 19;
+  u32 lo = sm[kThrBin] << 19;
+  if (kMin) {
+    if (tid == 0) sm[kBase] = lo;
+    cluster::sync();
+    if (tid < 32) {
+      const u32 lane = lane_id();
+      u32 b = lane < (u32)kCluster ? cluster::load(cluster::map(cluster::local_addr(&sm[kBase]), lane)) : ~0u;
+#pragma unroll
+      for (int m = 16; m > 0; m /= 2) b = min(b, __shfl_xor_sync(0xffffffffu, b, m));
+      if (lane == 0) sm[kLast] = b;
+    }
+    sync_block();
+    lo = sm[kLast];
+  }
   u32 hits = 0;
 #pragma unroll
   for (int e = 0; e < 4 * kVecs; ++e) hits |= (key[e] >= lo ? 1u : 0u) << e;
@@ -269,6 +286,8 @@ int main(int argc, char** argv) {
     check("local+cut");
     row("pull", local_kernel<true, true>);
     check("pull");
+    row("min+pull", local_kernel<true, true, true>);
+    check("min+pull");
     row("product", product);
   }
   std::vector<float> host((size_t)n);
