@@ -77,7 +77,7 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1) 
   }
   float m = v[0].x;
 #pragma unroll
-  for (int u = 0; u < kVecs; ++u) m = fmaxf(fmaxf(fmaxf(m, v[u].x), fmaxf(v[u].y, v[u].z)), fmaxf(m, v[u].w));
+  for (int u = 0; u < kVecs; ++u) m = fmaxf(fmaxf(m, v[u].x), fmaxf(fmaxf(v[u].y, v[u].z), v[u].w));
   if (m == -12345.f) status[1] = 1u;  // never true for [0, 1) rows: keeps the loads
   if (kStep >= kClusterSync) cluster::sync();
   u32 bin = 0;
@@ -99,9 +99,11 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1) 
   }
 }
 
-// The sample-free chain (`local` and `local+cut` above).
+// The sample-free chains: local (no kCut), local+cut, pull (kPull, which always
+// cuts) and min+pull (kMin).
 template <bool kCut, bool kPull, bool kMin = false>
 __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1) local_kernel(Params p, u32* status) {
+  static_assert(kCut || !kPull, "the pull join is timed with its cut");
   wait_prior_grids();
   start_dependent_grids();
   constexpr int kCap = (2 * kCandCap + kCacheCap) / 2;
@@ -162,8 +164,8 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1) 
   cluster::sync();
   if (kPull) {
     __shared__ u32 counts[kCluster + 1];  // the CTAs' list starts in the joined list, then its length
-    if (rank != 0) {  // wait until CTA 0 has read this CTA's list
-      asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+    if (rank != 0) {  // wait until CTA 0 has read this CTA's list (it arrives below)
+      cluster::sync();
       return;
     }
     if (tid < 32) {
@@ -187,6 +189,7 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1) 
       }
     }
     sync_block();
+    // Arrive without waiting: CTA 0 is done with the other CTAs' shared memory.
     asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
     if (!fits) {
       if (tid == 0) status[2] = joined;
