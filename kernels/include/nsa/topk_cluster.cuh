@@ -82,6 +82,7 @@ NSA_DEVICE void list_local(const S* src, i32 begin, i32 len, u32* hist, u32* sm,
   }
   sync_block();
   const u32 lo = sm[kBase];
+  NSA_TOPK_CLUSTER_MARK(1);
   u32 hits = 0;
 #pragma unroll
   for (int m = 0; m < kSliceKeys; ++m) hits |= (key[m] >= lo ? 1u : 0u) << m;
