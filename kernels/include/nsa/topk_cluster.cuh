@@ -2,17 +2,18 @@
 // launch: the sample filter of topk.cuh with the row's pass split over the CTAs.
 //
 // Slices of up to kSliceKeys keys a thread are listed from registers, with no
-// sample: each CTA histograms its slice (13-bit bins), takes the floor of the bin
-// holding its ceil(K / kCluster)-th key as its bound, and every CTA lists its keys
-// at or above the lowest of the CTAs' bounds. Each CTA has that many keys at or
-// above its own bound, so the joined list holds at least K keys whatever the row.
-// Longer slices: every CTA draws the same sample (so finds the same threshold) and
-// lists the keys of its slice of the row at or above it. The CTAs' lists are joined in CTA 0's
-// shared memory through distributed shared memory (DSMEM), and CTA 0 cuts and
-// places the top k. When the joined list holds fewer than k keys or more than the
-// list takes, or the row is too long for the list, CTA 0 runs the histogram path
-// over the whole row instead: exact either way. Same key order, NaN rule and
-// output as topk.cuh.
+// sample: each CTA histograms its slice (13-bit bins) and takes the floor of the bin
+// holding its ceil(K / kCluster)-th key as its bound, and every CTA lists its keys at
+// or above the lowest of the CTAs' bounds. Each CTA has that many keys at or above
+// its own bound, so the joined list holds at least K keys whenever every slice has
+// that many that are not NaN. Longer slices: every CTA draws the same sample (so
+// finds the same threshold) and lists the keys of its slice at or above it. Either
+// way the bound is common to all CTAs, so the joined list is every key of the row
+// at or above it. The lists are joined in CTA 0's shared memory through
+// distributed shared memory (DSMEM), and CTA 0 cuts and places the top k. When the
+// joined list holds fewer than k keys or more than the list takes, or the row is
+// too long for the list, CTA 0 runs the histogram path over the whole row instead:
+// exact either way. Same key order, NaN rule and output as topk.cuh.
 #pragma once
 #include "nsa/cuda/cluster.cuh"
 #include "nsa/topk.cuh"
