@@ -1,5 +1,5 @@
 // Exact top-k with each row spread over a cluster of kCluster CTAs (sm_90+), one
-// launch: the sample filter of topk.cuh with the row's pass split over the CTAs.
+// launch: a threshold filter with the row's pass split over the CTAs, then a cut by one.
 //
 // Slices of up to kSliceKeys keys a thread are listed from registers, with no
 // sample: each CTA histograms its slice (13-bit bins) and takes the floor of the bin
