@@ -63,7 +63,7 @@ NSA_DEVICE void list_local(const S* src, i32 begin, i32 len, u32* hist, u32* sm,
   }
   sync_block();  // the histogram is clear
 #pragma unroll
-  for (int m = 0; m < kSliceKeys; ++m) atomic_add_u32(&hist[key[m] >> round_shift(0)], 1u);
+  for (int m = 0; m < kSliceKeys; ++m) atomic_add_ret(&hist[key[m] >> round_shift(0)], 1u);
   sync_block();
   // Padding counts in bin 0, so the rank is always found; a bound of bin 0 lists every
   // key but NaN.
