@@ -53,7 +53,9 @@ constexpr int kCluster = CLUSTER;
 constexpr int kCandCap = 4096;
 constexpr int kCacheCap = 40960;
 constexpr int kSmemWords = kFixedWords + 2 * kCandCap + kCacheCap;
-// Every CTA passes marks 0-4; only CTA 0 cuts and places (mark 5).
+// Every CTA passes marks 0-4; only CTA 0 cuts and places (mark 5). On the sample-free
+// path (slices of up to 16 keys a thread) "sample" is the local histogram and the
+// bounds' exchange, and "list" the listing from registers.
 const char* const kPhaseNames[kMarks - 1] = {"sample", "list", "counts", "push", "cut+place"};
 
 __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1) marked(Params p, u32* status) {

@@ -475,6 +475,12 @@ unsigned char* cluster_smem(uint32_t rank, bool access) {
 
 unsigned char* local_smem() { return t_cta->smem; }
 
+bool in_local_smem(const void* p) {
+  const Cta& c = *t_cta;
+  const auto* b = static_cast<const unsigned char*>(p);
+  return b >= c.smem && b < c.smem + c.launch->spec.smem_bytes;
+}
+
 uint64_t warp_collective(Resolver resolve, uint64_t in, uint64_t arg, uint64_t required, const char* what,
                          const char* file, int line, int column) {
   Fiber& f = *t_cta->cur;

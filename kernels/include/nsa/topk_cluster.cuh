@@ -1,13 +1,19 @@
 // Exact top-k with each row spread over a cluster of kCluster CTAs (sm_90+), one
-// launch: the sample filter of topk.cuh with the row's pass split over the CTAs.
+// launch: a threshold filter with the row's pass split over the CTAs, then a cut by one.
 //
-// Every CTA draws the same sample (so finds the same threshold) and lists the keys
-// of its slice of the row at or above it. The CTAs' lists are joined in CTA 0's
-// shared memory through distributed shared memory (DSMEM), and CTA 0 cuts and
-// places the top k. When the joined list holds fewer than k keys or more than the
-// list takes, or the row is too long for the list, CTA 0 runs the histogram path
-// over the whole row instead: exact either way. Same key order, NaN rule and
-// output as topk.cuh.
+// Slices of up to kSliceKeys keys a thread are listed from registers, with no
+// sample: each CTA histograms its slice (13-bit bins) and takes the floor of the bin
+// holding its ceil(K / kCluster)-th key as its bound, and every CTA lists its keys at
+// or above the lowest of the CTAs' bounds. Each CTA has that many keys at or above
+// its own bound, so the joined list holds at least K keys whenever every slice has
+// that many that are not NaN. Longer slices: every CTA draws the same sample (so
+// finds the same threshold) and lists the keys of its slice at or above it. Either
+// way the bound is common to all CTAs, so the joined list is every key of the row
+// at or above it. The lists are joined in CTA 0's shared memory through
+// distributed shared memory (DSMEM), and CTA 0 cuts and places the top k. When the
+// joined list holds fewer than k keys or more than the list takes, or the row is
+// too long for the list, CTA 0 runs the histogram path over the whole row instead:
+// exact either way. Same key order, NaN rule and output as topk.cuh.
 #pragma once
 #include "nsa/cuda/cluster.cuh"
 #include "nsa/topk.cuh"
@@ -36,6 +42,60 @@ NSA_DEVICE void join_counts(u32* sm, u32 rank) {
     sm[kJoined] = total;
     sm[kBase] = base;
   }
+}
+
+// Keys a thread holds in registers on the sample-free path.
+constexpr int kSliceKeys = 16;
+
+// The sample-free list of this CTA's slice src[begin, begin + len) (len <= kSliceKeys
+// * kBlockThreads; sm[kCands] zero, hist free): the keys at or above the lowest of the
+// CTAs' local bounds, with their positions, complete on return. Ends past a cluster
+// barrier (the bounds' exchange) and a block barrier.
+template <typename S, int K, int kBlockThreads, int kCluster, int kCap>
+NSA_DEVICE void list_local(const S* src, i32 begin, i32 len, u32* hist, u32* sm, u32* fidx, u32* fkey) {
+  const u32 tid = thread_x();
+  for (u32 b = tid; b < (u32)kBins; b += kBlockThreads) hist[b] = 0u;
+  u32 key[kSliceKeys];  // 0 (NaN's key) past the slice: never listed
+#pragma unroll
+  for (int m = 0; m < kSliceKeys; ++m) {
+    const i32 i = m * kBlockThreads + (i32)tid;
+    key[m] = i < len ? order_key(score_value(src[begin + i])) : 0u;
+  }
+  sync_block();  // the histogram is clear
+#pragma unroll
+  for (int m = 0; m < kSliceKeys; ++m) atomic_add_ret(&hist[key[m] >> round_shift(0)], 1u);
+  sync_block();
+  // Padding counts in bin 0, so the rank is always found; a bound of bin 0 lists every
+  // key but NaN.
+  find_threshold<kBlockThreads>(hist, kBins, (u32)((K + kCluster - 1) / kCluster), sm);
+  const u32 bin_floor = sm[kThrBin] << round_shift(0);
+  if (tid == 0) sm[kLast] = bin_floor > 1u ? bin_floor : 1u;
+  cluster::sync();  // every CTA's bound is in its sm[kLast]
+  if (tid < kWarpSize) {
+    const u32 lane = lane_id();
+    u32 b = lane < (u32)kCluster ? cluster::load(cluster::map(cluster::local_addr(&sm[kLast]), lane)) : ~0u;
+#pragma unroll
+    for (int m = kWarpSize / 2; m > 0; m /= 2) {
+      const u32 o = f32_as_u32(shfl_xor(u32_as_f32(b), m));
+      b = o < b ? o : b;
+    }
+    if (lane == 0) sm[kBase] = b;
+  }
+  sync_block();
+  const u32 lo = sm[kBase];
+  NSA_TOPK_CLUSTER_MARK(1);
+  u32 hits = 0;
+#pragma unroll
+  for (int m = 0; m < kSliceKeys; ++m) hits |= (key[m] >= lo ? 1u : 0u) << m;
+  u32 slot = warp_reserve(&sm[kCands], popc_u32(hits));
+  for (; hits != 0u; hits &= hits - 1u, ++slot) {
+    const u32 m = popc_u32((hits & (0u - hits)) - 1u);  // lowest set bit
+    if (slot < (u32)kCap) {
+      fidx[slot] = (u32)(begin + (i32)m * kBlockThreads + (i32)tid);
+      fkey[slot] = key[m];
+    }
+  }
+  sync_block();
 }
 
 template <typename S, int K, int kTransform, int kBlockThreads, int kCluster, int kCandCap, int kCacheCap,
@@ -69,11 +129,17 @@ NSA_DEVICE void cluster_select(const Params& p, u32* status) {
   const i32 begin = (i32)rank * slice < n ? (i32)rank * slice : n;
   const i32 len = n - begin < slice ? n - begin : slice;
   const S* src = row_scores<S>(p, row, ext.s0);
-  // keep_above_sample, with a mark between its halves.
-  const u32 lo = list_bound<K, kBlockThreads, kCap>(src, n, hist, sm, fkey);
-  NSA_TOPK_CLUSTER_MARK(1);
-  list_at_or_above<kBlockThreads, kCap, 8>(src, begin, len, lo, sm, fidx, fkey);
-  NSA_TOPK_CLUSTER_MARK(2);
+  if (slice <= kSliceKeys * kBlockThreads) {
+    if (tid == 0) sm[kCands] = 0u;  // read after list_local's barriers
+    list_local<S, K, kBlockThreads, kCluster, kCap>(src, begin, len, hist, sm, fidx, fkey);
+    NSA_TOPK_CLUSTER_MARK(2);
+  } else {
+    // keep_above_sample, with a mark between its halves.
+    const u32 lo = list_bound<K, kBlockThreads, kCap>(src, n, hist, sm, fkey);
+    NSA_TOPK_CLUSTER_MARK(1);
+    list_at_or_above<kBlockThreads, kCap, 8>(src, begin, len, lo, sm, fidx, fkey);
+    NSA_TOPK_CLUSTER_MARK(2);
+  }
   const u32 mine = sm[kCands];
   // PAGED over a page_table_1: each CTA looks up the slots of its own listed keys, so
   // the lookups spread over the cluster and overlap the join instead of CTA 0 issuing

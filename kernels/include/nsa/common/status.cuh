@@ -9,7 +9,7 @@ namespace nsa {
 // status[0]: number of rejected entries; status[1]: index of one of them.
 NSA_DEVICE void report_bad_entry(u32* status, i64 index) {
   if (status == nullptr) return;
-  atomic_add_u32(status, 1u);
+  atomic_add_global_u32(status, 1u);
   *(volatile u32*)(status + 1) = (u32)index;
 }
 }  // namespace nsa

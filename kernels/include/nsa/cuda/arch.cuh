@@ -105,7 +105,8 @@ NSA_DEVICE u32 warp_append(u32* counter, bool hit) {
   return base + popc_u32(hits & ((1u << lane_id()) - 1u));
 }
 
-NSA_DEVICE void atomic_add_u32(u32* p, u32 v) {
+// *p += v for p in global memory only (red.global: a shared address faults).
+NSA_DEVICE void atomic_add_global_u32(u32* p, u32 v) {
   asm volatile("red.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 

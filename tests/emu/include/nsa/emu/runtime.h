@@ -37,6 +37,8 @@ void cluster_wait();
 unsigned char* cluster_smem(uint32_t rank, bool access);
 // This CTA's shared memory (the thread_local `smem` of the kernel's namespace).
 unsigned char* local_smem();
+// Whether p points into this CTA's shared memory.
+bool in_local_smem(const void* p);
 
 // A warp collective: once no lane of the warp can run on, the lanes that called from
 // the same source position (file, line, column) form one group, resolved when every
