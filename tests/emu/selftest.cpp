@@ -124,6 +124,13 @@ void async_copy_unwaited(u32*) {
   if (nsa::thread_x() == 3) nsa::async_copy_u32(&smem[0], &src);
 }
 
+// atomic_add_global_u32 (red.global) counts into global memory: out[0] = 32...
+void global_add_to_global(u32* out) { nsa::atomic_add_global_u32(&out[0], 1u); }
+// ...and faults on a GPU when given a shared-memory address.
+void global_add_to_shared(u32*) {
+  if (nsa::thread_x() == 0) nsa::atomic_add_global_u32(&smem[0], 1u);
+}
+
 struct Case {
   const char* name;
   void (*fn)(u32* out);
@@ -141,6 +148,8 @@ const Case kCases[] = {
     {"stack_overrun", stack_overrun, 1, 32, 1},
     {"async_copy_lands_at_the_wait", async_copy_lands_at_the_wait, 1, 32, 1},
     {"async_copy_unwaited", async_copy_unwaited, 1, 32, 1},
+    {"global_add_to_global", global_add_to_global, 1, 32, 1},
+    {"global_add_to_shared", global_add_to_shared, 1, 32, 1},
 };
 
 struct Run {

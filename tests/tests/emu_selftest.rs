@@ -96,6 +96,18 @@ fn async_copies_never_waited_for_are_an_error() {
 }
 
 #[test]
+fn a_global_only_atomic_counts_in_global_memory() {
+    let (r, out) = run("global_add_to_global", 1);
+    r.unwrap();
+    assert_eq!(out[0], 32);
+}
+
+#[test]
+fn a_global_only_atomic_on_a_shared_address_is_an_error() {
+    expect_error("global_add_to_shared", &["atomic_add_global_u32 (red.global) on a shared-memory address"]);
+}
+
+#[test]
 fn an_unknown_self_test_is_named() {
     assert_eq!(run("nope", 1).0.unwrap_err(), "no self-test nope");
 }

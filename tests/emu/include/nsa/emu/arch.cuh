@@ -45,7 +45,8 @@ NSA_DEVICE u32 atomic_add_ret(u32* p, u32 v) { return __atomic_fetch_add(p, v, _
 // red.global faults on a shared address on a GPU; here it would just work, so it is
 // checked.
 NSA_DEVICE void atomic_add_global_u32(u32* p, u32 v) {
-  if (nsa_emu::in_local_smem(p)) nsa_emu::fail("atomic_add_global_u32 (red.global) on a shared-memory address", __FILE__, __LINE__);
+  if (nsa_emu::in_local_smem(p))
+    nsa_emu::fail("atomic_add_global_u32 (red.global) on a shared-memory address", __FILE__, __LINE__);
   __atomic_fetch_add(p, v, __ATOMIC_RELAXED);
 }
 
