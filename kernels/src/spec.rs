@@ -476,8 +476,8 @@ const TOPK_SPLIT_LIST: u32 = 8192;
 /// long rows overflow it and take the histogram path.
 const TOPK_SPLIT_LIST_GFX942: u32 = 2048;
 /// The cluster kernel's CTAs cache rows up to this many keys in shared memory for
-/// CTA 0's histogram path; the joined sample-filter list takes the candidate lists
-/// plus this cache: up to (2 × 4096 + 40960) / 2 = 24576 keys (rows to ~1M keys).
+/// CTA 0's histogram path; the joined list (of the sample filter or of the CTAs'
+/// local bounds) takes the candidate lists plus this cache: up to (2 × 4096 + 40960) / 2 = 24576 keys (rows to ~1M keys).
 const TOPK_ROW_CACHE_CLUSTER: u32 = 40960;
 /// The latency layout's row cache: its filter list holds (2 × 4096 + 8192) / 2 = 8192
 /// keys (rows up to 256K keys with k 2048), and its 96 KiB of shared memory leave the
