@@ -97,7 +97,8 @@ NSA_DEVICE u32 warp_append(u32* counter, bool hit) {
   return base + __builtin_amdgcn_mbcnt_hi((u32)(hits >> 32), lo);
 }
 
-// *p += v for p in global memory (the name of the CUDA layer, whose form is global-only).
+// *p += v for p in global memory. Named as in the CUDA layer, whose red.global faults
+// on a shared address; this generic form would not, so callers keep to global memory.
 NSA_DEVICE void atomic_add_global_u32(u32* p, u32 v) { __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
 
 NSA_DEVICE float u32_as_f32(u32 b) { return __builtin_bit_cast(float, b); }
