@@ -155,8 +155,11 @@ impl NsaConfig {
         ConfigError::from_issues(issues)
     }
 
-    /// Parses a config from JSON (text starting with `{`) or TOML, then validates it.
+    /// Parses a config from JSON (text starting with `{`) or TOML, then validates
+    /// it. A leading UTF-8 byte-order mark is skipped; the parser's message is
+    /// quoted up to [`EXCERPT_CHARS`] characters.
     pub fn from_text(text: &str) -> Result<NsaConfig, ConfigError> {
+        let text = text.strip_prefix('\u{feff}').unwrap_or(text);
         let parsed: Result<NsaConfig, String> = if text.trim_start().starts_with('{') {
             serde_json::from_str(text).map_err(|e| e.to_string())
         } else {
@@ -165,7 +168,7 @@ impl NsaConfig {
         let cfg = parsed.map_err(|msg| {
             ConfigError::single(ConfigIssue {
                 field: "config file",
-                value: msg,
+                value: excerpt(&msg, EXCERPT_CHARS),
                 allowed: "JSON or TOML with the fields of NsaConfig".into(),
                 nearest: None,
             })
@@ -184,17 +187,17 @@ impl NsaConfig {
                 nearest: Some("[\"sm_90a\"]".into()),
             });
         }
-        let mut seen = Vec::new();
-        for t in &self.targets {
-            if seen.contains(t) {
+        // One issue per repeated target, however often it repeats.
+        for t in Target::ALL {
+            let n = self.targets.iter().filter(|x| **x == t).count();
+            if n > 1 {
                 issues.push(ConfigIssue {
                     field: "targets",
-                    value: format!("{t} listed twice"),
+                    value: format!("{t} listed {n} times"),
                     allowed: format!("each of {allowed} at most once"),
-                    nearest: Some(format!("remove the second {t}")),
+                    nearest: Some(format!("list {t} once")),
                 });
             }
-            seen.push(*t);
         }
     }
 
@@ -242,6 +245,32 @@ fn check_set(issues: &mut Vec<ConfigIssue>, field: &'static str, v: u32, allowed
     });
 }
 
+/// Issues a [`ConfigError`] lists; the rest are counted.
+pub const MAX_LISTED_ISSUES: usize = 20;
+
+/// Characters of user input quoted in an error message; longer input is cut.
+pub const EXCERPT_CHARS: usize = 400;
+
+/// `text` for an error message: at most `max_chars` characters, control
+/// characters escaped, and the size of what was cut said.
+pub fn excerpt(text: &str, max_chars: usize) -> String {
+    let mut out = String::new();
+    let mut taken = 0;
+    for (i, c) in text.char_indices() {
+        if taken == max_chars {
+            out.push_str(&format!("… ({} more bytes)", text.len() - i));
+            break;
+        }
+        if c.is_control() && c != '\n' {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+        taken += 1;
+    }
+    out
+}
+
 /// The closest name by edit distance, when it is plausibly a typo.
 pub fn nearest_name<'a>(given: &str, names: &[&'a str]) -> Option<&'a str> {
     names
@@ -283,7 +312,8 @@ pub struct ConfigIssue {
 
 impl fmt::Display for ConfigIssue {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "`{}` = {} is not allowed (allowed: {})", self.field, self.value, self.allowed)?;
+        let value = excerpt(&self.value, EXCERPT_CHARS);
+        write!(f, "`{}` = {value} is not allowed (allowed: {})", self.field, self.allowed)?;
         if let Some(n) = &self.nearest {
             write!(f, "; nearest valid: {n}")?;
         }
@@ -315,8 +345,11 @@ impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let n = self.issues.len();
         write!(f, "invalid NSA config ({n} problem{}):", if n == 1 { "" } else { "s" })?;
-        for issue in &self.issues {
+        for issue in self.issues.iter().take(MAX_LISTED_ISSUES) {
             write!(f, "\n  - {issue}")?;
+        }
+        if n > MAX_LISTED_ISSUES {
+            write!(f, "\n  - … and {} more", n - MAX_LISTED_ISSUES)?;
         }
         Ok(())
     }

@@ -10,7 +10,7 @@ pub mod spec;
 pub mod target;
 
 pub use catalog::{deterministic_topk_set, kernel_set};
-pub use config::{ConfigError, ConfigIssue, KvCacheFormat, NsaConfig, PRESETS};
+pub use config::{excerpt, ConfigError, ConfigIssue, KvCacheFormat, NsaConfig, PRESETS};
 pub use render::{render, RenderError, RenderedKernel, HEADERS};
 pub use spec::{KernelFamily, KernelSpec, TopkLayout, TopkScore, TopkTransform};
 pub use target::{OutputKind, Target, Toolchain, Vendor};

@@ -21,8 +21,13 @@ pub enum Error {
     Compile { id: String, compiler: String, options: String, source_path: String, log: String },
 
     /// `NSA_JIT=off` and the disk cache had no entry for this kernel.
-    #[error("kernel `{id}` is not in the disk cache at {cache_dir} and NSA_JIT=off forbids compiling it; run `nsa compile` for this config (same nsa version, compiler and options; `--deterministic-topk` for a layer with deterministic top-k, `topk_bf16_scores` in the config for bf16 scores) to bake the cache, or unset NSA_JIT")]
-    JitDisabledMiss { id: String, cache_dir: String },
+    #[error("kernel `{id}` is not in the disk cache at {cache_dir}{bad_entry} and NSA_JIT=off forbids compiling it; run `nsa compile` for this config (same nsa version, compiler and options; `--deterministic-topk` for a layer with deterministic top-k, `topk_bf16_scores` in the config for bf16 scores) to bake the cache, or unset NSA_JIT")]
+    JitDisabledMiss {
+        id: String,
+        cache_dir: String,
+        /// Empty, or ` (its entry there was bad …: <reason>)`.
+        bad_entry: String,
+    },
 
     /// No CUDA driver / device.
     #[error("no usable CUDA device: {0}")]

@@ -4,7 +4,7 @@
 use nsa_kernels::{render, KernelSpec, RenderedKernel, Target};
 use nsa_runtime::cache::{
     dump_source, CacheConfig, CacheKey, CachedKernel, EntryMeta, JitPolicy, KernelCache, Origin, CACHE_SCHEMA,
-    FAILED_DIR, IMAGE_FILE, META_FILE, QUARANTINE_DIR, SOURCE_FILE,
+    FAILED_DIR, FAILED_KEEP, IMAGE_FILE, LOCK_SUFFIX, META_FILE, QUARANTINE_DIR, QUARANTINE_KEEP, SOURCE_FILE,
 };
 use nsa_runtime::jit::{CompiledImage, Compiler, CompilerIdentity, ResourceUsage};
 use nsa_runtime::{Error, Result};
@@ -22,6 +22,8 @@ type Hook = Box<dyn Fn(&RenderedKernel) + Send + Sync>;
 /// can be told to fail, to sleep, or to run a hook mid-compile.
 struct Fake {
     identity: CompilerIdentity,
+    /// False: acts as a compiler that was not found (identity unknown).
+    present: bool,
     options: Vec<String>,
     calls: AtomicUsize,
     fail_next: AtomicUsize,
@@ -36,13 +38,25 @@ impl Fake {
 
     fn with(name: &str, version: &str, options: &[&str]) -> Fake {
         Fake {
-            identity: CompilerIdentity { name: name.into(), version: version.into() },
+            identity: CompilerIdentity {
+                name: name.into(),
+                version: version.into(),
+                build: format!("{version} build"),
+            },
+            present: true,
             options: options.iter().map(|s| s.to_string()).collect(),
             calls: AtomicUsize::new(0),
             fail_next: AtomicUsize::new(0),
             sleep: Duration::ZERO,
             hook: Mutex::new(None),
         }
+    }
+
+    /// The same compiler, not found on this machine.
+    fn absent(mut self) -> Fake {
+        self.identity = CompilerIdentity::unknown(&self.identity.name);
+        self.present = false;
+        self
     }
 
     fn sleeping(mut self, d: Duration) -> Fake {
@@ -56,7 +70,7 @@ impl Fake {
 
     fn image_for(kernel: &RenderedKernel) -> Vec<u8> {
         let mut bytes = b"FAKEIMG\0".to_vec();
-        bytes.extend_from_slice(kernel.id.as_bytes());
+        bytes.extend_from_slice(kernel.symbol.as_bytes());
         bytes.push(0);
         bytes.extend(kernel.source.bytes().rev());
         bytes
@@ -68,6 +82,10 @@ impl Compiler for Fake {
         &self.identity
     }
 
+    fn identity_known(&self) -> bool {
+        self.present
+    }
+
     fn options(&self, target: Target) -> Vec<String> {
         let mut o = self.options.clone();
         o.push(format!("--gpu-architecture={}", target.arch()));
@@ -76,6 +94,9 @@ impl Compiler for Fake {
 
     fn compile(&self, kernel: &RenderedKernel) -> Result<CompiledImage> {
         self.calls.fetch_add(1, Ordering::SeqCst);
+        if !self.present {
+            return Err(Error::NvrtcNotFound("fake compiler not found".into()));
+        }
         if let Some(hook) = &*self.hook.lock().unwrap_or_else(|e| e.into_inner()) {
             hook(kernel);
         }
@@ -192,7 +213,7 @@ fn key_json_has_the_fixed_structure() {
             "kernel_id": spec.id(),
             "target": "sm_90a",
             "output_kind": "cubin",
-            "compiler": { "name": "fake", "version": "1.0" },
+            "compiler": { "name": "fake", "version": "1.0", "build": "1.0 build" },
             "options": ["-O3", "--std=c++17", "--gpu-architecture=sm_90a"],
             "source_blake3": "<blake3>",
             "headers_blake3": "<blake3>",
@@ -210,12 +231,16 @@ fn digest_of_a_literal_key_never_changes() {
     // Guards the canonical serialisation: if this changes, every cache on every
     // machine is invalidated, so bump CACHE_SCHEMA deliberately instead.
     let key = CacheKey {
-        schema: 1,
+        schema: 2,
         nsa_version: "0.1.0".into(),
         kernel_id: "kv_store.bf16.sm_90a".into(),
         target: "sm_90a".into(),
         output_kind: nsa_kernels::OutputKind::Cubin,
-        compiler: CompilerIdentity { name: "nvrtc".into(), version: "13.0".into() },
+        compiler: CompilerIdentity {
+            name: "nvrtc".into(),
+            version: "13.0".into(),
+            build: "13.0.88; libnvrtc 65be; builtins 0a1b".into(),
+        },
         options: vec!["--gpu-architecture=sm_90a".into(), "-std=c++17".into()],
         source_blake3: "0".repeat(64),
         headers_blake3: "f".repeat(64),
@@ -223,9 +248,10 @@ fn digest_of_a_literal_key_never_changes() {
     assert_eq!(
         key.canonical_json(),
         format!(
-            "{{\"schema\":1,\"nsa_version\":\"0.1.0\",\"kernel_id\":\"kv_store.bf16.sm_90a\",\
+            "{{\"schema\":2,\"nsa_version\":\"0.1.0\",\"kernel_id\":\"kv_store.bf16.sm_90a\",\
              \"target\":\"sm_90a\",\"output_kind\":\"cubin\",\
-             \"compiler\":{{\"name\":\"nvrtc\",\"version\":\"13.0\"}},\
+             \"compiler\":{{\"name\":\"nvrtc\",\"version\":\"13.0\",\
+             \"build\":\"13.0.88; libnvrtc 65be; builtins 0a1b\"}},\
              \"options\":[\"--gpu-architecture=sm_90a\",\"-std=c++17\"],\
              \"source_blake3\":\"{}\",\"headers_blake3\":\"{}\"}}",
             "0".repeat(64),
@@ -238,7 +264,7 @@ fn digest_of_a_literal_key_never_changes() {
     assert_eq!(key.entry_name(), format!("kv_store.bf16.sm_90a-{}", &digest[..32]));
 }
 
-const LITERAL_KEY_DIGEST: &str = "8b3db7d3ad7b15cdc8aaf6646ef41b9f9e6c0fce86df03ffc294f1d3ee1d92c3";
+const LITERAL_KEY_DIGEST: &str = "3fa22a54e490c2113d54858f7ac668292abd12aaa1a2fed5af0a9a946f1e174f";
 
 #[test]
 fn same_inputs_give_the_same_key_across_caches() {
@@ -433,8 +459,8 @@ fn disk_entry_layout_and_reload() {
     assert_eq!(names_in(&entry), vec![IMAGE_FILE, META_FILE, SOURCE_FILE]);
     assert_eq!(
         names_in(&dir.path().join(format!("v{CACHE_SCHEMA}"))),
-        vec![key.entry_name()],
-        "no temporary directories are left behind"
+        vec![key.entry_name(), format!("{}{LOCK_SUFFIX}", key.entry_name())],
+        "the entry and its lock file; no temporary directories are left behind"
     );
     assert_eq!(first.source_path, Some(entry.join(SOURCE_FILE)));
     assert_eq!(fs::read_to_string(entry.join(SOURCE_FILE)).unwrap(), kernel.source);
@@ -474,7 +500,7 @@ fn another_compiler_version_gets_its_own_entry() {
     disk_cache(&old, dir.path()).get(&spec).unwrap();
     assert_compiled(&disk_cache(&new, dir.path()).get(&spec).unwrap());
     assert_eq!((old.calls(), new.calls()), (1, 1));
-    assert_eq!(names_in(&dir.path().join(format!("v{CACHE_SCHEMA}"))).len(), 2);
+    assert_eq!(entries_in(dir.path()).len(), 2);
     // Both stay valid.
     assert_from_disk(&disk_cache(&Arc::new(Fake::with("fake", "1.0", &["-O3"])), dir.path()).get(&spec).unwrap());
 }
@@ -592,11 +618,12 @@ fn losing_the_publish_race_keeps_the_winner() {
     let dir = tempfile::tempdir().unwrap();
     let spec = spec();
     let root = dir.path().to_path_buf();
-    // While we compile, "another process" publishes the same key.
+    // While we compile, "another process" publishes the same key (one on a
+    // filesystem without locks, which does not wait for ours).
     let fake = Arc::new(Fake::new());
     *fake.hook.lock().unwrap() = Some(Box::new(move |kernel| {
-        let other = Arc::new(Fake::new());
-        assert_compiled(&disk_cache(&other, &root).get(&kernel.spec).unwrap());
+        let other = KernelCache::new(Arc::new(Fake::new()), CacheConfig::at(&root).with_lock_wait(None));
+        assert_compiled(&other.get(&kernel.spec).unwrap());
     }));
     let cache = disk_cache(&fake, dir.path());
     let k = cache.get(&spec).unwrap();
@@ -604,10 +631,11 @@ fn losing_the_publish_race_keeps_the_winner() {
     let entry = entry_dir(&cache, &spec);
     assert_eq!(k.source_path, Some(entry.join(SOURCE_FILE)));
     assert_eq!(
-        names_in(entry.parent().unwrap()),
+        entries_in(dir.path()),
         vec![entry.file_name().unwrap().to_string_lossy().into_owned()],
         "our temporary directory was cleaned up"
     );
+    assert!(names_in(entry.parent().unwrap()).iter().all(|n| !n.starts_with(".tmp-")));
     let check = Arc::new(Fake::new());
     let loaded = disk_cache(&check, dir.path()).get(&spec).unwrap();
     assert_from_disk(&loaded);
@@ -625,7 +653,7 @@ fn jit_off_miss_is_a_clear_error_and_never_compiles() {
     assert_eq!(cache.jit_policy(), JitPolicy::Off);
     let err = cache.get(&spec).unwrap_err();
     match &err {
-        Error::JitDisabledMiss { id, cache_dir } => {
+        Error::JitDisabledMiss { id, cache_dir, .. } => {
             assert_eq!(id, &spec.id());
             assert_eq!(cache_dir, &dir.path().display().to_string());
         }
@@ -759,9 +787,6 @@ fn read_only_root_still_compiles_and_serves_reads() {
 
 #[test]
 fn config_from_vars() {
-    let vars = |pairs: &'static [(&'static str, &'static str)]| {
-        move |name: &str| pairs.iter().find(|(k, _)| *k == name).map(|(_, v)| OsString::from(v))
-    };
     let c = CacheConfig::from_vars(vars(&[("NSA_CACHE_DIR", "/x/y"), ("NSA_JIT", "off")])).unwrap();
     assert_eq!(c.root, Some(PathBuf::from("/x/y")));
     assert_eq!(c.jit, JitPolicy::Off);
@@ -804,4 +829,290 @@ fn dump_source_writes_under_the_root_or_temp() {
     let t = dump_source(&kernel, None);
     assert!(t.starts_with(std::env::temp_dir()), "{}", t.display());
     assert_eq!(fs::read_to_string(&t).unwrap(), kernel.source);
+}
+
+fn vars(pairs: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<OsString> {
+    move |name: &str| pairs.iter().find(|(k, _)| *k == name).map(|(_, v)| OsString::from(v))
+}
+
+// ---------------------------------------------------------------- processes sharing a root
+
+/// The entry directories under the schema directory (no lock files, no staging).
+fn entries_in(root: &Path) -> Vec<String> {
+    names_in(&root.join(format!("v{CACHE_SCHEMA}")))
+        .into_iter()
+        .filter(|n| !n.ends_with(LOCK_SUFFIX) && !n.starts_with(".tmp-"))
+        .collect()
+}
+
+#[test]
+fn a_second_cache_waits_for_the_first_compile_of_a_key_and_loads_it() {
+    // Two caches on one root stand for two processes: the lock is a file lock, so
+    // it excludes other open files in this process as it would other processes.
+    let dir = tempfile::tempdir().unwrap();
+    let spec = spec();
+    let slow = Arc::new(Fake::new().sleeping(Duration::from_millis(400)));
+    let other = Arc::new(Fake::new());
+    let (a, b) = (disk_cache(&slow, dir.path()), disk_cache(&other, dir.path()));
+    let started = Barrier::new(2);
+    let (ka, kb) = std::thread::scope(|s| {
+        let ta = s.spawn(|| {
+            started.wait();
+            a.get(&spec).unwrap()
+        });
+        let tb = s.spawn(|| {
+            started.wait();
+            std::thread::sleep(Duration::from_millis(100));
+            b.get(&spec).unwrap()
+        });
+        (ta.join().unwrap(), tb.join().unwrap())
+    });
+    assert_compiled(&ka);
+    assert_from_disk(&kb);
+    assert_eq!((slow.calls(), other.calls()), (1, 0), "one compile for the key");
+    assert_eq!(ka.image, kb.image);
+}
+
+#[test]
+fn without_locks_two_caches_both_compile_and_the_first_publish_wins() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = spec();
+    let fakes = [Arc::new(Fake::new().sleeping(Duration::from_millis(200))), Arc::new(Fake::new())];
+    let caches: Vec<KernelCache> =
+        fakes.iter().map(|f| KernelCache::new(f.clone(), CacheConfig::at(dir.path()).with_lock_wait(None))).collect();
+    std::thread::scope(|s| {
+        for c in &caches {
+            s.spawn(|| assert_compiled(&c.get(&spec).unwrap()));
+        }
+    });
+    assert_eq!((fakes[0].calls(), fakes[1].calls()), (1, 1));
+    assert_eq!(entries_in(dir.path()).len(), 1);
+}
+
+#[test]
+fn a_staging_directory_whose_writer_is_gone_is_removed_by_the_next_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = spec();
+    let bake = disk_cache(&Arc::new(Fake::new()), dir.path());
+    bake.get(&spec).unwrap();
+    let entry = entry_dir(&bake, &spec);
+    let schema = entry.parent().unwrap().to_path_buf();
+    let name = entry.file_name().unwrap().to_string_lossy().into_owned();
+    // What a compile killed mid-write leaves, for this key and for one never published.
+    let dead = schema.join(format!(".tmp-{name}-AbC123"));
+    let orphan_entry = "topk.k64.plain.sm_90a-0123456789abcdef0123456789abcdef";
+    let orphan = schema.join(format!(".tmp-{orphan_entry}-Zz9"));
+    fs::write(schema.join(format!("{orphan_entry}{LOCK_SUFFIX}")), b"").unwrap();
+    // One with no lock file (a writer on a filesystem without locks), an hour old.
+    let lockless = schema.join(".tmp-topk.k128.plain.sm_90a-00000000000000000000000000000000-Yy8");
+    let recent_lockless = schema.join(".tmp-topk.k192.plain.sm_90a-00000000000000000000000000000000-Xx7");
+    for d in [&dead, &orphan, &lockless, &recent_lockless] {
+        fs::create_dir_all(d).unwrap();
+        fs::write(d.join(IMAGE_FILE), b"partial").unwrap();
+    }
+    let two_hours_ago = std::time::SystemTime::now() - Duration::from_secs(7200);
+    fs::File::open(&lockless).unwrap().set_modified(two_hours_ago).unwrap();
+    // A staging directory whose writer still holds the key's lock is left alone.
+    let live_entry = format!("{}-{}", specs()[1].id(), "f".repeat(32));
+    let live = schema.join(format!(".tmp-{live_entry}-Qq1"));
+    fs::create_dir_all(&live).unwrap();
+    let held = fs::File::create(schema.join(format!("{live_entry}{LOCK_SUFFIX}"))).unwrap();
+    held.lock().unwrap();
+
+    let next = disk_cache(&Arc::new(Fake::new()), dir.path());
+    assert_from_disk(&next.get(&spec).unwrap());
+    assert!(!dead.exists() && !orphan.exists(), "stale staging directories removed");
+    assert!(!lockless.exists(), "an hour-old one without a lock file is removed");
+    assert!(recent_lockless.exists(), "a recent one without a lock file may still be written");
+    assert!(live.exists(), "a live writer's directory is kept");
+    drop(held);
+}
+
+#[test]
+fn quarantine_and_failed_sources_keep_only_the_newest() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = spec();
+    let qdir = dir.path().join(QUARANTINE_DIR);
+    let fdir = dir.path().join(FAILED_DIR);
+    for i in 0..40 {
+        fs::create_dir_all(qdir.join(format!("old-{i}"))).unwrap();
+        fs::create_dir_all(&fdir).unwrap();
+        fs::write(fdir.join(format!("old-{i}.cu")), b"x").unwrap();
+    }
+    for i in 0..100 {
+        fs::write(fdir.join(format!("older-{i}.cu")), b"x").unwrap();
+    }
+    let fake = Arc::new(Fake::new());
+    let cache = disk_cache(&fake, dir.path());
+    cache.get(&spec).unwrap();
+    assert_eq!(names_in(&qdir).len(), QUARANTINE_KEEP);
+    assert_eq!(names_in(&fdir).len(), FAILED_KEEP);
+    // A new bad entry is kept, among the newest.
+    fs::write(entry_dir(&cache, &spec).join(IMAGE_FILE), b"garbage").unwrap();
+    disk_cache(&Arc::new(Fake::new()), dir.path()).get(&spec).unwrap();
+    let q = names_in(&qdir);
+    assert_eq!(q.len(), QUARANTINE_KEEP);
+    assert!(q.iter().any(|n| n.starts_with(&spec.id())), "{q:?}");
+}
+
+#[test]
+fn kernels_that_could_not_be_saved_are_listed() {
+    let file = tempfile::NamedTempFile::new().unwrap();
+    let cache = disk_cache(&Arc::new(Fake::new()), &file.path().join("sub"));
+    for spec in specs().iter().take(3) {
+        cache.get(spec).unwrap();
+    }
+    let unsaved = cache.unpersisted();
+    assert_eq!(unsaved.len(), 3, "{unsaved:?}");
+    assert!(unsaved[0].entry.starts_with(&specs()[0].id()), "{unsaved:?}");
+    assert!(!unsaved[0].reason.is_empty());
+    // A writable root lists nothing.
+    let dir = tempfile::tempdir().unwrap();
+    let ok = disk_cache(&Arc::new(Fake::new()), dir.path());
+    ok.get(&spec()).unwrap();
+    assert!(ok.unpersisted().is_empty());
+}
+
+// ---------------------------------------------------------------- hostile entries
+
+/// Replaces a baked entry's `file` with what `make` puts at the path, and checks
+/// that the next cache sets the entry aside within a second and recompiles.
+fn refuses_within_a_second(what: &str, file: &str, make: impl FnOnce(&Path)) {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = spec();
+    let bake = disk_cache(&Arc::new(Fake::new()), dir.path());
+    bake.get(&spec).unwrap();
+    let path = entry_dir(&bake, &spec).join(file);
+    fs::remove_file(&path).unwrap();
+    make(&path);
+    let fake = Arc::new(Fake::new());
+    let cache = disk_cache(&fake, dir.path());
+    let t = Instant::now();
+    assert_compiled(&cache.get(&spec).unwrap());
+    assert!(t.elapsed() < Duration::from_secs(1), "{what}: took {:?}", t.elapsed());
+    assert_eq!(cache.stats().quarantined, 1, "{what}");
+}
+
+fn mkfifo(path: &Path) {
+    let status = std::process::Command::new("mkfifo").arg(path).status().unwrap();
+    assert!(status.success());
+}
+
+#[test]
+fn fifos_devices_links_and_oversized_files_in_an_entry_are_refused_at_once() {
+    refuses_within_a_second("FIFO image", IMAGE_FILE, mkfifo);
+    refuses_within_a_second("FIFO meta", META_FILE, mkfifo);
+    refuses_within_a_second("link to /dev/zero", IMAGE_FILE, |p| std::os::unix::fs::symlink("/dev/zero", p).unwrap());
+    refuses_within_a_second("link to a good file", META_FILE, |p| {
+        let real = p.with_extension("real");
+        fs::write(&real, b"{}").unwrap();
+        std::os::unix::fs::symlink(&real, p).unwrap();
+    });
+    refuses_within_a_second("sparse 2 GiB image", IMAGE_FILE, |p| {
+        fs::File::create(p).unwrap().set_len(2 << 30).unwrap();
+    });
+    refuses_within_a_second("sparse 2 GiB meta", META_FILE, |p| {
+        fs::File::create(p).unwrap().set_len(2 << 30).unwrap();
+    });
+}
+
+#[test]
+fn an_entry_that_is_a_link_out_of_the_root_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let elsewhere = tempfile::tempdir().unwrap();
+    let spec = spec();
+    let bake = disk_cache(&Arc::new(Fake::new()), elsewhere.path());
+    bake.get(&spec).unwrap();
+    let cache = disk_cache(&Arc::new(Fake::new()), dir.path());
+    let entry = entry_dir(&cache, &spec);
+    fs::create_dir_all(entry.parent().unwrap()).unwrap();
+    std::os::unix::fs::symlink(entry_dir(&bake, &spec), &entry).unwrap();
+    assert_compiled(&cache.get(&spec).unwrap());
+    assert_eq!(cache.stats().quarantined, 1);
+}
+
+#[test]
+fn an_image_without_the_kernel_s_entry_point_is_refused_even_with_a_matching_meta() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (specs()[0], specs()[1]);
+    let bake = disk_cache(&Arc::new(Fake::new()), dir.path());
+    bake.get(&a).unwrap();
+    bake.get(&b).unwrap();
+    // Swap in b's image, and make a's meta vouch for it.
+    let (ea, eb) = (entry_dir(&bake, &a), entry_dir(&bake, &b));
+    let image = fs::read(eb.join(IMAGE_FILE)).unwrap();
+    fs::write(ea.join(IMAGE_FILE), &image).unwrap();
+    let mut meta: EntryMeta = serde_json::from_slice(&fs::read(ea.join(META_FILE)).unwrap()).unwrap();
+    meta.image_size = image.len() as u64;
+    meta.image_blake3 = blake3::hash(&image).to_hex().to_string();
+    fs::write(ea.join(META_FILE), serde_json::to_vec(&meta).unwrap()).unwrap();
+    let fake = Arc::new(Fake::new());
+    let k = disk_cache(&fake, dir.path()).get(&a).unwrap();
+    assert_compiled(&k);
+    assert_eq!(k.image.bytes, Fake::image_for(&render(&a).unwrap()));
+}
+
+// ---------------------------------------------------------------- a compiler that is not there
+
+#[test]
+fn an_absent_compiler_serves_entries_of_any_build_and_cannot_compile() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = spec();
+    let baked = disk_cache(&Arc::new(Fake::new()), dir.path()).get(&spec).unwrap();
+    for jit in [JitPolicy::Off, JitPolicy::Enabled] {
+        let absent = Arc::new(Fake::new().absent());
+        let cache = KernelCache::new(absent.clone(), CacheConfig::at(dir.path()).with_jit(jit));
+        let k = cache.get(&spec).unwrap();
+        assert_from_disk(&k);
+        assert_eq!(k.image, baked.image);
+        assert_eq!(absent.calls(), 0);
+        // A kernel never baked: a miss, said as such.
+        let other = specs()[1];
+        match (jit, cache.get(&other)) {
+            (JitPolicy::Off, Err(Error::JitDisabledMiss { .. })) => {}
+            (JitPolicy::Enabled, Err(Error::NvrtcNotFound(_))) => {}
+            (_, other) => panic!("{jit:?}: unexpected {other:?}"),
+        }
+    }
+    // Entries of other options or sources are not taken.
+    let other_options = Arc::new(Fake::with("fake", "1.0", &["-O1"]).absent());
+    let cache = KernelCache::new(other_options, CacheConfig::at(dir.path()).with_jit(JitPolicy::Off));
+    assert!(matches!(cache.get(&spec), Err(Error::JitDisabledMiss { .. })));
+}
+
+#[test]
+fn the_newest_build_wins_when_several_match() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = spec();
+    disk_cache(&Arc::new(Fake::with("fake", "1.0", &["-O3", "--std=c++17"])), dir.path()).get(&spec).unwrap();
+    std::thread::sleep(Duration::from_millis(5));
+    let newer = Fake::with("fake", "1.1", &["-O3", "--std=c++17"]);
+    disk_cache(&Arc::new(newer), dir.path()).get(&spec).unwrap();
+    assert_eq!(entries_in(dir.path()).len(), 2);
+    let cache = KernelCache::new(Arc::new(Fake::new().absent()), CacheConfig::at(dir.path()).with_jit(JitPolicy::Off));
+    let k = cache.get(&spec).unwrap();
+    let meta: EntryMeta =
+        serde_json::from_slice(&fs::read(k.source_path.as_ref().unwrap().with_file_name(META_FILE)).unwrap()).unwrap();
+    assert_eq!(meta.key["compiler"]["version"], "1.1");
+}
+
+#[test]
+fn jit_off_with_a_corrupt_entry_says_so_in_one_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = spec();
+    let bake = disk_cache(&Arc::new(Fake::new()), dir.path());
+    bake.get(&spec).unwrap();
+    fs::write(entry_dir(&bake, &spec).join(IMAGE_FILE), b"garbage").unwrap();
+    let cache = KernelCache::new(Arc::new(Fake::new()), CacheConfig::at(dir.path()).with_jit(JitPolicy::Off));
+    let msg = cache.get(&spec).unwrap_err().to_string();
+    assert!(msg.contains("was bad and was set aside") && msg.contains("NSA_JIT=off forbids"), "{msg}");
+    assert!(!msg.contains("recompiling"), "{msg}");
+}
+
+#[test]
+fn a_relative_cache_dir_is_made_absolute_at_once() {
+    let c = CacheConfig::from_vars(vars(&[("NSA_CACHE_DIR", "rel/cache")])).unwrap();
+    let root = c.root.unwrap();
+    assert!(root.is_absolute(), "{}", root.display());
+    assert_eq!(root, std::env::current_dir().unwrap().join("rel/cache"));
 }

@@ -244,9 +244,9 @@ const CASES: &[Case] = &[
         what: "duplicate target",
         mutate: |c| c.targets = vec![Target::Sm90a, Target::Gfx942, Target::Sm90a],
         field: "targets",
-        value: "sm_90a listed twice",
+        value: "sm_90a listed 2 times",
         allowed: "each of sm_90a, sm_100a, gfx942 at most once",
-        nearest: "remove the second sm_90a",
+        nearest: "list sm_90a once",
     },
 ];
 
@@ -448,13 +448,43 @@ fn any_subset_of_errors_keeps_field_order() {
 }
 
 #[test]
-fn every_repeat_of_a_target_is_reported() {
+fn each_repeated_target_is_one_issue_with_its_count() {
     let cfg = NsaConfig {
         targets: vec![Target::Sm90a, Target::Gfx942, Target::Sm90a, Target::Gfx942, Target::Sm90a],
         ..base()
     };
     let values: Vec<String> = issues_of(&cfg).into_iter().map(|i| i.value).collect();
-    assert_eq!(values, ["sm_90a listed twice", "gfx942 listed twice", "sm_90a listed twice"]);
+    assert_eq!(values, ["sm_90a listed 3 times", "gfx942 listed 2 times"]);
+
+    // Half a million repeats are one line, not half a million.
+    let cfg = NsaConfig { targets: vec![Target::Sm90a; 500_000], ..base() };
+    let msg = cfg.validate().unwrap_err().to_string();
+    assert_eq!(msg.lines().count(), 2, "{msg}");
+    assert!(msg.contains("sm_90a listed 500000 times"), "{msg}");
+}
+
+#[test]
+fn parse_errors_quote_a_bounded_excerpt_of_the_input() {
+    let huge = "x".repeat(10 << 20);
+    let text = format!("page_size = 64\ntopk = \"{huge}\"\n");
+    let msg = NsaConfig::from_text(&text).unwrap_err().to_string();
+    assert!(msg.len() < 2000, "{} bytes of message", msg.len());
+    assert!(msg.contains("more bytes)"), "{msg}");
+    let json = format!("{{\"kv_cache\": \"{huge}\"}}");
+    let msg = NsaConfig::from_text(&json).unwrap_err().to_string();
+    assert!(msg.len() < 2000, "{} bytes of message", msg.len());
+    // Control characters are escaped, not printed.
+    let issue = nsa_kernels::excerpt("a\u{1b}[31mb", 100);
+    assert_eq!(issue, "a\\u{1b}[31mb");
+}
+
+#[test]
+fn a_byte_order_mark_is_skipped_before_json_and_toml() {
+    let cfg = base();
+    let json = format!("\u{feff}{}", serde_json::to_string(&cfg).unwrap());
+    assert_eq!(NsaConfig::from_text(&json).unwrap(), cfg);
+    let toml = format!("\u{feff}{}", toml::to_string(&cfg).unwrap());
+    assert_eq!(NsaConfig::from_text(&toml).unwrap(), cfg);
 }
 
 #[test]

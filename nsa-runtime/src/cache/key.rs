@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 /// Version of the on-disk layout and of the key itself. Bump it whenever either
 /// changes meaning; entries then live under a fresh `v<schema>/` directory and
 /// old ones are simply never looked at again.
-pub const CACHE_SCHEMA: u32 = 1;
+pub const CACHE_SCHEMA: u32 = 2;
 
 /// Hex digits of the key digest kept in an entry's directory name.
 pub const ENTRY_DIGEST_HEX: usize = 32;

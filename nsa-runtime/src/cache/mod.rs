@@ -11,14 +11,27 @@
 //!   the next caller tries again.
 //! * **Disk** (optional): `NSA_CACHE_DIR`, else `<user cache dir>/nsa`. Entries are
 //!   written into a temporary directory inside the root and renamed into place,
-//!   verified (key JSON and image blake3) on load, and moved to
-//!   `<root>/quarantine/` when anything is off. A root that cannot be written
-//!   still serves reads; compiles then live in memory only.
+//!   synced, and renamed into place; verified (key JSON, image size, blake3 and
+//!   entry point) on load, and moved to `<root>/quarantine/` when anything is
+//!   off. Files are opened only if regular (no FIFOs, devices or links) and
+//!   their size is checked before reading. A root that cannot be written still
+//!   serves reads; compiles then live in memory only, and
+//!   [`KernelCache::unpersisted`] lists them.
+//! * **Processes sharing a root** compile each key once: the compiling process
+//!   holds an advisory lock on `<entry>.lock` (released by the OS if it dies);
+//!   the others wait, then load what it published. Where locks do not work
+//!   (read-only roots, filesystems without them) every process compiles and
+//!   the first rename wins. Staging directories of killed compiles are removed
+//!   by the next process; `quarantine/` and `failed/` keep their newest few.
 //! * **`NSA_JIT=off`**: a kernel found in neither layer is
-//!   [`Error::JitDisabledMiss`] instead of a compile.
+//!   [`Error::JitDisabledMiss`] instead of a compile. A compiler that was not
+//!   found (no NVRTC on the machine) cannot name its exact build; its cache then
+//!   serves the entries any build of it made for the same source and options.
 //!
-//! Two *processes* compiling the same key at once both compile; the first rename
-//! wins and the other keeps the winner's entry. No file locks are taken.
+//! Trust: the disk cache is trusted like the program's own files. The checks
+//! catch accidents (truncation, bit flips, swapped or foreign files), not an
+//! adversary who can write the directory: such a writer can forge a matching
+//! meta and image. Keep the root writable only by the user that runs nsa.
 
 mod disk;
 mod key;
@@ -28,7 +41,8 @@ pub use key::{CacheKey, CACHE_SCHEMA, ENTRY_DIGEST_HEX};
 
 use crate::jit::{CompiledImage, Compiler};
 use crate::{Error, Result};
-use disk::{DiskStore, Load};
+use disk::{DiskStore, Load, Quarantined};
+pub use disk::{Unpersisted, FAILED_KEEP, LOCK_SUFFIX, QUARANTINE_KEEP};
 use nsa_kernels::{KernelSpec, RenderedKernel};
 use serde::Serialize;
 use std::collections::HashMap;
@@ -67,13 +81,26 @@ impl JitPolicy {
     }
 }
 
+/// How long a process waits for another that is compiling the same key before
+/// compiling it too (the default of [`CacheConfig::lock_wait`]).
+pub const DEFAULT_LOCK_WAIT: Duration = Duration::from_secs(600);
+
 /// How a [`KernelCache`] is set up.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CacheConfig {
     /// Disk cache root; `None` = no disk layer (memory only).
     pub root: Option<PathBuf>,
     /// Whether misses may be compiled.
     pub jit: JitPolicy,
+    /// How long to wait for another process compiling the same key; `None`
+    /// takes no cross-process locks.
+    pub lock_wait: Option<Duration>,
+}
+
+impl Default for CacheConfig {
+    fn default() -> Self {
+        CacheConfig { root: None, jit: JitPolicy::Enabled, lock_wait: Some(DEFAULT_LOCK_WAIT) }
+    }
 }
 
 impl CacheConfig {
@@ -85,10 +112,21 @@ impl CacheConfig {
 
     /// Like [`from_env`](Self::from_env), reading variables through `var` (for tests
     /// and embedders that keep their own environment). An empty `NSA_CACHE_DIR`
-    /// counts as unset; an unrecognised `NSA_JIT` is an error (a typo in an offline
-    /// image must not silently turn compiling back on).
+    /// counts as unset; a relative one is made absolute against the working
+    /// directory now, so a later `chdir` does not move the cache; an unrecognised
+    /// `NSA_JIT` is an error (a typo in an offline image must not silently turn
+    /// compiling back on).
     pub fn from_vars(var: impl Fn(&str) -> Option<OsString>) -> Result<Self> {
-        let root = var(ENV_CACHE_DIR).filter(|v| !v.is_empty()).map(PathBuf::from).or_else(Self::default_root);
+        let root = match var(ENV_CACHE_DIR).filter(|v| !v.is_empty()) {
+            Some(dir) => Some(std::path::absolute(&dir).map_err(|e| {
+                crate::error::invalid(
+                    ENV_CACHE_DIR,
+                    format!("{dir:?}"),
+                    format!("a directory path (made absolute against the working directory, which failed: {e})"),
+                )
+            })?),
+            None => Self::default_root(),
+        };
         let jit = match var(ENV_JIT) {
             None => JitPolicy::Enabled,
             Some(v) => {
@@ -103,7 +141,7 @@ impl CacheConfig {
                 })?
             }
         };
-        Ok(CacheConfig { root, jit })
+        Ok(CacheConfig { root, jit, ..CacheConfig::default() })
     }
 
     /// `<user cache dir>/nsa` (e.g. `~/.cache/nsa`), if the platform has one.
@@ -118,7 +156,14 @@ impl CacheConfig {
 
     /// Disk cache at `root`, JIT enabled.
     pub fn at(root: impl Into<PathBuf>) -> Self {
-        CacheConfig { root: Some(root.into()), jit: JitPolicy::Enabled }
+        CacheConfig { root: Some(root.into()), ..CacheConfig::default() }
+    }
+
+    /// The same config waiting at most `wait` for another process's compile of a
+    /// key (`None`: no cross-process locks).
+    pub fn with_lock_wait(mut self, wait: Option<Duration>) -> Self {
+        self.lock_wait = wait;
+        self
     }
 
     /// The same config with `jit` as policy.
@@ -201,6 +246,7 @@ struct Slot {
 pub struct KernelCache {
     compiler: Arc<dyn Compiler>,
     jit: JitPolicy,
+    lock_wait: Option<Duration>,
     disk: Option<DiskStore>,
     /// Hot path: spec → slot, so a hit neither renders nor hashes.
     by_spec: RwLock<HashMap<KernelSpec, Arc<Slot>>>,
@@ -232,6 +278,7 @@ impl KernelCache {
         KernelCache {
             compiler,
             jit: cfg.jit,
+            lock_wait: cfg.lock_wait,
             disk: cfg.root.map(DiskStore::new),
             by_spec: RwLock::default(),
             by_digest: Mutex::default(),
@@ -273,6 +320,13 @@ impl KernelCache {
     /// Where the disk entry for `key` lives (whether or not it exists yet).
     pub fn entry_dir(&self, key: &CacheKey) -> Option<PathBuf> {
         self.disk.as_ref().map(|d| d.entry_dir(&key.entry_name()))
+    }
+
+    /// Kernels this cache compiled but could not save to disk (a full disk, a
+    /// read-only root, a bad entry that cannot be removed), with the reason:
+    /// a later process compiles them again. Empty without a disk layer.
+    pub fn unpersisted(&self) -> Vec<Unpersisted> {
+        self.disk.as_ref().map(DiskStore::unpersisted).unwrap_or_default()
     }
 
     pub fn jit_policy(&self) -> JitPolicy {
@@ -345,21 +399,16 @@ impl KernelCache {
             origin,
             key_digest: slot.digest.clone(),
         };
-
+        let known = self.compiler.identity_known();
+        let then = match (self.jit, known) {
+            (JitPolicy::Off, _) => "NSA_JIT=off forbids compiling it",
+            (JitPolicy::Enabled, true) => "recompiling",
+            (JitPolicy::Enabled, false) => "the compiler was not found, so it cannot be recompiled",
+        };
+        let mut bad_entry = None;
         if let Some(disk) = &self.disk {
-            let t = Instant::now();
-            match disk.load(&slot.key, &slot.key_json, &slot.entry) {
-                Load::Hit(loaded) => {
-                    bump(&self.counters.disk_hits);
-                    let elapsed = t.elapsed();
-                    tracing::debug!(id = %kernel.id, ?elapsed, "kernel loaded from the disk cache");
-                    return Ok(made(loaded.image, Some(loaded.source_path), Origin::Disk { elapsed }));
-                }
-                Load::Miss => {}
-                Load::Bad(reason) => {
-                    bump(&self.counters.quarantined);
-                    disk.quarantine(&slot.entry, &reason);
-                }
+            if let Some(hit) = self.load_from_disk(disk, slot, known, then, &mut bad_entry) {
+                return Ok(made(hit.0.image, Some(hit.0.source_path), Origin::Disk { elapsed: hit.1 }));
             }
         }
 
@@ -370,8 +419,26 @@ impl KernelCache {
                     Some(root) => root.display().to_string(),
                     None => "(none: no disk cache is configured)".to_string(),
                 },
+                bad_entry: bad_entry
+                    .map(|reason| format!(" (its entry there was bad and was set aside: {reason})"))
+                    .unwrap_or_default(),
             });
         }
+
+        // One compile per key across processes: hold the key's lock, and load what
+        // a process that held it before us published.
+        let _lock = match (&self.disk, self.lock_wait) {
+            (Some(disk), Some(wait)) if known => {
+                let lock = disk.lock(&slot.entry, wait);
+                if lock.as_ref().is_some_and(|l| l.waited) {
+                    if let Some(hit) = self.load_from_disk(disk, slot, known, then, &mut bad_entry) {
+                        return Ok(made(hit.0.image, Some(hit.0.source_path), Origin::Disk { elapsed: hit.1 }));
+                    }
+                }
+                lock
+            }
+            _ => None,
+        };
 
         let t = Instant::now();
         let image = match self.compiler.compile(kernel) {
@@ -390,9 +457,48 @@ impl KernelCache {
             bytes = image.bytes.len(),
             "kernel compiled"
         );
-        let source_path =
-            self.disk.as_ref().and_then(|disk| disk.store(&slot.key_json, &slot.digest, &slot.entry, kernel, &image));
+        let source_path = self
+            .disk
+            .as_ref()
+            .and_then(|disk| disk.store(&slot.key, &slot.key_json, &slot.digest, &slot.entry, kernel, &image));
         Ok(made(image, source_path, Origin::Compiled { elapsed }))
+    }
+
+    /// The verified disk entry of `slot` (of any build of the compiler when its
+    /// own is unknown), quarantining a bad one and noting why in `bad_entry`.
+    fn load_from_disk(
+        &self,
+        disk: &DiskStore,
+        slot: &Slot,
+        known: bool,
+        then: &str,
+        bad_entry: &mut Option<String>,
+    ) -> Option<(disk::Loaded, Duration)> {
+        let t = Instant::now();
+        let found = if known {
+            Some((slot.entry.clone(), slot.key_json.clone()))
+        } else {
+            disk.find_any_build(&slot.key.kernel_id, &slot.key_json)
+        };
+        let (entry, key_json) = found?;
+        match disk.load(&slot.key, &key_json, &entry) {
+            Load::Hit(loaded) => {
+                bump(&self.counters.disk_hits);
+                let elapsed = t.elapsed();
+                tracing::debug!(id = %slot.kernel.id, entry, ?elapsed, "kernel loaded from the disk cache");
+                Some((loaded, elapsed))
+            }
+            Load::Miss => None,
+            Load::Bad(reason) => {
+                bump(&self.counters.quarantined);
+                if let Quarantined::Stuck(e) = disk.quarantine(&entry, &reason, then) {
+                    *bad_entry = Some(format!("{reason}; it could not be removed: {e}"));
+                } else {
+                    *bad_entry = Some(reason);
+                }
+                None
+            }
+        }
     }
 
     /// Fills in an empty `source_path` of a compile error with a dumped copy.

@@ -121,8 +121,9 @@ impl ClangHipCompiler {
                 clang.display()
             )));
         }
-        let compiler =
-            ClangHipCompiler { clang, major, identity: CompilerIdentity { name: "clang-hip".into(), version: first } };
+        // The first line names the exact build (e.g. `Debian clang version 19.1.7 (3+b1)`).
+        let identity = CompilerIdentity { name: "clang-hip".into(), version: first.clone(), build: first };
+        let compiler = ClangHipCompiler { clang, major, identity };
         compiler.probe()?;
         Ok(compiler)
     }

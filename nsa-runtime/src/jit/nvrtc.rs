@@ -1,34 +1,60 @@
-//! NVRTC → CUBIN for the exact arch. cudarc's safe API stops at PTX, so this goes
-//! one level down (`nvrtcGetCUBIN`) and passes our headers in memory.
+//! NVRTC → CUBIN for the exact arch, through the entry points of
+//! [`nvrtc_api`](super::nvrtc_api), passing our headers in memory.
 
-use super::{nvrtc_lib, CompiledImage, Compiler, CompilerIdentity, ResourceUsage};
+use super::nvrtc_api::{NvrtcApi, Program};
+use super::nvrtc_lib::{self, LocateError, NvrtcFiles};
+use super::{CompiledImage, Compiler, CompilerIdentity, ResourceUsage};
 use crate::{Error, Result};
-use cudarc::nvrtc::{result, sys};
 use nsa_kernels::{render::HEADERS, OutputKind, RenderedKernel, Target, Toolchain};
 use std::ffi::{c_char, CString};
 use std::path::PathBuf;
 
-/// Compiles CUDA sources with the NVRTC found by [`nvrtc_lib::load`].
+/// Compiles CUDA sources with the NVRTC that [`nvrtc_lib::locate`] finds. Creating
+/// one only locates and checks the library (a few KB read); it is loaded on the
+/// first compile, so a process whose kernels all come from the cache never loads it.
 #[derive(Debug)]
 pub struct NvrtcCompiler {
     identity: CompilerIdentity,
-    library: &'static nvrtc_lib::NvrtcLibrary,
+    /// The install, or why none was found (the error every compile then returns).
+    files: std::result::Result<NvrtcFiles, String>,
 }
 
 impl NvrtcCompiler {
-    /// Finds and loads NVRTC (never panics: a missing library is an error that lists
-    /// every place tried and how to install it).
+    /// Locates NVRTC from the environment. A wrong `NSA_NVRTC_PATH` is an error;
+    /// no NVRTC anywhere is not (a warm cache needs none): the identity is then
+    /// unknown and compiling returns [`Error::NvrtcNotFound`] with every place tried.
     pub fn new() -> Result<Self> {
-        let library = nvrtc_lib::load().map_err(Error::NvrtcNotFound)?;
-        let (major, minor) = library.version;
-        Ok(NvrtcCompiler {
-            identity: CompilerIdentity { name: "nvrtc".into(), version: format!("{major}.{minor}") },
-            library,
-        })
+        match nvrtc_lib::locate() {
+            Ok(files) => Ok(Self::from_files(files.clone())),
+            Err(LocateError::Explicit(msg)) => Err(Error::NvrtcNotFound(msg)),
+            Err(LocateError::NotFound(msg)) => {
+                Ok(NvrtcCompiler { identity: CompilerIdentity::unknown("nvrtc"), files: Err(msg) })
+            }
+        }
     }
 
-    pub fn library(&self) -> &nvrtc_lib::NvrtcLibrary {
-        self.library
+    /// A compiler over an install located by the caller.
+    pub fn from_files(files: NvrtcFiles) -> Self {
+        let (major, minor) = files.version;
+        NvrtcCompiler {
+            identity: CompilerIdentity {
+                name: "nvrtc".into(),
+                version: format!("{major}.{minor}"),
+                build: files.build.clone(),
+            },
+            files: Ok(files),
+        }
+    }
+
+    /// The located install, or why there is none.
+    pub fn files(&self) -> std::result::Result<&NvrtcFiles, &str> {
+        self.files.as_ref().map_err(String::as_str)
+    }
+
+    /// The loaded library (verified and loaded on the first call).
+    fn api(&self) -> Result<&'static NvrtcApi> {
+        let files = self.files.as_ref().map_err(|m| Error::NvrtcNotFound(m.clone()))?;
+        files.load().map_err(Error::NvrtcNotFound)
     }
 
     /// The PTX of `kernel` (for `nsa inspect --ptx`; launches always use the CUBIN).
@@ -44,6 +70,7 @@ impl NvrtcCompiler {
         options: &[String],
         artifact: Artifact,
     ) -> Result<(Vec<u8>, String)> {
+        let api = self.api()?;
         let fail = |log: String| compile_error(kernel, &self.identity, options, log);
         let src = CString::new(kernel.source.as_str()).map_err(|e| fail(format!("source holds a NUL byte: {e}")))?;
         let name = CString::new(kernel.source_name.as_str()).map_err(|e| fail(e.to_string()))?;
@@ -51,12 +78,15 @@ impl NvrtcCompiler {
         let header_names: Vec<CString> = HEADERS.iter().map(|(n, _)| CString::new(*n).expect("no NUL")).collect();
         let text_ptrs: Vec<*const c_char> = header_texts.iter().map(|c| c.as_ptr()).collect();
         let name_ptrs: Vec<*const c_char> = header_names.iter().map(|c| c.as_ptr()).collect();
+        let option_texts: Vec<CString> =
+            options.iter().map(|o| CString::new(o.as_str()).map_err(|e| fail(e.to_string()))).collect::<Result<_>>()?;
+        let option_ptrs: Vec<*const c_char> = option_texts.iter().map(|c| c.as_ptr()).collect();
 
-        let mut prog: sys::nvrtcProgram = std::ptr::null_mut();
+        let mut prog: Program = std::ptr::null_mut();
         // SAFETY: every pointer refers to a NUL-terminated string that outlives `prog`
         // (destroyed below before they drop); the header arrays have equal length.
-        unsafe {
-            sys::nvrtcCreateProgram(
+        let created = unsafe {
+            (api.create_program)(
                 &mut prog,
                 src.as_ptr(),
                 name.as_ptr(),
@@ -64,27 +94,25 @@ impl NvrtcCompiler {
                 text_ptrs.as_ptr(),
                 name_ptrs.as_ptr(),
             )
-            .result()
-            .map_err(|e| fail(format!("nvrtcCreateProgram: {e:?}")))?;
-        }
-        // SAFETY: `prog` was created above and is destroyed exactly once, here.
-        let outcome = unsafe {
-            let compiled = result::compile_program(prog, options);
-            let log = program_log(prog);
-            let out = match compiled {
-                Ok(()) => match artifact {
-                    Artifact::Cubin => get_cubin(prog).map_err(|e| fail(format!("nvrtcGetCUBIN: {e:?}"))),
-                    Artifact::Ptx => result::get_ptx(prog)
-                        .map(|p| p.iter().map(|&c| c as u8).collect())
-                        .map_err(|e| fail(format!("nvrtcGetPTX: {e:?}"))),
-                }
-                .map(|bytes| (bytes, log)),
-                Err(e) => Err(fail(format!("{e:?}\n{log}"))),
-            };
-            let _ = result::destroy_program(prog);
-            out
         };
-        outcome
+        api.check("nvrtcCreateProgram", created).map_err(fail)?;
+        // SAFETY: `prog` was created above and is destroyed exactly once, here; the
+        // option pointers outlive the call.
+        unsafe {
+            let compiled = (api.compile_program)(prog, option_ptrs.len() as i32, option_ptrs.as_ptr());
+            let log = program_log(api, prog);
+            let out = match api.check("nvrtcCompileProgram", compiled) {
+                Ok(()) => match artifact {
+                    Artifact::Cubin => api.read_output(prog, "nvrtcGetCUBIN", api.cubin_size, api.cubin),
+                    Artifact::Ptx => api.read_output(prog, "nvrtcGetPTX", api.ptx_size, api.ptx),
+                }
+                .map(|bytes| (bytes, log))
+                .map_err(fail),
+                Err(e) => Err(fail(format!("{e}\n{log}"))),
+            };
+            let _ = (api.destroy_program)(&mut prog);
+            out
+        }
     }
 }
 
@@ -97,6 +125,10 @@ enum Artifact {
 impl Compiler for NvrtcCompiler {
     fn identity(&self) -> &CompilerIdentity {
         &self.identity
+    }
+
+    fn identity_known(&self) -> bool {
+        self.files.is_ok()
     }
 
     fn options(&self, target: Target) -> Vec<String> {
@@ -126,27 +158,14 @@ impl Compiler for NvrtcCompiler {
 
 /// # Safety
 /// `prog` must be a live program.
-unsafe fn program_log(prog: sys::nvrtcProgram) -> String {
+unsafe fn program_log(api: &NvrtcApi, prog: Program) -> String {
     // SAFETY: forwarded from the caller.
-    match unsafe { result::get_program_log(prog) } {
-        Ok(chars) => {
-            let bytes: Vec<u8> = chars.iter().map(|&c| c as u8).take_while(|&b| b != 0).collect();
+    match unsafe { api.read_output(prog, "nvrtcGetProgramLog", api.program_log_size, api.program_log) } {
+        Ok(bytes) => {
+            let bytes: Vec<u8> = bytes.into_iter().take_while(|&b| b != 0).collect();
             String::from_utf8_lossy(&bytes).trim().to_string()
         }
-        Err(e) => format!("(no log: {e:?})"),
-    }
-}
-
-/// # Safety
-/// `prog` must be a live, successfully compiled program.
-unsafe fn get_cubin(prog: sys::nvrtcProgram) -> std::result::Result<Vec<u8>, result::NvrtcError> {
-    let mut size = 0usize;
-    // SAFETY: forwarded from the caller; the buffer has exactly `size` bytes.
-    unsafe {
-        sys::nvrtcGetCUBINSize(prog, &mut size).result()?;
-        let mut buf = vec![0u8; size];
-        sys::nvrtcGetCUBIN(prog, buf.as_mut_ptr() as *mut c_char).result()?;
-        Ok(buf)
+        Err(e) => format!("(no log: {e})"),
     }
 }
 

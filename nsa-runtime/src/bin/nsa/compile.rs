@@ -39,6 +39,37 @@ pub struct CompileArgs {
     /// runs; not in the config's kernel set).
     #[arg(long)]
     pub deterministic_topk: bool,
+    /// Only the kernels whose id matches one of these comma-separated globs
+    /// (e.g. `kv_*,indexer_k_*`); `nsa list` prints the ids.
+    #[arg(long, value_delimiter = ',')]
+    pub only: Vec<String>,
+}
+
+/// The specs whose id matches one of `patterns` (all of them when there are none).
+pub fn select(specs: Vec<KernelSpec>, patterns: &[String]) -> Result<Vec<KernelSpec>> {
+    if patterns.is_empty() {
+        return Ok(specs);
+    }
+    let globs = patterns
+        .iter()
+        .map(|p| {
+            glob::Pattern::new(p).map_err(|e| Error::InvalidArgument {
+                field: "--only",
+                value: p.clone(),
+                expected: format!("a glob over kernel ids such as `kv_*` ({e})"),
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let total = specs.len();
+    let chosen: Vec<KernelSpec> = specs.into_iter().filter(|s| globs.iter().any(|g| g.matches(&s.id()))).collect();
+    if chosen.is_empty() {
+        return Err(Error::InvalidArgument {
+            field: "--only",
+            value: patterns.join(","),
+            expected: format!("globs that match some of the config's {total} kernel ids (`nsa list` prints them)"),
+        });
+    }
+    Ok(chosen)
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -107,6 +138,11 @@ impl Caches {
     fn root(&self) -> Option<&std::path::Path> {
         self.nvrtc.as_ref().or(self.hip.as_ref()).and_then(|c| c.root())
     }
+
+    /// Compiled kernels that could not be saved to the disk cache.
+    fn unpersisted(&self) -> Vec<nsa_runtime::cache::Unpersisted> {
+        self.nvrtc.iter().chain(self.hip.iter()).flat_map(KernelCache::unpersisted).collect()
+    }
 }
 
 /// Compiles (or loads) every spec on one worker per core; results in spec order.
@@ -140,6 +176,7 @@ pub fn run(args: CompileArgs) -> Result<()> {
     if args.deterministic_topk {
         specs.extend(deterministic_topk_set(&cfg));
     }
+    let specs = select(specs, &args.only)?;
     println!("config: {}{}", cfg.summary(), if args.deterministic_topk { " +deterministic top-k" } else { "" });
     let bar = ProgressBar::new(specs.len() as u64);
     bar.set_style(ProgressStyle::with_template("{bar:40} {pos}/{len} {msg}").expect("valid template"));
@@ -151,6 +188,19 @@ pub fn run(args: CompileArgs) -> Result<()> {
     println!("wall time: {:.1} ms", started.elapsed().as_secs_f64() * 1e3);
     if let Some(root) = caches.root() {
         println!("cache: {}", root.display());
+    }
+    let unsaved = caches.unpersisted();
+    if let Some(first) = unsaved.first() {
+        println!(
+            "warning: {} of {} kernels were compiled but not saved to the disk cache, so the next run compiles them \
+             again; first reason: {}",
+            unsaved.len(),
+            rows.len(),
+            first.reason
+        );
+        for u in &unsaved {
+            println!("  not saved: {}", u.entry);
+        }
     }
     let nvidia_present = device::probe_driver().is_ok();
     match (args.verify, nvidia_present) {

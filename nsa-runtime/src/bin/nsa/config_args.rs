@@ -3,7 +3,7 @@
 use clap::Args;
 use nsa_kernels::{KvCacheFormat, NsaConfig};
 use nsa_runtime::{Error, Result};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 #[derive(Args, Debug, Clone)]
 pub struct ConfigArgs {
@@ -30,14 +30,25 @@ pub struct ConfigArgs {
     pub topk_bf16_scores: bool,
 }
 
+/// Largest config file read; real ones are a few hundred bytes.
+pub const CONFIG_FILE_LIMIT: u64 = 1 << 20;
+
+/// The text of config file `path`: a regular file (no FIFO or device) of at most
+/// [`CONFIG_FILE_LIMIT`] bytes, in UTF-8.
+pub fn read_config_file(path: &Path) -> Result<String> {
+    let bytes = nsa_runtime::fsread::read_bounded(path, CONFIG_FILE_LIMIT, true).map_err(Error::io(path))?;
+    String::from_utf8(bytes).map_err(|e| Error::InvalidArgument {
+        field: "--config",
+        value: path.display().to_string(),
+        expected: format!("a UTF-8 JSON or TOML file (byte {} is not UTF-8)", e.utf8_error().valid_up_to()),
+    })
+}
+
 impl ConfigArgs {
     /// The preset or file, with overrides applied, validated (all problems at once).
     pub fn load(&self) -> Result<NsaConfig> {
         let mut cfg = match &self.config {
-            Some(path) => {
-                let text = std::fs::read_to_string(path).map_err(Error::io(path))?;
-                NsaConfig::from_text(&text)?
-            }
+            Some(path) => NsaConfig::from_text(&read_config_file(path)?)?,
             None => NsaConfig::preset(&self.preset)?,
         };
         if let Some(h) = self.heads {
