@@ -222,7 +222,7 @@ impl DiskStore {
         let mut waited = false;
         loop {
             match file.try_lock() {
-                Ok(()) => return Some(EntryLock { _file: file, waited }),
+                Ok(()) => return Some(EntryLock { _file: file }),
                 Err(fs::TryLockError::WouldBlock) => {}
                 Err(fs::TryLockError::Error(e)) => {
                     tracing::debug!(path = %path.display(), error = %e, "no cross-process lock (locking unsupported)");
@@ -420,8 +420,6 @@ impl DiskStore {
 #[derive(Debug)]
 pub(crate) struct EntryLock {
     _file: File,
-    /// Whether another process held it first (it may have published meanwhile).
-    pub waited: bool,
 }
 
 fn read_meta(dir: &Path) -> Result<EntryMeta, String> {

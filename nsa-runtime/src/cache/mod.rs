@@ -425,12 +425,12 @@ impl KernelCache {
             });
         }
 
-        // One compile per key across processes: hold the key's lock, and load what
-        // a process that held it before us published.
+        // One compile per key across processes: hold the key's lock, then look
+        // again, for what a process that held it since our look-up published.
         let _lock = match (&self.disk, self.lock_wait) {
             (Some(disk), Some(wait)) if known => {
                 let lock = disk.lock(&slot.entry, wait);
-                if lock.as_ref().is_some_and(|l| l.waited) {
+                if lock.is_some() {
                     if let Some(hit) = self.load_from_disk(disk, slot, known, then, &mut bad_entry) {
                         return Ok(made(hit.0.image, Some(hit.0.source_path), Origin::Disk { elapsed: hit.1 }));
                     }

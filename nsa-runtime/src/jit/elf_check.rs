@@ -120,18 +120,31 @@ fn read_facts(data: &ReadCache<File>, size: u64) -> Result<LibraryFacts, String>
 mod tests {
     use super::*;
 
-    #[test]
-    fn reads_this_test_binary_s_libc() {
-        // libc is on every Linux machine that runs these tests.
-        let libc = ["/lib/x86_64-linux-gnu/libc.so.6", "/usr/lib64/libc.so.6", "/lib/aarch64-linux-gnu/libc.so.6"]
+    /// The C library, which every Linux machine that runs these tests has.
+    fn libc() -> &'static Path {
+        ["/lib/x86_64-linux-gnu/libc.so.6", "/usr/lib64/libc.so.6", "/lib/aarch64-linux-gnu/libc.so.6"]
             .into_iter()
             .map(Path::new)
-            .find(|p| p.exists());
-        let Some(libc) = libc else { return };
-        let facts = inspect(libc).unwrap();
+            .find(|p| p.exists())
+            .expect("libc.so.6 in a usual place")
+    }
+
+    #[test]
+    fn reads_the_c_library() {
+        let facts = inspect(libc()).unwrap();
         assert_eq!(facts.soname.as_deref(), Some("libc.so.6"));
         assert!(facts.missing(&["malloc", "free"]).is_none());
         assert_eq!(facts.missing(&["malloc", "nvrtcCreateProgram"]), Some("nvrtcCreateProgram"));
+    }
+
+    #[test]
+    fn a_truncated_copy_is_caught_before_loading() {
+        let bytes = std::fs::read(libc()).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let cut = dir.path().join("libc-cut.so");
+        std::fs::write(&cut, &bytes[..bytes.len() * 3 / 4]).unwrap();
+        let err = inspect(&cut).unwrap_err();
+        assert!(err.contains("truncated") || err.contains("not a usable ELF"), "{err}");
     }
 
     #[test]

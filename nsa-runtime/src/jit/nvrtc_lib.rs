@@ -393,3 +393,76 @@ fn sha256_urlsafe(path: &Path) -> Result<String, String> {
     std::io::copy(&mut file, &mut hasher).map_err(|e| format!("{}: cannot be read: {e}", path.display()))?;
     Ok(base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(hasher.finalize()))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vars(pairs: Vec<(&'static str, OsString)>) -> impl Fn(&str) -> Option<OsString> {
+        move |name: &str| pairs.iter().find(|(k, _)| *k == name).map(|(_, v)| v.clone())
+    }
+
+    #[test]
+    fn python_sites_are_found_by_looking_not_by_running_python() {
+        let tmp = tempfile::tempdir().unwrap();
+        let venv = tmp.path().join("venv");
+        let venv_site = venv.join("lib/python3.12/site-packages");
+        fs::create_dir_all(&venv_site).unwrap();
+        // A python3 on PATH whose prefix has a site, and a PYTHONPATH entry.
+        let other = tmp.path().join("pyenv");
+        fs::create_dir_all(other.join("bin")).unwrap();
+        fs::write(other.join("bin/python3"), "#!/bin/sh\nexit 3\n").unwrap();
+        let other_site = other.join("lib/python3.11/site-packages");
+        fs::create_dir_all(&other_site).unwrap();
+        let extra = tmp.path().join("extra");
+        fs::create_dir_all(&extra).unwrap();
+        let var = vars(vec![
+            ("VIRTUAL_ENV", venv.into_os_string()),
+            ("PATH", other.join("bin").into_os_string()),
+            ("PYTHONPATH", extra.clone().into_os_string()),
+        ]);
+        let dirs: Vec<PathBuf> =
+            search_dirs(&var).into_iter().filter(|(rule, _)| rule == "pip wheel").map(|(_, d)| d).collect();
+        for site in [&venv_site, &other_site, &extra] {
+            assert!(dirs.contains(&site.join("nvidia/cu13/lib")), "{} missing from {dirs:?}", site.display());
+        }
+    }
+
+    #[test]
+    fn an_empty_nvrtc_path_means_unset_and_a_wrong_one_is_never_replaced() {
+        let empty = locate_with(vars(vec![(ENV_NVRTC_PATH, OsString::new())]));
+        assert!(!matches!(empty, Err(LocateError::Explicit(_))), "{empty:?}");
+        let tmp = tempfile::tempdir().unwrap();
+        let missing = tmp.path().join("nope");
+        match locate_with(vars(vec![(ENV_NVRTC_PATH, missing.clone().into_os_string())])) {
+            Err(LocateError::Explicit(m)) => assert!(m.contains(&missing.display().to_string()), "{m}"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn builtins_and_release_come_from_file_names() {
+        let tmp = tempfile::tempdir().unwrap();
+        for name in ["libnvrtc-builtins.so.13.0", "libnvrtc-builtins.so.13.1", "libnvrtc-builtins.so.12.9"] {
+            fs::write(tmp.path().join(name), b"").unwrap();
+        }
+        let facts = |soname: Option<&str>| LibraryFacts {
+            size: 0,
+            soname: soname.map(str::to_string),
+            build_id: None,
+            exports: Vec::new(),
+        };
+        let (path, version) = find_builtins(tmp.path(), &facts(Some("libnvrtc.so.13"))).unwrap();
+        assert_eq!((path.file_name().unwrap().to_str().unwrap(), version), ("libnvrtc-builtins.so.13.1", (13, 1)));
+        let (_, version) = find_builtins(tmp.path(), &facts(Some("libnvrtc.so.12"))).unwrap();
+        assert_eq!(version, (12, 9));
+        let err = find_builtins(tmp.path(), &facts(Some("libnvrtc.so.14"))).unwrap_err();
+        assert!(err.contains("libnvrtc-builtins.so.14.*"), "{err}");
+
+        fs::write(tmp.path().join("libnvrtc.so.13.0.88"), b"").unwrap();
+        std::os::unix::fs::symlink("libnvrtc.so.13.0.88", tmp.path().join("libnvrtc.so.13")).unwrap();
+        let lib = tmp.path().join("libnvrtc.so.13");
+        assert_eq!(versioned_file_release(&lib, (13, 0)).as_deref(), Some("13.0.88"));
+        assert_eq!(versioned_file_release(&lib, (13, 1)), None);
+    }
+}
