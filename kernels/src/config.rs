@@ -255,8 +255,7 @@ pub const EXCERPT_CHARS: usize = 400;
 /// characters escaped, and the size of what was cut said.
 pub fn excerpt(text: &str, max_chars: usize) -> String {
     let mut out = String::new();
-    let mut taken = 0;
-    for (i, c) in text.char_indices() {
+    for (taken, (i, c)) in text.char_indices().enumerate() {
         if taken == max_chars {
             out.push_str(&format!("… ({} more bytes)", text.len() - i));
             break;
@@ -266,7 +265,6 @@ pub fn excerpt(text: &str, max_chars: usize) -> String {
         } else {
             out.push(c);
         }
-        taken += 1;
     }
     out
 }

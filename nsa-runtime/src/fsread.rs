@@ -5,6 +5,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read};
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::Path;
 
@@ -55,6 +56,23 @@ pub fn read_bounded(path: &Path, limit: u64, follow_links: bool) -> io::Result<V
         return Err(too_large(bytes.len() as u64, limit));
     }
     Ok(bytes)
+}
+
+/// Takes an exclusive advisory lock (`flock`) on `file` without waiting:
+/// `Ok(true)` taken, `Ok(false)` held through another open file (this process's
+/// or another's). The OS releases it when the file is closed or its process dies.
+pub fn try_lock_exclusive(file: &File) -> io::Result<bool> {
+    // SAFETY: flock on a file descriptor this `File` owns for the duration of the call.
+    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if rc == 0 {
+        return Ok(true);
+    }
+    let e = io::Error::last_os_error();
+    if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+        Ok(false)
+    } else {
+        Err(e)
+    }
 }
 
 fn too_large(size: u64, limit: u64) -> io::Error {

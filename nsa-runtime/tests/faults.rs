@@ -106,7 +106,8 @@ fn a_killed_lock_holder_is_taken_over_and_leaves_nothing_behind() {
     // Kill it mid-compile: once it holds the key's lock.
     let schema = cache.path().join(format!("v{}", nsa_runtime::cache::CACHE_SCHEMA));
     let started = Instant::now();
-    while !fs::read_dir(&schema).is_ok_and(|mut d| d.any(|e| e.unwrap().file_name().to_string_lossy().ends_with(".lock")))
+    while !fs::read_dir(&schema)
+        .is_ok_and(|mut d| d.any(|e| e.unwrap().file_name().to_string_lossy().ends_with(".lock")))
     {
         assert!(started.elapsed() < Duration::from_secs(30), "the compiler never took its lock");
         std::thread::sleep(Duration::from_millis(5));

@@ -917,7 +917,7 @@ fn a_staging_directory_whose_writer_is_gone_is_removed_by_the_next_process() {
     let live = schema.join(format!(".tmp-{live_entry}-Qq1"));
     fs::create_dir_all(&live).unwrap();
     let held = fs::File::create(schema.join(format!("{live_entry}{LOCK_SUFFIX}"))).unwrap();
-    held.lock().unwrap();
+    assert!(nsa_runtime::fsread::try_lock_exclusive(&held).unwrap());
 
     let next = disk_cache(&Arc::new(Fake::new()), dir.path());
     assert_from_disk(&next.get(&spec).unwrap());

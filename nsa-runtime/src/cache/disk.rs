@@ -221,10 +221,10 @@ impl DiskStore {
         let mut pause = Duration::from_millis(2);
         let mut waited = false;
         loop {
-            match file.try_lock() {
-                Ok(()) => return Some(EntryLock { _file: file }),
-                Err(fs::TryLockError::WouldBlock) => {}
-                Err(fs::TryLockError::Error(e)) => {
+            match fsread::try_lock_exclusive(&file) {
+                Ok(true) => return Some(EntryLock { _file: file }),
+                Ok(false) => {}
+                Err(e) => {
                     tracing::debug!(path = %path.display(), error = %e, "no cross-process lock (locking unsupported)");
                     return None;
                 }
@@ -392,10 +392,9 @@ impl DiskStore {
             let path = schema_dir.join(&name);
             let entry = staging_entry(&name);
             let writer_gone = match entry.map(|e| self.lock_path(e)).and_then(|p| File::open(p).ok()) {
-                Some(lock) => match lock.try_lock() {
-                    Ok(()) => true,
-                    Err(fs::TryLockError::WouldBlock) => false,
-                    Err(fs::TryLockError::Error(_)) => older_than(&path, STALE_STAGING_AGE),
+                Some(lock) => match fsread::try_lock_exclusive(&lock) {
+                    Ok(taken) => taken,
+                    Err(_) => older_than(&path, STALE_STAGING_AGE),
                 },
                 None => older_than(&path, STALE_STAGING_AGE),
             };
@@ -468,7 +467,7 @@ fn prune(dir: &Path, keep: usize) {
     if items.len() <= keep {
         return;
     }
-    items.sort_by(|a, b| b.0.cmp(&a.0));
+    items.sort_by_key(|(modified, _)| std::cmp::Reverse(*modified));
     for (_, path) in items.drain(keep..) {
         let removed = if path.is_dir() { fs::remove_dir_all(&path) } else { fs::remove_file(&path) };
         if let Err(e) = removed {
