@@ -156,25 +156,57 @@ impl NsaConfig {
     }
 
     /// Parses a config from JSON (text starting with `{`) or TOML, then validates
-    /// it. A leading UTF-8 byte-order mark is skipped; the parser's message is
-    /// quoted up to [`EXCERPT_CHARS`] characters.
+    /// it. See [`parse_text`](Self::parse_text).
     pub fn from_text(text: &str) -> Result<NsaConfig, ConfigError> {
-        let text = text.strip_prefix('\u{feff}').unwrap_or(text);
-        let parsed: Result<NsaConfig, String> = if text.trim_start().starts_with('{') {
-            serde_json::from_str(text).map_err(|e| e.to_string())
-        } else {
-            toml::from_str(text).map_err(|e| e.to_string())
-        };
-        let cfg = parsed.map_err(|msg| {
-            ConfigError::single(ConfigIssue {
-                field: "config file",
-                value: excerpt(&msg, EXCERPT_CHARS),
-                allowed: "JSON or TOML with the fields of NsaConfig".into(),
-                nearest: None,
-            })
-        })?;
+        let cfg = Self::parse_text(text)?;
         cfg.validate()?;
         Ok(cfg)
+    }
+
+    /// Parses a config from JSON (text starting with `{`) or TOML without
+    /// validating it, so that overrides can be applied first. A leading UTF-8
+    /// byte-order mark is skipped; an empty text says so; every unknown field is
+    /// named with the field it is probably a misspelling of; a parse error names
+    /// the field and the line and column, quoting at most [`EXCERPT_CHARS`]
+    /// characters of the parser's message.
+    pub fn parse_text(text: &str) -> Result<NsaConfig, ConfigError> {
+        let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+        let json = text.trim_start().starts_with('{');
+        let issue = |value: String| ConfigIssue {
+            field: "config file",
+            value,
+            allowed: format!("JSON or TOML with the fields {}", FIELDS.join(", ")),
+            nearest: None,
+        };
+        if text.trim().is_empty() {
+            return Err(ConfigError::single(issue("empty: the file has no fields".into())));
+        }
+        let keys: Result<Vec<String>, String> = if json {
+            serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(text)
+                .map(|m| m.keys().cloned().collect())
+                .map_err(|e| e.to_string())
+        } else {
+            toml::from_str::<toml::Table>(text).map(|t| t.keys().cloned().collect()).map_err(|e| e.to_string())
+        };
+        let keys = keys.map_err(|msg| ConfigError::single(issue(excerpt(&msg, EXCERPT_CHARS))))?;
+        let unknown: Vec<ConfigIssue> = keys
+            .iter()
+            .filter(|k| !FIELDS.contains(&k.as_str()))
+            .map(|k| {
+                let guess = nearest_name(k, &FIELDS).map(|n| format!(" (did you mean `{n}`?)")).unwrap_or_default();
+                issue(format!("unknown field `{}`{guess}", excerpt(k, 80)))
+            })
+            .collect();
+        ConfigError::from_issues(unknown)?;
+        fn at_path<E: fmt::Display>(e: serde_path_to_error::Error<E>) -> String {
+            format!("`{}`: {}", e.path(), e.inner())
+        }
+        let parsed: Result<NsaConfig, String> = if json {
+            serde_path_to_error::deserialize(&mut serde_json::Deserializer::from_str(text)).map_err(at_path)
+        } else {
+            serde_path_to_error::deserialize(toml::Deserializer::new(text)).map_err(at_path)
+        };
+        parsed.map_err(|msg| ConfigError::single(issue(excerpt(&msg, EXCERPT_CHARS))))
     }
 
     fn check_targets(&self, issues: &mut Vec<ConfigIssue>) {
@@ -245,6 +277,20 @@ fn check_set(issues: &mut Vec<ConfigIssue>, field: &'static str, v: u32, allowed
     });
 }
 
+/// The fields of a config file, as spelled there.
+pub const FIELDS: [&str; 10] = [
+    "page_size",
+    "topk",
+    "num_q_heads",
+    "kv_lora_rank",
+    "qk_rope_head_dim",
+    "index_n_heads",
+    "index_head_dim",
+    "kv_cache",
+    "targets",
+    "topk_bf16_scores",
+];
+
 /// Issues a [`ConfigError`] lists; the rest are counted.
 pub const MAX_LISTED_ISSUES: usize = 20;
 
@@ -279,6 +325,13 @@ pub fn nearest_name<'a>(given: &str, names: &[&'a str]) -> Option<&'a str> {
         .map(|(_, n)| n)
 }
 
+/// The `n` names closest to `given` by edit distance, closest first.
+pub fn closest_names<'a>(given: &str, names: &[&'a str], n: usize) -> Vec<&'a str> {
+    let mut ranked: Vec<(usize, &str)> = names.iter().map(|name| (edit_distance(given, name), *name)).collect();
+    ranked.sort();
+    ranked.into_iter().take(n).map(|(_, name)| name).collect()
+}
+
 fn edit_distance(a: &str, b: &str) -> usize {
     let b: Vec<char> = b.chars().collect();
     let mut prev: Vec<usize> = (0..=b.len()).collect();
@@ -311,6 +364,10 @@ pub struct ConfigIssue {
 impl fmt::Display for ConfigIssue {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let value = excerpt(&self.value, EXCERPT_CHARS);
+        if self.field == "config file" {
+            // The file as a whole: what is wrong with it, then what it should be.
+            return write!(f, "{value}\n    (a config file is {})", self.allowed);
+        }
         write!(f, "`{}` = {value} is not allowed (allowed: {})", self.field, self.allowed)?;
         if let Some(n) = &self.nearest {
             write!(f, "; nearest valid: {n}")?;
@@ -323,26 +380,35 @@ impl fmt::Display for ConfigIssue {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub struct ConfigError {
     pub issues: Vec<ConfigIssue>,
+    /// The file the config came from, when it came from one.
+    pub origin: Option<String>,
 }
 
 impl ConfigError {
     fn single(issue: ConfigIssue) -> Self {
-        ConfigError { issues: vec![issue] }
+        ConfigError { issues: vec![issue], origin: None }
     }
 
     fn from_issues(issues: Vec<ConfigIssue>) -> Result<(), ConfigError> {
         if issues.is_empty() {
             Ok(())
         } else {
-            Err(ConfigError { issues })
+            Err(ConfigError { issues, origin: None })
         }
+    }
+
+    /// The same error, naming the file the config came from.
+    pub fn in_file(mut self, path: impl fmt::Display) -> Self {
+        self.origin = Some(path.to_string());
+        self
     }
 }
 
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let n = self.issues.len();
-        write!(f, "invalid NSA config ({n} problem{}):", if n == 1 { "" } else { "s" })?;
+        let origin = self.origin.as_ref().map(|o| format!(" in {o}")).unwrap_or_default();
+        write!(f, "invalid NSA config{origin} ({n} problem{}):", if n == 1 { "" } else { "s" })?;
         for issue in self.issues.iter().take(MAX_LISTED_ISSUES) {
             write!(f, "\n  - {issue}")?;
         }

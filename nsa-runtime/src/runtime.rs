@@ -43,12 +43,12 @@ impl Runtime {
     pub fn new(ordinal: usize) -> Result<Runtime> {
         let gpu = Gpu::open(ordinal)?;
         let cache = KernelCache::new(Arc::new(NvrtcCompiler::new()?), CacheConfig::from_env()?);
-        let checks = match env_flag("NSA_CHECK_DEVICE_INPUTS", "off: kernels do not count rejected entries")? {
+        let checks = match env_flag("NSA_CHECK_DEVICE_INPUTS", CHECKS_UNSET)? {
             Some(true) => DeviceChecks::Report,
             Some(false) | None => DeviceChecks::Skip,
         };
         let mut rt = Runtime::with_cache(gpu, cache, checks)?;
-        if let Some(on) = env_flag("NSA_PDL", "programmatic dependent launch on where the target has it")? {
+        if let Some(on) = env_flag("NSA_PDL", PDL_UNSET)? {
             rt.set_pdl(on)?;
         }
         Ok(rt)
@@ -293,6 +293,53 @@ pub struct LoadedKernel {
 
 /// An on/off environment variable: `1`/`true` on, `0`/`false` off, unset `None`;
 /// anything else is an error naming the variable and what unset means.
+/// What an unset `NSA_PDL` means.
+const PDL_UNSET: &str = "programmatic dependent launch on where the target has it";
+/// What an unset `NSA_CHECK_DEVICE_INPUTS` means.
+const CHECKS_UNSET: &str = "off: kernels do not count rejected entries";
+
+/// Every environment variable nsa reads.
+pub const ENV_VARS: [&str; 9] = [
+    "NSA_CACHE_DIR",
+    "NSA_JIT",
+    "NSA_NVRTC_PATH",
+    "NSA_HIP_CLANG",
+    "NSA_CHECK_DEVICE_INPUTS",
+    "NSA_PDL",
+    "NSA_LOG",
+    "NSA_SKIP_HIP",
+    "NSA_COMPILE_ALL_DUMP",
+];
+
+/// Checks every `NSA_*` variable of the process environment up front, whatever
+/// will use it: a flag with a value other than those documented is an error
+/// naming it, and so is an unknown `NSA_*` name that looks like a misspelling of
+/// one nsa reads (a typo must not silently leave a setting at its default).
+pub fn check_environment() -> Result<()> {
+    check_environment_with(std::env::vars_os().filter_map(|(k, v)| Some((k.into_string().ok()?, v))))
+}
+
+fn check_environment_with(vars: impl Iterator<Item = (String, std::ffi::OsString)>) -> Result<()> {
+    let vars: Vec<(String, std::ffi::OsString)> = vars.collect();
+    let get = |name: &str| vars.iter().find(|(k, _)| k == name).map(|(_, v)| v.to_string_lossy().into_owned());
+    parse_flag("NSA_PDL", get("NSA_PDL").as_deref(), PDL_UNSET)?;
+    parse_flag("NSA_CHECK_DEVICE_INPUTS", get("NSA_CHECK_DEVICE_INPUTS").as_deref(), CHECKS_UNSET)?;
+    CacheConfig::from_vars(|name| vars.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone()))?;
+    for (name, _) in vars.iter().filter(|(k, _)| k.starts_with("NSA_") && !ENV_VARS.contains(&k.as_str())) {
+        match nsa_kernels::config::nearest_name(name, &ENV_VARS) {
+            Some(near) => {
+                return Err(invalid(
+                    "environment",
+                    name.clone(),
+                    format!("a variable nsa reads: did you mean {near}? (all: {})", ENV_VARS.join(", ")),
+                ))
+            }
+            None => tracing::warn!(name, "not a variable nsa reads; ignored"),
+        }
+    }
+    Ok(())
+}
+
 fn env_flag(name: &'static str, unset_means: &str) -> Result<Option<bool>> {
     parse_flag(name, std::env::var(name).ok().as_deref(), unset_means)
 }
@@ -313,6 +360,21 @@ fn parse_flag(name: &'static str, value: Option<&str>, unset_means: &str) -> Res
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_environment_check_names_bad_values_and_misspelt_variables() {
+        let env = |pairs: &[(&str, &str)]| {
+            let v: Vec<(String, std::ffi::OsString)> = pairs.iter().map(|(k, v)| (k.to_string(), v.into())).collect();
+            check_environment_with(v.into_iter())
+        };
+        assert!(env(&[("NSA_PDL", "1"), ("NSA_JIT", "off"), ("NSA_OTHER_TOOL_SETTING", "x")]).is_ok());
+        let err = env(&[("NSA_PDL", "maybe")]).unwrap_err().to_string();
+        assert!(err.contains("NSA_PDL") && err.contains("maybe"), "{err}");
+        let err = env(&[("NSA_JIT", "of")]).unwrap_err().to_string();
+        assert!(err.contains("NSA_JIT"), "{err}");
+        let err = env(&[("NSA_JTI", "off")]).unwrap_err().to_string();
+        assert!(err.contains("NSA_JTI") && err.contains("did you mean NSA_JIT"), "{err}");
+    }
 
     #[test]
     fn flags_take_one_zero_true_false_or_unset_and_reject_the_rest() {

@@ -673,7 +673,7 @@ fn parse_error(text: &str) -> String {
     assert_eq!(err.issues[0].field, "config file", "{err}");
     assert!(err.issues[0].nearest.is_none(), "{err}");
     let shown = err.to_string();
-    assert!(shown.contains("`config file`"), "{shown}");
+    assert!(shown.contains("(a config file is JSON or TOML"), "{shown}");
     assert!(shown.contains(&err.issues[0].value), "{shown}");
     err.issues[0].value.clone()
 }
@@ -801,4 +801,14 @@ fn kv_cache_format_names_and_sizes() {
         assert_eq!(f.tag(), tag);
         assert_eq!(f.token_bytes(), bytes);
     }
+}
+
+#[test]
+fn the_field_list_matches_the_config_struct() {
+    let v = serde_json::to_value(base()).unwrap();
+    let mut keys: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
+    let mut fields = nsa_kernels::config::FIELDS.to_vec();
+    keys.sort_unstable();
+    fields.sort_unstable();
+    assert_eq!(keys, fields);
 }

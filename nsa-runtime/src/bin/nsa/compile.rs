@@ -149,6 +149,9 @@ impl Caches {
 fn compile_all(caches: &Caches, specs: &[KernelSpec], bar: &ProgressBar) -> Result<Vec<Arc<CachedKernel>>> {
     let workers = std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(1, specs.len().max(1));
     let next = AtomicUsize::new(0);
+    let finished = AtomicUsize::new(0);
+    let to_terminal = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let step = specs.len().div_ceil(10).max(1);
     let slots: Vec<Mutex<Option<Result<Arc<CachedKernel>>>>> = specs.iter().map(|_| Mutex::new(None)).collect();
     std::thread::scope(|scope| {
         for _ in 0..workers {
@@ -159,6 +162,11 @@ fn compile_all(caches: &Caches, specs: &[KernelSpec], bar: &ProgressBar) -> Resu
                 let result = caches.get(spec);
                 *slots[i].lock().unwrap_or_else(|p| p.into_inner()) = Some(result);
                 bar.inc(1);
+                let done = finished.fetch_add(1, Ordering::Relaxed) + 1;
+                // The bar draws only on a terminal; logs get a line per tenth.
+                if !to_terminal && (done % step == 0 || done == specs.len()) {
+                    eprintln!("nsa compile: {done}/{} kernels ready", specs.len());
+                }
             });
         }
     });
@@ -169,9 +177,10 @@ fn compile_all(caches: &Caches, specs: &[KernelSpec], bar: &ProgressBar) -> Resu
 }
 
 pub fn run(args: CompileArgs) -> Result<()> {
-    let mut cfg = args.config.load()?;
-    cfg.targets = parse_arch(&args.arch, &cfg)?;
-    cfg.validate()?;
+    let cfg = args.config.load_with(|cfg| {
+        cfg.targets = parse_arch(&args.arch, cfg)?;
+        Ok(())
+    })?;
     let mut specs = kernel_set(&cfg);
     if args.deterministic_topk {
         specs.extend(deterministic_topk_set(&cfg));

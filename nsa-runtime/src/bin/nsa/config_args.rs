@@ -47,8 +47,15 @@ pub fn read_config_file(path: &Path) -> Result<String> {
 impl ConfigArgs {
     /// The preset or file, with overrides applied, validated (all problems at once).
     pub fn load(&self) -> Result<NsaConfig> {
+        self.load_with(|_| Ok(()))
+    }
+
+    /// Like [`load`](Self::load), with `more` overrides (e.g. `--arch`) applied
+    /// before validation too: the nearest valid values a bad file is told about
+    /// can be passed as overrides to fix it.
+    pub fn load_with(&self, more: impl FnOnce(&mut NsaConfig) -> Result<()>) -> Result<NsaConfig> {
         let mut cfg = match &self.config {
-            Some(path) => NsaConfig::from_text(&read_config_file(path)?)?,
+            Some(path) => NsaConfig::parse_text(&read_config_file(path)?).map_err(|e| e.in_file(path.display()))?,
             None => NsaConfig::preset(&self.preset)?,
         };
         if let Some(h) = self.heads {
@@ -64,7 +71,11 @@ impl ConfigArgs {
             cfg.kv_cache = c;
         }
         cfg.topk_bf16_scores |= self.topk_bf16_scores;
-        cfg.validate()?;
+        more(&mut cfg)?;
+        cfg.validate().map_err(|e| match &self.config {
+            Some(path) => e.in_file(format!("{} (with the command line's overrides)", path.display())),
+            None => e,
+        })?;
         Ok(cfg)
     }
 }

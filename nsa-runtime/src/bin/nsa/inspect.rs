@@ -2,8 +2,10 @@
 
 use crate::compile::Caches;
 use clap::Args;
+use nsa_kernels::config::closest_names;
 use nsa_kernels::{render, KernelSpec, Target, Toolchain};
 use nsa_runtime::jit::nvrtc::NvrtcCompiler;
+use nsa_runtime::jit::ResourceUsage;
 use nsa_runtime::{Error, Result};
 
 #[derive(Args, Debug)]
@@ -24,8 +26,28 @@ pub struct InspectArgs {
 pub fn run(args: InspectArgs) -> Result<()> {
     let spec = KernelSpec::from_id(&args.id).ok_or_else(|| {
         let ids: Vec<String> = Target::ALL.into_iter().flat_map(KernelSpec::all_for).map(|s| s.id()).collect();
-        Error::InvalidArgument { field: "id", value: args.id.clone(), expected: format!("one of: {}", ids.join(", ")) }
+        let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+        Error::InvalidArgument {
+            field: "id",
+            value: args.id.clone(),
+            expected: format!(
+                "a kernel id; the closest are {}; `nsa list` prints a config's whole set (with --preset/--config)",
+                closest_names(&args.id, &ids, 5).join(", ")
+            ),
+        }
     })?;
+    // Refuse what cannot be done before printing anything.
+    if spec.target.toolchain() != Toolchain::Nvrtc {
+        for (flag, asked) in [("--ptx", args.ptx), ("--sass", args.sass)] {
+            if asked {
+                return Err(Error::InvalidArgument {
+                    field: if flag == "--ptx" { "--ptx" } else { "--sass" },
+                    value: spec.id(),
+                    expected: format!("a kernel of an NVIDIA target (this one is for {}; use --source)", spec.target),
+                });
+            }
+        }
+    }
     let kernel = render(&spec)?;
     let cached = Caches::for_specs(&[spec])?.get(&spec)?;
     println!("id:        {}", kernel.id);
@@ -37,19 +59,12 @@ pub fn run(args: InspectArgs) -> Result<()> {
     }
     println!("key:       {}", cached.key_digest);
     println!("image:     {} bytes ({:?})", cached.image.bytes.len(), cached.image.kind);
-    println!("resources: {:?}", cached.image.resources);
+    println!("resources: {}", describe_resources(&cached.image.resources));
     println!("launch:    {} threads a block, {} bytes dynamic smem", spec.block_threads(), spec.dynamic_smem_bytes());
     if args.source {
         println!("\n{}", kernel.source);
     }
     if args.ptx {
-        if spec.target.toolchain() != Toolchain::Nvrtc {
-            return Err(Error::InvalidArgument {
-                field: "--ptx",
-                value: spec.id(),
-                expected: format!("a kernel of an NVIDIA target (this one is for {}; use --source)", spec.target),
-            });
-        }
         println!("\n{}", NvrtcCompiler::new()?.ptx(&kernel)?);
     }
     if args.sass {
@@ -68,4 +83,15 @@ pub fn run(args: InspectArgs) -> Result<()> {
         println!("\n{}", String::from_utf8_lossy(&out.stdout));
     }
     Ok(())
+}
+
+/// "64 registers, 1024 bytes static smem, no spills" (what ptxas reported).
+fn describe_resources(r: &ResourceUsage) -> String {
+    let known = |v: Option<u32>, what: &str| v.map_or(format!("{what} not reported"), |v| format!("{v} {what}"));
+    let spills = match (r.spill_store_bytes, r.spill_load_bytes) {
+        (Some(0), Some(0)) => "no spills".to_string(),
+        (Some(s), Some(l)) => format!("spills: {s} bytes stored, {l} bytes loaded"),
+        _ => "spills not reported".to_string(),
+    };
+    format!("{}, {}, {spills}", known(r.registers, "registers"), known(r.smem_bytes, "bytes static smem"))
 }

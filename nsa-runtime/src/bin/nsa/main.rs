@@ -27,6 +27,9 @@ enum Command {
     List {
         #[command(flatten)]
         config: ConfigArgs,
+        /// Architectures: sm_90a, sm_100a, gfx942, `all`, or `config` (the config's targets).
+        #[arg(long, default_value = "config")]
+        arch: String,
     },
     /// Generate and compile a config's kernel set into the cache; print a summary.
     /// On a machine with an NVIDIA GPU, also verify the kernels against the CPU reference.
@@ -43,28 +46,43 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    let filter = match std::env::var("NSA_LOG") {
+        Err(std::env::VarError::NotPresent) => Ok(tracing_subscriber::EnvFilter::new("warn")),
+        Err(e) => Err(format!("NSA_LOG: {e}")),
+        Ok(v) => tracing_subscriber::EnvFilter::try_new(&v)
+            .map_err(|e| format!("NSA_LOG={v:?} is not a tracing filter ({e}); e.g. `info` or `nsa_runtime=debug`")),
+    };
+    let filter = match filter {
+        Ok(f) => f,
+        Err(msg) => {
+            eprintln!("error: {msg}");
+            return ExitCode::FAILURE;
+        }
+    };
     tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("NSA_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
+        .with_env_filter(filter)
         .with_writer(std::io::stderr)
         // Colour codes only for a terminal, never into logs.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let cli = Cli::parse();
-    let result = match cli.command {
-        Command::List { config } => config.load().map(|cfg| {
-            for spec in nsa_kernels::kernel_set(&cfg) {
-                println!("{}", spec.id());
-            }
-        }),
+    let result = nsa_runtime::runtime::check_environment().and_then(|()| match cli.command {
+        Command::List { config, arch } => config
+            .load_with(|cfg| {
+                cfg.targets = compile::parse_arch(&arch, cfg)?;
+                Ok(())
+            })
+            .map(|cfg| {
+                for spec in nsa_kernels::kernel_set(&cfg) {
+                    println!("{}", spec.id());
+                }
+            }),
         Command::Compile(args) => compile::run(args),
         Command::Inspect(args) => inspect::run(args),
         Command::Verify(args) => compile::verify(args),
         Command::Bench(args) => bench::run(args),
         Command::Run(args) => run::run(args),
-    };
+    });
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
