@@ -3,7 +3,7 @@ of the sample filter's list takes on the bench's rows, for three forms of the cu
   prefix       rounds below the keys' common bit prefix (main's cut);
   prefix+rank  the same, and a threshold bin of at most 64 keys ranked directly;
   range+rank   rounds over offsets from the least key, and the small-bin rank
-               (branch s29-range-cut: slower on the GPU, BENCHMARKS.md session 29).
+               (built and measured slower on an H100, December 2026).
 The sample and its one-round cut follow topk.cuh (runs of 8 keys, bins on the keys'
 bit boundaries). Each cut is checked to select exactly K keys. Pure Python:
     python3 .ci/bench/topk_cut_model.py

@@ -1,7 +1,7 @@
 """Peer for `nsa bench --suite decode`: PyTorch gather + einsum sparse MLA decode
 on the same shapes (top-k 2048 of 16K keys per request, bf16 KV gathered by slot).
 
-Run on the GPU machine in the same session as the nsa benchmark:
+Run on the GPU machine in the same call as the nsa benchmark:
     python3 .ci/bench/torch_sparse_decode.py
 """
 import torch

@@ -2,7 +2,7 @@
 on the same shapes (s_q 4096, s_kv 32768, top-k 2048, bf16 KV), chunked over
 queries so the gathered keys fit in memory.
 
-Run on the GPU machine in the same session as the nsa benchmark:
+Run on the GPU machine in the same call as the nsa benchmark:
     python3 .ci/bench/torch_sparse_prefill.py
 """
 import torch

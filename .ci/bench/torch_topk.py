@@ -1,7 +1,7 @@
 """Peer for `nsa bench --suite topk`: torch.topk(sorted=False) on the same shapes,
 over f32 scores and the same values rounded to bf16 (as `--topk-scores f32,bf16`).
 
-Run on the GPU machine in the same session as the nsa benchmark:
+Run on the GPU machine in the same call as the nsa benchmark:
     python3 .ci/bench/torch_topk.py
 """
 import torch

@@ -455,7 +455,7 @@ const TOPK_BLOCK_THREADS: u32 = 1024;
 /// static_asserts there).
 const TOPK_FIXED_WORDS: u32 = 8192 + 72;
 /// Cluster sizes the cluster top-k kernel is built for (8: the portable maximum; a
-/// non-portable 16 measured slower at 1 × 128K, BENCHMARKS.md session 22). Its CTAs
+/// non-portable 16 measured slower at 1 × 128K on an H200, December 2026). Its CTAs
 /// are latency-layout blocks (1024 threads, one per SM, the same shared memory), so
 /// CTA 0 can fall back to that layout's histogram path.
 pub const TOPK_CLUSTER_SIZES: [u32; 3] = [2, 4, 8];
@@ -481,8 +481,8 @@ const TOPK_SPLIT_LIST_GFX942: u32 = 2048;
 const TOPK_ROW_CACHE_CLUSTER: u32 = 40960;
 /// The latency layout's row cache: its filter list holds (2 × 4096 + 8192) / 2 = 8192
 /// keys (rows up to 256K keys with k 2048), and its 96 KiB of shared memory leave the
-/// SM ~128 KiB of L1, which the gather of the listed keys hits (H200, BENCHMARKS.md
-/// session 13: 64 × 128K 23.5 -> 21.3 µs against the 224 KiB layout with a
+/// SM ~128 KiB of L1, which the gather of the listed keys hits (H200, December
+/// 2026: 64 × 128K 23.5 -> 21.3 µs against the 224 KiB layout with a
 /// 24576-key list).
 const TOPK_ROW_CACHE_LATENCY: u32 = 8192;
 /// Threads per block of the elementwise index transform.

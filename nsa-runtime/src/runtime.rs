@@ -57,7 +57,7 @@ impl Runtime {
     pub fn with_cache(gpu: Gpu, cache: KernelCache, checks: DeviceChecks) -> Result<Runtime> {
         let target = gpu.target()?;
         // PDL by default where the target has it (H200: 1 × 128K top-k 17.0 -> 15.6 µs,
-        // BENCHMARKS.md session 21); its kernels wait on the device either way.
+        // December 2026); its kernels wait on the device either way.
         let pdl = target.has_pdl();
         let mut rt = Runtime { gpu, cache, target, checks: DeviceChecks::Skip, status: None, pdl };
         rt.set_checks(checks)?;

@@ -26,7 +26,7 @@ constexpr int kStages = 4;
 // Copy warps: each moves 32 tokens of every step, one bulk copy (cp.async.bulk)
 // per record. On the H200, b128 h16 took 63.7 us this way, against 69.6 with one bulk
 // warp for 48 tokens and four cp.async warps for the rest, and 79.3 with one bulk
-// and four cp.async warps for 32 each (BENCHMARKS.md, session 15): the cp.async
+// and four cp.async warps for 32 each (December 2026): the cp.async
 // address streams cost the consumers more issue slots than they saved.
 constexpr int kCopyWarps = kBlockTokens / 32;
 constexpr int kThreads = kConsumerThreads + 32 * kCopyWarps;

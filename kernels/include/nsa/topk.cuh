@@ -388,7 +388,7 @@ NSA_DEVICE ListSmem list_smem(u32* smem) {
 
 // Radix widths of list_cut's rounds (32 bits in all): 2048 bins, which a block
 // clears and scans in far fewer steps than the histogram path's 8192 (H200,
-// BENCHMARKS.md session 13: 2048 x 32K 163.9 -> 153.4 us in the phase harness).
+// December 2026: 2048 x 32K 163.9 -> 153.4 us in the phase harness).
 NSA_DEVICE constexpr int list_width(int round) { return round < 2 ? 11 : 10; }
 constexpr int kListBins = 1 << 11;
 
@@ -615,7 +615,7 @@ NSA_DEVICE void filter_pass(const S* src, i32 begin, i32 len, u32 lo, u32* sm, u
 // gather of the few listed keys (mostly L2 hits), after the pass that listed them,
 // which then carries no key per hit. In one block, PAGED slots are looked up only for
 // the winners, during the cut: looking them up (or prefetching them) here for the
-// whole list measured slower (BENCHMARKS.md, sessions 12 and 17). For a page_table_1
+// whole list measured slower (H200, December 2026). For a page_table_1
 // the cluster and split paths look up their whole lists, spread over their blocks
 // (translate_listed); over a table of pages they look up winners at placement too.
 template <int kBlockThreads, typename S>
@@ -680,7 +680,7 @@ NSA_NOINLINE void keep_above_sample_apart(const S* src, i32 n, i32 begin, i32 le
 // entries, one block scan gives each its slots, their positions are staged in `stage`
 // (K words of shared memory, free once every thread has passed the scan), and one
 // coalesced pass writes them out: the stores are whole lines and a PAGED row's
-// page-table reads are all issued together (BENCHMARKS.md, session 13).
+// page-table reads are all issued together (measured faster on an H200).
 // kTranslated: the listed entries that can be placed already hold their PAGED slots
 // (cut_and_place), so none is looked up here.
 template <int K, int kTransform, int kBlockThreads, bool kTranslated>
@@ -747,7 +747,7 @@ NSA_DEVICE void translate_listed(const Params& p, i32 trow, u32* fidx, u32 liste
 // (about K of them) are copied over their positions asynchronously, so the lookups
 // overlap the cut's later rounds instead of following it. A table of pages (a few KB
 // a row) is read as the chosen entries are placed: measured faster than prefetching
-// it into L2 or copying it to shared memory after round 0 (BENCHMARKS.md, session 27).
+// it into L2 or copying it to shared memory after round 0 (H200, December 2026).
 template <int K, int kTransform, int kBlockThreads>
 NSA_DEVICE void cut_and_place(const Params& p, i32 row, i32 trow, i32* out, u32* fidx, const u32* fkey, u32 kept,
                               u32* hist, u32* sm) {
@@ -840,7 +840,7 @@ NSA_DEVICE void select_row(const Params& p, u32* status, i32 row) {
   constexpr int kFilterCap = (2 * kCandCap + kCacheCap) / 2;
   if constexpr (kFilter && !kDeterministic && kFilterCap >= 2 * K) {
     // 8 f32 vectors in flight per thread (4 of bf16: see filter_pass), in both
-    // layouts (H200, BENCHMARKS.md session 13: 2048 x 32K 153.4 -> 144.0 us against 4
+    // layouts (H200, December 2026: 2048 x 32K 153.4 -> 144.0 us against 4
     // in the phase harness).
     constexpr int kUnroll = 8;
     if (filter_select<K, kTransform, kBlockThreads, kFilterCap, kUnroll>(p, row, trow, out, src, n, hist, sm, cand_idx,

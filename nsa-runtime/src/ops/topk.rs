@@ -228,7 +228,7 @@ pub fn choose_plan(
     workspace: bool,
     clusters: bool,
 ) -> (TopkPlan, &'static str) {
-    // Measured on H200 (BENCHMARKS.md, session 13), 1 row × 128K: cluster of 8
+    // Measured on an H200 (December 2026), 1 row × 128K: cluster of 8
     // 17.2 µs, split 16.6 (the two trade places between runs), one block 18.7; at
     // 64 rows one block per row wins (20.1 against 25.7 for clusters of 2 and 29.2
     // split). So only rows ≤ SMs / 8 are spread, over a cluster where the target

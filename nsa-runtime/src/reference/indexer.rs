@@ -1,5 +1,5 @@
 //! CPU reference of the lightning-indexer logits (spec §6): the oracle for the
-//! indexer kernels of issue 8.
+//! lightning-indexer logits kernels.
 //!
 //! For query row t and key s:
 //! `logit[t, s] = Σ_h weights[t, h] · max(0, k_scale[s] · Σ_d q[t, h, d] · k[s, d])`

@@ -31,11 +31,11 @@ pub struct BenchArgs {
     /// Write all results as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
-    /// Sparse-decode shapes as batch x s_q x heads (default: the decode issue's table).
+    /// Sparse-decode shapes as batch x s_q x heads (default: 1x1x128, 32x1x128,
+    /// 128x1x128, 64x2x128, 128x1x64, 128x1x16, 1x1x16, 32x1x16).
     #[arg(long, value_delimiter = ',')]
     pub decode_shapes: Vec<String>,
-    /// Top-k shapes as rows x keys per row (default: the top-k issue's 64x131072,
-    /// 1x131072, 2048x32768).
+    /// Top-k shapes as rows x keys per row (default: 64x131072, 1x131072, 2048x32768).
     #[arg(long, value_delimiter = ',')]
     pub topk_shapes: Vec<String>,
     /// Top-k: time only the plan `choose_plan` picks for each shape (default: every plan).
@@ -360,7 +360,8 @@ fn jit(rt: &Runtime) -> Result<(Vec<JitRow>, f64, usize, f64)> {
     Ok((rows, disk_ms, specs.len(), hit_ns))
 }
 
-/// The top-k issue's shapes: (rows, keys per row).
+/// Default top-k shapes (rows, keys per row): decode rows over long contexts, one
+/// row, and a prefill chunk.
 const TOPK_DEFAULT_SHAPES: [(usize, usize); 3] = [(64, 131_072), (1, 131_072), (2048, 32_768)];
 
 /// The cases of `--topk-shapes` (the shapes when none are given): at most

@@ -50,7 +50,8 @@ fn fp8_pool(slots: usize, rng: &mut impl Rng) -> Vec<u8> {
     base.chunks(FP8_TOKEN_BYTES).cycle().take(slots).flatten().copied().collect()
 }
 
-/// The decode issue's table: (batch, s_q, heads).
+/// Default shapes (batch, s_q, heads): b1/b32/b128 at 128 heads, b64 with s_q 2, b128
+/// at 64 heads, and b128/b1/b32 at 16 heads.
 const DEFAULT_CASES: [(usize, usize, u32); 8] =
     [(1, 1, 128), (32, 1, 128), (128, 1, 128), (64, 2, 128), (128, 1, 64), (128, 1, 16), (1, 1, 16), (32, 1, 16)];
 
