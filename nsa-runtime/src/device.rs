@@ -2,7 +2,8 @@
 //! and loading compiled images into launchable functions.
 
 use crate::{Error, Result};
-use cudarc::driver::{sys::CUdevice_attribute as Attr, CudaContext, CudaFunction, CudaStream};
+use cudarc::driver::sys::{CUdevice_attribute as Attr, CUstream};
+use cudarc::driver::{CudaContext, CudaFunction, CudaStream};
 use cudarc::nvrtc::Ptx;
 use nsa_kernels::Target;
 use std::collections::HashMap;
@@ -39,13 +40,27 @@ pub fn probe_driver() -> Result<()> {
     )))
 }
 
-/// One GPU with a stream, and the functions loaded on it (one module per kernel).
+/// One GPU, the stream nsa launches on, and the functions loaded on it (one module
+/// per kernel).
+///
+/// The stream is nsa's own ([`open`](Self::open)) or the caller's
+/// ([`on_stream`](Self::on_stream), [`on_borrowed_stream`](Self::on_borrowed_stream)):
+/// every launch and copy nsa makes goes to it, in the order of the calls, and
+/// nsa never synchronises it on the launch path (only where a call says so, e.g.
+/// [`DeviceChecks::Report`](crate::DeviceChecks::Report)). `Send + Sync`; several
+/// `Gpu`s made with [`with_stream`](Self::with_stream) share one table of loaded
+/// functions, so each kernel's module is loaded once per context.
 pub struct Gpu {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     caps: DeviceCaps,
-    functions: Mutex<HashMap<String, CudaFunction>>,
+    functions: Arc<Mutex<HashMap<String, CudaFunction>>>,
 }
+
+const _: () = {
+    const fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<Gpu>();
+};
 
 impl std::fmt::Debug for Gpu {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -54,31 +69,10 @@ impl std::fmt::Debug for Gpu {
 }
 
 impl Gpu {
-    /// Opens device `ordinal`. Errors (never panics) without a driver or device.
+    /// Opens device `ordinal` (its primary context, the one PyTorch and candle
+    /// use) with a stream of nsa's own. Errors (never panics) without a driver or device.
     pub fn open(ordinal: usize) -> Result<Gpu> {
-        probe_driver()?;
-        cudarc::driver::result::init().map_err(|e| Error::NoDevice(format!("cuInit failed: {e}")))?;
-        let count = cudarc::driver::result::device::get_count().map_err(Error::driver("counting devices"))?;
-        if ordinal >= count as usize {
-            return Err(Error::NoDevice(format!(
-                "device {ordinal} requested but the driver reports {count} device(s)"
-            )));
-        }
-        let ctx = CudaContext::new(ordinal).map_err(Error::driver("creating a context"))?;
-        let attr = |a: Attr| ctx.attribute(a).map(|v| v as u32).map_err(Error::driver("reading device attributes"));
-        let cc = (
-            attr(Attr::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
-            attr(Attr::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
-        );
-        let caps = DeviceCaps {
-            ordinal,
-            name: ctx.name().map_err(Error::driver("reading the device name"))?,
-            compute_capability: cc,
-            sm_count: attr(Attr::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?,
-            max_smem_per_block: attr(Attr::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?,
-            l2_bytes: attr(Attr::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)?,
-            target: Target::from_compute_capability(cc),
-        };
+        let ctx = primary_context(ordinal)?;
         // One stream carries every launch and copy, so cudarc's cross-stream event
         // tracking is not needed; without it, no event is recorded per launch and
         // launches can be captured into CUDA graphs (the legacy default stream
@@ -86,7 +80,68 @@ impl Gpu {
         // SAFETY: called before any buffer exists; all work is ordered on `stream`.
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream().map_err(Error::driver("creating a stream"))?;
-        Ok(Gpu { ctx, stream, caps, functions: Mutex::new(HashMap::new()) })
+        Gpu::on_stream(stream)
+    }
+
+    /// Launches on `stream`, a cudarc stream the caller owns (candle's, or one a
+    /// server made), in that stream's context. nsa keeps the `Arc`, so the stream
+    /// lives as long as this `Gpu`. To capture nsa's launches into CUDA graphs, the
+    /// context should not track events (`CudaContext::disable_event_tracking`,
+    /// before its first buffer): cudarc otherwise records an event per launch.
+    pub fn on_stream(stream: Arc<CudaStream>) -> Result<Gpu> {
+        let ctx = stream.context().clone();
+        let caps = caps_of(&ctx)?;
+        Ok(Gpu { ctx, stream, caps, functions: Arc::default() })
+    }
+
+    /// Launches on `stream`, a raw `CUstream` another library owns (e.g.
+    /// `torch.cuda.current_stream().cuda_stream`), of device `ordinal`'s primary
+    /// context. A stream of another context is an error naming `stream`.
+    ///
+    /// # Safety
+    /// `stream` must be a valid stream, and its owner must keep it alive while this
+    /// `Gpu` (or a runtime made from it) is used; ordering nsa's work with work the
+    /// owner submits elsewhere is the caller's.
+    pub unsafe fn on_borrowed_stream(ordinal: usize, stream: CUstream) -> Result<Gpu> {
+        if stream.is_null() {
+            return Err(crate::error::invalid(
+                "stream",
+                "null",
+                "a created stream (the legacy default stream cannot be captured into CUDA graphs; pass the stream's handle)",
+            ));
+        }
+        let ctx = primary_context(ordinal)?;
+        // SAFETY: no buffer of this context object exists yet; every nsa launch goes
+        // to the one stream below.
+        unsafe { ctx.disable_event_tracking() };
+        let mut owner: cudarc::driver::sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: `stream` is valid (the caller's promise); the driver writes one handle.
+        unsafe { cudarc::driver::sys::cuStreamGetCtx(stream, &mut owner) }
+            .result()
+            .map_err(Error::driver("reading the context of the stream"))?;
+        if owner != ctx.cu_ctx() {
+            return Err(crate::error::invalid(
+                "stream",
+                format!("{stream:p}"),
+                format!("a stream of device {ordinal}'s primary context (this one belongs to another context)"),
+            ));
+        }
+        // SAFETY: checked to belong to this context; kept alive by the caller.
+        let stream = unsafe { ctx.wrap_borrowed_stream(stream) };
+        Gpu::on_stream(stream)
+    }
+
+    /// The same device and loaded functions, launching on `stream` (of the same
+    /// context; another context's stream is an error naming `stream`).
+    pub fn with_stream(&self, stream: Arc<CudaStream>) -> Result<Gpu> {
+        if stream.context().cu_ctx() != self.ctx.cu_ctx() {
+            return Err(crate::error::invalid(
+                "stream",
+                format!("{:p}", stream.cu_stream()),
+                format!("a stream of the context this GPU runs in (device {})", self.caps.ordinal),
+            ));
+        }
+        Ok(Gpu { ctx: self.ctx.clone(), stream, caps: self.caps.clone(), functions: self.functions.clone() })
     }
 
     pub fn caps(&self) -> &DeviceCaps {
@@ -139,4 +194,32 @@ impl Gpu {
         functions.insert(key.to_string(), f.clone());
         Ok(f)
     }
+}
+
+/// Device `ordinal`'s primary context, after checking that a driver and the device exist.
+fn primary_context(ordinal: usize) -> Result<Arc<CudaContext>> {
+    probe_driver()?;
+    cudarc::driver::result::init().map_err(|e| Error::NoDevice(format!("cuInit failed: {e}")))?;
+    let count = cudarc::driver::result::device::get_count().map_err(Error::driver("counting devices"))?;
+    if ordinal >= count as usize {
+        return Err(Error::NoDevice(format!("device {ordinal} requested but the driver reports {count} device(s)")));
+    }
+    CudaContext::new(ordinal).map_err(Error::driver("creating a context"))
+}
+
+fn caps_of(ctx: &Arc<CudaContext>) -> Result<DeviceCaps> {
+    let attr = |a: Attr| ctx.attribute(a).map(|v| v as u32).map_err(Error::driver("reading device attributes"));
+    let cc = (
+        attr(Attr::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
+        attr(Attr::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
+    );
+    Ok(DeviceCaps {
+        ordinal: ctx.ordinal(),
+        name: ctx.name().map_err(Error::driver("reading the device name"))?,
+        compute_capability: cc,
+        sm_count: attr(Attr::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?,
+        max_smem_per_block: attr(Attr::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?,
+        l2_bytes: attr(Attr::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)?,
+        target: Target::from_compute_capability(cc),
+    })
 }

@@ -10,6 +10,7 @@
 pub mod cache;
 pub mod device;
 pub mod error;
+pub mod foreign;
 pub mod fsread;
 pub mod jit;
 pub mod layer;

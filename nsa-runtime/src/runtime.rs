@@ -23,11 +23,17 @@ pub enum DeviceChecks {
     Report,
 }
 
-/// A GPU plus the kernel cache that feeds it.
+/// A GPU, the stream it launches on, and the kernel cache that feeds it.
+///
+/// `Send + Sync`. Launches through one runtime go to its stream in call order; to
+/// launch from several threads or onto several streams, make a runtime per
+/// stream with [`with_stream`](Self::with_stream): they share the kernel cache
+/// (one compile or disk load per kernel) and the loaded modules (one load per
+/// kernel and context), and each keeps its own settings.
 #[derive(Debug)]
 pub struct Runtime {
     gpu: Gpu,
-    cache: KernelCache,
+    cache: Arc<KernelCache>,
     target: Target,
     checks: DeviceChecks,
     /// Rejected-entry counter + example index, allocated when checks are reported.
@@ -41,7 +47,12 @@ impl Runtime {
     /// GPU `ordinal`, NVRTC, and the cache configured from the environment
     /// (`NSA_CACHE_DIR`, `NSA_JIT`, `NSA_CHECK_DEVICE_INPUTS`, `NSA_PDL`).
     pub fn new(ordinal: usize) -> Result<Runtime> {
-        let gpu = Gpu::open(ordinal)?;
+        Runtime::on_gpu(Gpu::open(ordinal)?)
+    }
+
+    /// Like [`new`](Self::new) on a [`Gpu`] the caller set up, e.g. on the
+    /// caller's stream ([`Gpu::on_stream`], [`Gpu::on_borrowed_stream`]).
+    pub fn on_gpu(gpu: Gpu) -> Result<Runtime> {
         let cache = KernelCache::new(Arc::new(NvrtcCompiler::new()?), CacheConfig::from_env()?);
         let checks = match env_flag("NSA_CHECK_DEVICE_INPUTS", CHECKS_UNSET)? {
             Some(true) => DeviceChecks::Report,
@@ -54,7 +65,9 @@ impl Runtime {
         Ok(rt)
     }
 
-    pub fn with_cache(gpu: Gpu, cache: KernelCache, checks: DeviceChecks) -> Result<Runtime> {
+    /// A runtime on `gpu` over `cache` (owned, or shared with other runtimes).
+    pub fn with_cache(gpu: Gpu, cache: impl Into<Arc<KernelCache>>, checks: DeviceChecks) -> Result<Runtime> {
+        let cache = cache.into();
         let target = gpu.target()?;
         // PDL by default where the target has it (H200: 1 × 128K top-k 17.0 -> 15.6 µs,
         // December 2026); its kernels wait on the device either way.
@@ -64,8 +77,21 @@ impl Runtime {
         Ok(rt)
     }
 
+    /// The same device, kernel cache, loaded modules and settings, launching on
+    /// `stream` (a stream of the same context; another is an error naming it).
+    pub fn with_stream(&self, stream: Arc<cudarc::driver::CudaStream>) -> Result<Runtime> {
+        let mut rt = Runtime::with_cache(self.gpu.with_stream(stream)?, self.cache.clone(), self.checks)?;
+        rt.pdl = self.pdl;
+        Ok(rt)
+    }
+
     pub fn gpu(&self) -> &Gpu {
         &self.gpu
+    }
+
+    /// The kernel cache, shared with the runtimes made by [`with_stream`](Self::with_stream).
+    pub fn shared_cache(&self) -> &Arc<KernelCache> {
+        &self.cache
     }
 
     pub fn cache(&self) -> &KernelCache {
@@ -294,6 +320,11 @@ pub struct LoadedKernel {
 /// An on/off environment variable: `1`/`true` on, `0`/`false` off, unset `None`;
 /// anything else is an error naming the variable and what unset means.
 /// What an unset `NSA_PDL` means.
+const _: () = {
+    const fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<Runtime>();
+};
+
 const PDL_UNSET: &str = "programmatic dependent launch on where the target has it";
 /// What an unset `NSA_CHECK_DEVICE_INPUTS` means.
 const CHECKS_UNSET: &str = "off: kernels do not count rejected entries";

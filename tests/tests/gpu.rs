@@ -18,6 +18,8 @@ mod indexer;
 mod layer;
 #[path = "gpu/metadata.rs"]
 mod metadata;
+#[path = "gpu/serving.rs"]
+mod serving;
 #[path = "gpu/sparse_decode.rs"]
 mod sparse_decode;
 #[path = "gpu/sparse_prefill.rs"]
