@@ -10,8 +10,8 @@
 //!   callers of one key wait for the first; a failed compile is not remembered,
 //!   the next caller tries again.
 //! * **Disk** (optional): `NSA_CACHE_DIR`, else `<user cache dir>/nsa`. Entries are
-//!   written into a temporary directory inside the root and renamed into place,
-//!   synced, and renamed into place; verified (key JSON, image size, blake3 and
+//!   written into a temporary directory inside the root, synced, and renamed into
+//!   place; verified (key JSON, image size, blake3 and
 //!   entry point) on load, and moved to `<root>/quarantine/` when anything is
 //!   off. Files are opened only if regular (no FIFOs, devices or links) and
 //!   their size is checked before reading. A root that cannot be written still

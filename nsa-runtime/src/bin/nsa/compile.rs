@@ -218,6 +218,10 @@ pub fn run(args: CompileArgs) -> Result<()> {
             println!("verify: skipped (no NVIDIA driver on this machine; kernels were compiled, not run)");
             Ok(())
         }
+        (VerifyMode::Auto, true) if !args.only.is_empty() => {
+            println!("verify: skipped (--only compiled part of the set; `nsa verify` checks the whole set)");
+            Ok(())
+        }
         _ => verify(VerifyArgs { config: args.config, sizes: vec![0, 1, 7, 1000, 65537], seed: 2026 }),
     }
 }
