@@ -4,18 +4,9 @@
 use nsa_kernels::config::{ALLOWED_HEADS, ALLOWED_INDEX_HEADS, PAGE_SIZE_RANGE, TOPK_MULTIPLE, TOPK_RANGE};
 use nsa_kernels::{ConfigError, ConfigIssue, KvCacheFormat, NsaConfig, Target, PRESETS};
 
-/// The fields of `NsaConfig` in declaration order; validation reports in this order.
-const FIELD_ORDER: [&str; 9] = [
-    "page_size",
-    "topk",
-    "num_q_heads",
-    "kv_lora_rank",
-    "qk_rope_head_dim",
-    "index_n_heads",
-    "index_head_dim",
-    "kv_cache",
-    "targets",
-];
+/// The validated fields of `NsaConfig` in declaration order (all but the last,
+/// `topk_bf16_scores`); validation reports in this order.
+const FIELD_ORDER: &[&str] = nsa_kernels::config::FIELDS.split_at(9).0;
 
 fn base() -> NsaConfig {
     NsaConfig::preset("deepseek-v3.2").unwrap()
