@@ -13,6 +13,14 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 const NSA: &str = env!("CARGO_BIN_EXE_nsa");
+
+/// Held by every test here: they run one at a time, so the time limits measure
+/// nsa, not 8 compilers of another test sharing the cores.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
 /// Four small kernels (the KV and indexer-K stores and gathers) that compile fast.
 const SMALL_SET: &str = "kv_*,indexer_k_*";
 const SMALL_SET_LEN: usize = 4;
@@ -77,6 +85,7 @@ fn staging_dirs(cache: &Path) -> Vec<String> {
 
 #[test]
 fn processes_sharing_an_empty_cache_compile_each_kernel_once() {
+    let _serial = serial();
     let cache = tempfile::tempdir().unwrap();
     let processes = 8;
     let children: Vec<_> = (0..processes)
@@ -99,6 +108,7 @@ fn processes_sharing_an_empty_cache_compile_each_kernel_once() {
 
 #[test]
 fn a_killed_lock_holder_is_taken_over_and_leaves_nothing_behind() {
+    let _serial = serial();
     let cache = tempfile::tempdir().unwrap();
     let slow = "topk.k2048.plain.sm_90a";
     let one = |cache: &Path| nsa(cache, &["compile", "--arch", "sm_90a", "--only", slow, "--verify", "no"]);
@@ -143,6 +153,7 @@ fn nvrtc_dir(root: &Path, name: &str, library: &[u8]) -> PathBuf {
 
 #[test]
 fn damaged_or_wrong_nvrtc_libraries_are_errors_naming_the_file() {
+    let _serial = serial();
     let tmp = tempfile::tempdir().unwrap();
     let real = fs::read(&nvrtc().library).unwrap();
     let libc = ["/lib/x86_64-linux-gnu/libc.so.6", "/usr/lib64/libc.so.6", "/lib/aarch64-linux-gnu/libc.so.6"]
@@ -171,6 +182,7 @@ fn damaged_or_wrong_nvrtc_libraries_are_errors_naming_the_file() {
 
 #[test]
 fn a_wheel_install_with_flipped_bytes_fails_its_recorded_hash() {
+    let _serial = serial();
     let tmp = tempfile::tempdir().unwrap();
     let site = tmp.path().join("site");
     let lib = site.join("nvidia/cu13/lib");
@@ -211,6 +223,7 @@ fn a_wheel_install_with_flipped_bytes_fails_its_recorded_hash() {
 
 #[test]
 fn nvrtc_path_takes_a_file_or_a_directory_and_is_never_replaced() {
+    let _serial = serial();
     let cache = tempfile::tempdir().unwrap();
     assert!(run(compile_small(cache.path()), Duration::from_secs(120)).status.success());
     let files = nvrtc();
@@ -240,6 +253,7 @@ fn nvrtc_path_takes_a_file_or_a_directory_and_is_never_replaced() {
 
 #[test]
 fn a_warm_offline_run_needs_no_nvrtc_and_never_loads_it() {
+    let _serial = serial();
     let cache = tempfile::tempdir().unwrap();
     assert!(run(compile_small(cache.path()), Duration::from_secs(120)).status.success());
     // Found but not needed: never loaded.
@@ -271,6 +285,7 @@ fn a_warm_offline_run_needs_no_nvrtc_and_never_loads_it() {
 
 #[test]
 fn a_hanging_python3_on_path_has_no_effect() {
+    let _serial = serial();
     let cache = tempfile::tempdir().unwrap();
     let bin = tempfile::tempdir().unwrap();
     let python = bin.path().join("python3");
@@ -288,6 +303,7 @@ fn a_hanging_python3_on_path_has_no_effect() {
 
 #[test]
 fn hostile_config_files_are_errors_within_a_second() {
+    let _serial = serial();
     let tmp = tempfile::tempdir().unwrap();
     let fifo = tmp.path().join("fifo.toml");
     assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());
