@@ -75,6 +75,14 @@ pub fn try_lock_exclusive(file: &File) -> io::Result<bool> {
     }
 }
 
+/// The UTF-8 names in directory `dir`, sorted; none when it cannot be read.
+pub fn dir_names(dir: &Path) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
+    let mut names: Vec<String> = entries.filter_map(|e| e.ok()?.file_name().into_string().ok()).collect();
+    names.sort();
+    names
+}
+
 fn too_large(size: u64, limit: u64) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, format!("it has {size} bytes, more than the {limit} allowed"))
 }

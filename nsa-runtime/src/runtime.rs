@@ -331,9 +331,9 @@ const CHECKS_UNSET: &str = "off: kernels do not count rejected entries";
 
 /// Every environment variable nsa reads.
 pub const ENV_VARS: [&str; 9] = [
-    "NSA_CACHE_DIR",
-    "NSA_JIT",
-    "NSA_NVRTC_PATH",
+    crate::cache::ENV_CACHE_DIR,
+    crate::cache::ENV_JIT,
+    crate::jit::nvrtc_lib::ENV_NVRTC_PATH,
     "NSA_HIP_CLANG",
     "NSA_CHECK_DEVICE_INPUTS",
     "NSA_PDL",

@@ -188,7 +188,7 @@ impl DiskStore {
     /// compiler's version and build (the newest, if several): for a process whose
     /// compiler was not found and so cannot name its exact build.
     pub fn find_any_build(&self, kernel_id: &str, key_json: &serde_json::Value) -> Option<(String, serde_json::Value)> {
-        let listing = self.listing.get_or_init(|| list_names(&self.schema_dir()));
+        let listing = self.listing.get_or_init(|| fsread::dir_names(&self.schema_dir()));
         let prefix = format!("{kernel_id}-");
         let wanted = without_compiler_build(key_json);
         listing
@@ -388,7 +388,7 @@ impl DiskStore {
     /// failures (a read-only root) are ignored.
     fn clean_up(&self) {
         let schema_dir = self.schema_dir();
-        for name in list_names(&schema_dir).into_iter().filter(|n| n.starts_with(".tmp-")) {
+        for name in fsread::dir_names(&schema_dir).into_iter().filter(|n| n.starts_with(".tmp-")) {
             let path = schema_dir.join(&name);
             let entry = staging_entry(&name);
             let writer_gone = match entry.map(|e| self.lock_path(e)).and_then(|p| File::open(p).ok()) {
@@ -440,11 +440,6 @@ fn without_compiler_build(key: &serde_json::Value) -> serde_json::Value {
 /// The entry a staging directory `.tmp-<entry>-<random>` was writing.
 fn staging_entry(name: &str) -> Option<&str> {
     name.strip_prefix(".tmp-")?.rsplit_once('-').map(|(entry, _)| entry)
-}
-
-fn list_names(dir: &Path) -> Vec<String> {
-    let Ok(entries) = fs::read_dir(dir) else { return Vec::new() };
-    entries.filter_map(|e| e.ok()?.file_name().into_string().ok()).collect()
 }
 
 fn older_than(path: &Path, age: Duration) -> bool {
@@ -537,8 +532,6 @@ mod tests {
             File::options().write(true).open(&p).unwrap().set_modified(t).unwrap();
         }
         prune(dir.path(), 2);
-        let mut left = list_names(dir.path());
-        left.sort();
-        assert_eq!(left, ["f3", "f4"]);
+        assert_eq!(fsread::dir_names(dir.path()), ["f3", "f4"]);
     }
 }

@@ -475,13 +475,14 @@ impl KernelCache {
         bad_entry: &mut Option<String>,
     ) -> Option<(disk::Loaded, Duration)> {
         let t = Instant::now();
-        let found = if known {
-            Some((slot.entry.clone(), slot.key_json.clone()))
+        let any_build;
+        let (entry, key_json) = if known {
+            (&slot.entry, &slot.key_json)
         } else {
-            disk.find_any_build(&slot.key.kernel_id, &slot.key_json)
+            any_build = disk.find_any_build(&slot.key.kernel_id, &slot.key_json)?;
+            (&any_build.0, &any_build.1)
         };
-        let (entry, key_json) = found?;
-        match disk.load(&slot.key, &key_json, &entry) {
+        match disk.load(&slot.key, key_json, entry) {
             Load::Hit(loaded) => {
                 bump(&self.counters.disk_hits);
                 let elapsed = t.elapsed();
@@ -491,7 +492,7 @@ impl KernelCache {
             Load::Miss => None,
             Load::Bad(reason) => {
                 bump(&self.counters.quarantined);
-                if let Quarantined::Stuck(e) = disk.quarantine(&entry, &reason, then) {
+                if let Quarantined::Stuck(e) = disk.quarantine(entry, &reason, then) {
                     *bad_entry = Some(format!("{reason}; it could not be removed: {e}"));
                 } else {
                     *bad_entry = Some(reason);

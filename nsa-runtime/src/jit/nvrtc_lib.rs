@@ -12,6 +12,7 @@
 
 use super::elf_check::{self, LibraryFacts};
 use super::nvrtc_api::{self, NvrtcApi};
+use crate::fsread::dir_names;
 use base64::Engine;
 use sha2::{Digest, Sha256};
 use std::ffi::OsString;
@@ -173,7 +174,7 @@ fn nsa_tools_dirs() -> Vec<PathBuf> {
     let Some(tools) = exe.ancestors().skip(1).take(8).map(|a| a.join(".nsa-tools")).find(|t| t.is_dir()) else {
         return Vec::new();
     };
-    let mut found: Vec<PathBuf> = read_dir_names(&tools)
+    let mut found: Vec<PathBuf> = dir_names(&tools)
         .into_iter()
         .filter(|n| n.starts_with("nvrtc-") && !n.ends_with(".partial"))
         .map(|n| tools.join(n).join("nvidia/cu13/lib"))
@@ -213,7 +214,7 @@ fn python_site_dirs(var: &impl Fn(&str) -> Option<OsString>) -> Vec<PathBuf> {
     for prefix in prefixes {
         for lib in ["lib", "lib64"] {
             let lib = prefix.join(lib);
-            for name in read_dir_names(&lib).into_iter().filter(|n| n.starts_with("python3")) {
+            for name in dir_names(&lib).into_iter().filter(|n| n.starts_with("python3")) {
                 sites.push(lib.join(&name).join("site-packages"));
                 sites.push(lib.join(&name).join("dist-packages"));
             }
@@ -223,13 +224,6 @@ fn python_site_dirs(var: &impl Fn(&str) -> Option<OsString>) -> Vec<PathBuf> {
     sites.retain(|s| s.is_dir());
     sites.dedup();
     sites
-}
-
-fn read_dir_names(dir: &Path) -> Vec<String> {
-    let Ok(entries) = fs::read_dir(dir) else { return Vec::new() };
-    let mut names: Vec<String> = entries.filter_map(|e| e.ok()?.file_name().into_string().ok()).collect();
-    names.sort();
-    names
 }
 
 /// Checks one candidate library and the builtins beside it; reads headers only.
@@ -277,7 +271,7 @@ fn check(library: &Path, rule: &str) -> Result<NvrtcFiles, String> {
 fn find_builtins(dir: &Path, facts: &LibraryFacts) -> Result<(PathBuf, (u32, u32)), String> {
     let major =
         facts.soname.as_deref().and_then(|s| s.strip_prefix("libnvrtc.so.")).and_then(|m| m.parse::<u32>().ok());
-    let mut found: Vec<((u32, u32), String)> = read_dir_names(dir)
+    let mut found: Vec<((u32, u32), String)> = dir_names(dir)
         .into_iter()
         .filter_map(|name| {
             let v = name.strip_prefix("libnvrtc-builtins.so.")?;
@@ -312,7 +306,7 @@ fn versioned_file_release(library: &Path, (major, minor): (u32, u32)) -> Option<
 fn wheel_record(library: &Path, builtins: &Path) -> Option<(WheelRecord, Option<String>)> {
     for site in library.ancestors().skip(1).take(4) {
         for name in
-            read_dir_names(site).into_iter().filter(|n| n.starts_with("nvidia_cuda_nvrtc") && n.ends_with(".dist-info"))
+            dir_names(site).into_iter().filter(|n| n.starts_with("nvidia_cuda_nvrtc") && n.ends_with(".dist-info"))
         {
             let path = site.join(&name).join("RECORD");
             let Ok(text) = crate::fsread::read_bounded(&path, 1 << 20, false) else { continue };
