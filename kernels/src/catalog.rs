@@ -25,8 +25,9 @@ pub fn kernel_set(cfg: &NsaConfig) -> Vec<KernelSpec> {
         // Prefill with a prefix reads the FP8 cache back as bf16 (spec §8.4).
         families.push(KernelFamily::KvDequant);
     }
-    // CUDA-graph metadata replay (spec §9.3): decode (also the multi-step draft
-    // backend), target-verify and draft-extend (v1 and v2) graphs.
+    // Metadata built on the device (spec §9.3): the CUDA graphs of decode (also the
+    // multi-step draft backend), target-verify and draft-extend (v1 and v2), and the
+    // eager steps of every mode (extend included).
     for mode in MetadataMode::ALL {
         families.push(KernelFamily::MetadataReplay { page_size: cfg.page_size, mode });
     }

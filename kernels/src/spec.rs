@@ -245,24 +245,29 @@ pub fn prefill_ring_smem_bytes(head_tile: u32, d_qk: u32) -> u32 {
         + 2 * PREFILL_SLOTS * 8
 }
 
-/// The decode-like forward mode a metadata replay kernel serves. Draft-extend v2 is
-/// draft-extend with every request extending by `D` (no per-request lengths).
+/// The forward mode a metadata kernel serves: the decode-like modes of CUDA graphs
+/// (draft-extend v2 is draft-extend with every request extending by `D`, no
+/// per-request lengths) and extend, whose eager steps build their metadata on the
+/// device (one table row per request, plus the ragged key layout).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum MetadataMode {
     Decode,
     TargetVerify,
     DraftExtend,
+    Extend,
 }
 
 impl MetadataMode {
-    pub const ALL: [MetadataMode; 3] = [MetadataMode::Decode, MetadataMode::TargetVerify, MetadataMode::DraftExtend];
+    pub const ALL: [MetadataMode; 4] =
+        [MetadataMode::Decode, MetadataMode::TargetVerify, MetadataMode::DraftExtend, MetadataMode::Extend];
 
     pub fn tag(self) -> &'static str {
         match self {
             MetadataMode::Decode => "decode",
             MetadataMode::TargetVerify => "target_verify",
             MetadataMode::DraftExtend => "draft_extend",
+            MetadataMode::Extend => "extend",
         }
     }
 
@@ -271,6 +276,7 @@ impl MetadataMode {
             MetadataMode::Decode => "kDecode",
             MetadataMode::TargetVerify => "kTargetVerify",
             MetadataMode::DraftExtend => "kDraftExtend",
+            MetadataMode::Extend => "kExtend",
         }
     }
 }

@@ -90,6 +90,14 @@ impl Gpu {
     /// before its first buffer): cudarc otherwise records an event per launch.
     pub fn on_stream(stream: Arc<CudaStream>) -> Result<Gpu> {
         let ctx = stream.context().clone();
+        if ctx.is_event_tracking() {
+            tracing::warn!(
+                target: "nsa::device",
+                "the stream's context tracks events: every launch records one, and capturing launches into a \
+                 CUDA graph fails (CUDA_ERROR_STREAM_CAPTURE_INVALIDATED); call \
+                 CudaContext::disable_event_tracking before allocating, if all work is ordered on one stream"
+            );
+        }
         let caps = caps_of(&ctx)?;
         Ok(Gpu { ctx, stream, caps, functions: Arc::default() })
     }

@@ -112,7 +112,7 @@ fn stages_per_batch() {
     assert_eq!(d.transform, TransformMethod::Ragged);
     assert!(matches!(d.attention, AttentionStage::PrefillRagged(s) if s.s_q == 30));
     assert_eq!(d.needs.ragged_kv, 5500 * 576);
-    assert!(d.explain.iter().any(|l| l.contains("RAGGED")), "{:?}", d.explain);
+    assert!(d.explain(&fp8).iter().any(|l| l.contains("RAGGED")), "{:?}", d.explain(&fp8));
 }
 
 #[test]
@@ -227,4 +227,55 @@ fn workspace_bytes_count_every_buffer() {
     assert_eq!(n.bytes(Target::Sm90a), want);
     let m = n.max(WorkspaceNeeds { logits: 99, ..Default::default() });
     assert_eq!((m.logits, m.indices), (99, 20));
+}
+
+#[test]
+fn batch_invariant_decode_splits_do_not_follow_the_batch() {
+    let mut c = cfg(KvCacheFormat::Fp8, 64, 128);
+    let splits = |c: &LayerConfig, rows| match StepDecisions::for_graph(c, ForwardMode::Decode, rows, 4096, H200)
+        .unwrap()
+        .attention
+    {
+        AttentionStage::Decode(p) => p.splits,
+        other => panic!("{other:?}"),
+    };
+    // The default fills the GPU: many splits for one row, none for many rows.
+    assert!(splits(&c, 1) > splits(&c, 256), "{} vs {}", splits(&c, 1), splits(&c, 256));
+    c.batch_invariant = true;
+    let fixed = splits(&c, 1);
+    for rows in [2, 7, 32, 200, 1024] {
+        assert_eq!(splits(&c, rows), fixed, "{rows} rows");
+    }
+    assert!(c.deterministic_ties(), "batch invariance implies deterministic top-k");
+    let d = StepDecisions::for_graph(&c, ForwardMode::Decode, 8, 4096, H200).unwrap();
+    assert!(d.explain(&c).iter().any(|l| l.contains("deterministic ties")), "{:?}", d.explain(&c));
+}
+
+#[test]
+fn a_context_parallel_rank_plans_its_share_of_the_tokens() {
+    use nsa_runtime::metadata::CpRank;
+    let c = cfg(KvCacheFormat::Fp8, 64, 16);
+    let (seq, ext) = ([3000, 2500], [300, 200]);
+    let width = 3008;
+    let data = table(2, width, 64);
+    let t = ReqToToken::new(&data, width).unwrap();
+    let prefix: Vec<i32> = seq.iter().zip(&ext).map(|(s, e)| s - e).collect();
+    let batch =
+        ExtendBatch { req_pool_indices: &[0, 1], seq_lens: &seq, extend_lens: &ext, prefix_lens: Some(&prefix) };
+    let summary = BatchSummary { mode: ForwardMode::Extend, seq_lens: &seq, extend_num_tokens: 500 };
+    let dispatch = decide(&policy(&c, PrefillBackend::Auto, true), Some(&summary));
+    let mut rows = 0;
+    for rank in 0..3 {
+        let params = MetadataParams {
+            cp: Some(CpRank::new(rank, 3).unwrap()),
+            ..MetadataParams::from_config(&c.model, 2 * width + 64)
+        };
+        let md = MetadataBuilder::new(params).unwrap().extend(&t, batch, dispatch.extend_plan()).unwrap();
+        assert!(md.bs_idx.is_some());
+        let s = Step { md, dispatch: dispatch.clone() };
+        let d = decide_step(&c, &s);
+        assert_eq!(d.rows, s.md.num_tokens());
+        rows += d.rows;
+    }
+    assert_eq!(rows, 500, "the ranks' rows cover every token once");
 }

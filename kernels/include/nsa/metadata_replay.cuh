@@ -5,6 +5,12 @@
 // draft state: step s's buffers sit `step_stride` elements after step 0's).
 // Mirrors the host GraphState write for write; nothing else is touched.
 //
+// Extend (eager prefill steps built on the device) writes one page_table_1 row per
+// request instead of per token, the cumulative query lengths, and the ragged key
+// layout: every request's slots concatenated, and per token the window [ks, ke) of
+// its request's keys. Its rows are split into column segments over the grid, so a
+// single long prompt still spreads over many blocks.
+//
 // Every block scans the whole batch (seq_lens, extend lens: bs <= kMaxBatch
 // entries) into shared memory: validity, the largest KV length and the first query
 // row of every request. Block 0 then writes the per-request and per-token arrays;
@@ -22,13 +28,13 @@
 namespace nsa {
 namespace metadata_replay {
 
-enum Mode { kDecode = 0, kTargetVerify = 1, kDraftExtend = 2 };
+enum Mode { kDecode = 0, kTargetVerify = 1, kDraftExtend = 2, kExtend = 3 };
 
 // Kernel parameters; the host mirrors this layout field for field.
 struct Params {
   const i32* seq_lens;          // [bs] L_i
   const i32* req_pool_indices;  // [bs] row of req_to_token (replay only)
-  const i32* extend_lens;       // draft-extend: [bs] accepted lengths E_i; null: every request D (v2)
+  const i32* extend_lens;       // draft-extend: [bs] accepted lengths E_i, null: every request D (v2); extend: [bs] E_i
   const i32* req_to_token;      // [table_rows, table_stride] slots (replay only)
   // Step 0's buffers (step s: + s * step_stride).
   i32* cache_seqlens;     // [max_bs]
@@ -39,6 +45,10 @@ struct Params {
   i32* nsa_cache_seqlens; // [max_tokens]
   i32* nsa_cu_seqlens_k;  // [max_tokens + 1], element 0 never written
   i32* extend_lens_out;   // [max_bs] (not decode)
+  i32* cu_seqlens_q;      // extend: [max_bs + 1] cumulative query lengths
+  i32* slots;             // extend: [max_keys] req_to_token[row_i, :L_i], request after request
+  i32* ks;                // extend: [max_tokens] first key of each token's request in `slots`
+  i32* ke;                // extend: [max_tokens] ks + keys the token sees
   i64 step_stride;
   i64 table_stride;
   i32 bs;
@@ -52,10 +62,12 @@ struct Params {
   i32 draft_tokens; // D
   i32 capture;      // 1: capture (lengths only, real table from the resident rows)
   i32 grid;         // blocks launched (rows are strided over them)
+  i32 max_keys;     // extend: capacity of `slots`
 };
 
 // Scalars kept in shared memory after the scan scratch.
 enum Slot { kBad = kScanScratch, kMaxKv, kRows, kScalarWords };
+
 
 // torch's `//` by a positive constant: floor division (negative slots are garbage
 // but must match the host bit for bit).
@@ -68,6 +80,7 @@ NSA_DEVICE i32 floor_div(i32 v) {
 template <int kMode>
 NSA_DEVICE i32 query_rows(const Params& p, i32 i) {
   if (kMode == kDecode) return 1;
+  if (kMode == kExtend) return p.extend_lens[i];
   if (kMode == kDraftExtend && !p.capture && p.extend_lens != nullptr) return p.extend_lens[i];
   return p.draft_tokens;
 }
@@ -133,6 +146,7 @@ NSA_DEVICE void run(const Params& p, u32* status) {
   static_assert(kMaxBatch % kBlockThreads == 0, "the batch is scanned in whole chunks");
   NSA_SHARED u32 sm[kScalarWords];
   NSA_SHARED i32 row_start[kMaxBatch + 1];
+  NSA_SHARED i32 kv_start[kMode == kExtend ? kMaxBatch + 1 : 1];  // extend: first key of each request
   const i32 tid = (i32)thread_x();
   const i32 bs = p.bs;
   const bool replay = p.capture == 0;
@@ -143,7 +157,7 @@ NSA_DEVICE void run(const Params& p, u32* status) {
   sync_block();
   const i32 chunks = bs_ok ? (bs + kBlockThreads - 1) / kBlockThreads : 0;
   i32 max_kv = 0;
-  u32 rows = 0;
+  u32 rows = 0, keys = 0;
   for (i32 c = 0; c < chunks; ++c) {
     const i32 i = c * kBlockThreads + tid;
     i32 q = 0;
@@ -155,7 +169,7 @@ NSA_DEVICE void run(const Params& p, u32* status) {
       if (replay) {
         const i32 r = p.req_pool_indices[i];
         bad = bad || r < 0 || r >= p.table_rows || kv > p.width || kv > p.table_width;
-        if (kMode == kDraftExtend) bad = bad || q > l;  // v1: E_i <= L_i; v2: L_i >= D
+        if (kMode == kDraftExtend || kMode == kExtend) bad = bad || q > l;  // v1: E_i <= L_i; v2: L_i >= D
       }
       if (bad) sm[kBad] = 1u;
       if (kv > max_kv) max_kv = kv;
@@ -170,11 +184,25 @@ NSA_DEVICE void run(const Params& p, u32* status) {
     }
     if (i < bs) row_start[i] = (i32)(rows + before);
     rows += total;
+    if (kMode == kExtend) {
+      // Clamped to the checked width, so the sum of a batch within the state's
+      // capacity (max_bs x width < 2^31) cannot wrap; a bad entry writes nothing anyway.
+      const i32 kv = i < bs ? kv_len<kMode>(p, i) : 0;
+      const u32 kv_c = kv < 0 ? 0u : (kv > p.width ? (u32)p.width : (u32)kv);
+      u32 kv_total;
+      const u32 kv_before = block_exclusive_scan<kBlockThreads>(kv_c, sm, kv_total);
+      if (i < bs) kv_start[i] = (i32)(keys + kv_before);
+      keys += kv_total;
+    }
   }
   max_kv = block_max<kBlockThreads>(max_kv, sm);
   if (tid == 0) {
     row_start[bs_ok ? bs : 0] = (i32)rows;
     if ((i64)rows > (i64)p.max_rows) sm[kBad] = 1u;  // Σ E_i beyond the graph's bs × D rows
+    if (kMode == kExtend) {
+      kv_start[bs_ok ? bs : 0] = (i32)keys;
+      if ((i64)keys > (i64)p.max_keys) sm[kBad] = 1u;  // Σ L_i beyond the ragged key capacity
+    }
   }
   sync_block();
   if (sm[kBad]) {
@@ -200,9 +228,11 @@ NSA_DEVICE void run(const Params& p, u32* status) {
           p.cu_seqlens_k[s * ss + 1 + i] = cu;
           if (kMode != kDecode && replay) p.extend_lens_out[s * ss + i] = q;
         }
+        if (kMode == kExtend) p.cu_seqlens_q[i] = row_start[i];
       }
       carry += total;
     }
+    if (kMode == kExtend && tid == 0) p.cu_seqlens_q[bs] = row_start[bs];
     carry = 0;
     const i32 token_chunks = (n_rows + kBlockThreads - 1) / kBlockThreads;
     for (i32 c = 0; c < token_chunks; ++c) {
@@ -223,9 +253,35 @@ NSA_DEVICE void run(const Params& p, u32* status) {
           p.nsa_cache_seqlens[s * ss + t] = clipped;
           p.nsa_cu_seqlens_k[s * ss + 1 + t] = cu;
         }
+        if (kMode == kExtend) {
+          const i32 i = segment_of(row_start, bs, t);
+          p.ks[t] = kv_start[i];
+          p.ke[t] = kv_start[i] + v;
+        }
       }
       carry += total;
     }
+  }
+
+  if (kMode == kExtend) {
+    // Pass 3, extend (all blocks): (request, column segment) items strided over the
+    // grid; each copies its segment into the request's table row and its keys.
+    // Columns of one item: a whole number of 16-byte vectors and of pages (so page
+    // starts stay at a segment's multiples), about 8192.
+    constexpr i32 kQuantum = 4 * kPageSize;
+    constexpr i32 kSeg = (8192 + kQuantum - 1) / kQuantum * kQuantum;
+    const i32 segs = (max_kv + kSeg - 1) / kSeg;
+    for (i32 w = (i32)block_x(); w < bs * segs; w += p.grid) {
+      const i32 i = w / segs;
+      const i32 c0 = (w % segs) * kSeg;
+      const i32 n = max_kv - c0 < kSeg ? max_kv - c0 : kSeg;
+      const i32* src = p.req_to_token + (i64)p.req_pool_indices[i] * p.table_stride + c0;
+      i32* real = kPageSize > 1 ? p.real_page_table + (i64)i * p.real_width + c0 / kPageSize : nullptr;
+      copy_row<kPageSize, kBlockThreads>(src, p.page_table_1 + (i64)i * p.width + c0, real, n, 1, 0);
+      const i32 own = kv_len<kMode>(p, i) - c0;
+      if (own > 0) copy_row<1, kBlockThreads>(src, p.slots + kv_start[i] + c0, nullptr, own < n ? own : n, 1, 0);
+    }
+    return;
   }
 
   // Pass 3 (all blocks, rows strided over the grid): page_table_1 and the real table.

@@ -18,8 +18,8 @@
 #include "nsa/cuda/cluster.cuh"
 #include "nsa/topk.cuh"
 
-// Phase marks for .ci/bench/topk_cluster_phases.cu, which defines this hook; the
-// product compiles them out.
+// Phase marks: a profiling build defines this hook to time the cluster path's
+// phases; the product compiles them out.
 #ifndef NSA_TOPK_CLUSTER_MARK
 #define NSA_TOPK_CLUSTER_MARK(phase)
 #endif

@@ -16,11 +16,18 @@
 //! per stage) says which variant each stage runs and why. A forward allocates
 //! nothing and never synchronises (with the default [`crate::DeviceChecks::Skip`]),
 //! so decode, verify and draft-extend steps can be captured in a CUDA graph.
+//!
+//! Plans come three ways: [`NsaLayer::plan`] from host metadata (uploaded per step);
+//! [`NsaLayer::plan_on_device`] and [`NsaLayer::plan_extend_on_device`] for eager
+//! steps whose metadata one kernel builds from the server's device tables (no host
+//! page table, no table upload); [`NsaLayer::plan_for_graph`] for CUDA graphs.
 
+mod device_plan;
 mod keys;
 mod plan;
 mod workspace;
 
+pub use device_plan::{DeviceBatch, HostLens};
 pub use keys::{ragged_keys, RaggedKeys};
 pub use plan::{AttentionStage, IndexerStage, StepDecisions, StepPlan, WorkspaceNeeds};
 pub use workspace::LayerWorkspace;
@@ -51,6 +58,10 @@ pub struct LayerConfig {
     pub sm_scale: f32,
     /// Top-k ties go to the lowest positions (reproducible runs).
     pub deterministic_topk: bool,
+    /// A request's outputs are bitwise identical whatever else is in the batch:
+    /// deterministic top-k, and a decode split count fixed per GPU rather than per
+    /// batch ([`batch_invariant_splits`](crate::ops::sparse_decode::batch_invariant_splits)).
+    pub batch_invariant: bool,
     /// Bytes one chunk of extend logits may take.
     pub logits_budget_bytes: usize,
 }
@@ -64,8 +75,14 @@ impl LayerConfig {
             model,
             sm_scale: DEEPSEEK_V32_SM_SCALE,
             deterministic_topk: false,
+            batch_invariant: false,
             logits_budget_bytes: DEFAULT_LOGITS_BUDGET_BYTES,
         })
+    }
+
+    /// Whether top-k ties go to the lowest positions (deterministic or batch-invariant).
+    pub fn deterministic_ties(&self) -> bool {
+        self.deterministic_topk || self.batch_invariant
     }
 }
 
@@ -154,7 +171,7 @@ impl<'rt> NsaLayer<'rt> {
             return Err(invalid("sm_scale", cfg.sm_scale.to_string(), "a finite positive softmax scale"));
         }
         let mut specs = nsa_kernels::kernel_set(&cfg.model);
-        if cfg.deterministic_topk {
+        if cfg.deterministic_ties() {
             specs.extend(nsa_kernels::deterministic_topk_set(&cfg.model));
         }
         for spec in specs.into_iter().filter(|s| s.target == target) {
@@ -174,6 +191,30 @@ impl<'rt> NsaLayer<'rt> {
         dispatch: &crate::metadata::Dispatch,
     ) -> Result<StepPlan<'static>> {
         StepPlan::new(self.rt, &self.cfg, md, dispatch)
+    }
+
+    /// An eager decode-like step (the mode of `state`) whose metadata is built on the
+    /// device in one launch (see [`StepPlan::on_device`]).
+    pub fn plan_on_device<'m>(
+        &self,
+        state: &'m mut crate::metadata::graph_device::DeviceGraphState,
+        batch: &DeviceBatch<'_>,
+        host: HostLens<'_>,
+        dispatch: &crate::metadata::Dispatch,
+    ) -> Result<StepPlan<'m>> {
+        StepPlan::on_device(self.rt, &self.cfg, state, batch, host, dispatch)
+    }
+
+    /// An eager extend step whose metadata is built on the device in one launch
+    /// (see [`StepPlan::extend_on_device`]).
+    pub fn plan_extend_on_device<'m>(
+        &self,
+        state: &'m mut crate::metadata::extend_device::DeviceExtendState,
+        batch: &DeviceBatch<'_>,
+        host: HostLens<'_>,
+        dispatch: &crate::metadata::Dispatch,
+    ) -> Result<StepPlan<'m>> {
+        StepPlan::extend_on_device(self.rt, &self.cfg, state, batch, host, dispatch)
     }
 
     /// The plan of a CUDA graph of `bs` requests reading `state`'s buffers (see
@@ -217,7 +258,16 @@ impl<'rt> NsaLayer<'rt> {
         mark(Stage::KvStore)?;
         kv_cache::store_indexer_k(rt, &inputs.index_k, &inputs.out_cache_loc, &mut caches.index_k)?;
         mark(Stage::IndexKStore)?;
-        if plan.rows() == 0 {
+        let heads = self.cfg.model.num_q_heads as usize;
+        let (t, t_pad) = (plan.rows(), plan.padded_rows());
+        if t_pad > t {
+            pad_rows(
+                self.rt,
+                &mut outputs.out.slice_mut(t * heads * KV_LORA_RANK..),
+                &mut outputs.lse.slice_mut(t * heads..),
+            )?;
+        }
+        if t == 0 {
             return Ok(());
         }
         self.select(plan, inputs, caches, ws, mark)?;
@@ -241,14 +291,23 @@ impl<'rt> NsaLayer<'rt> {
             ));
         }
         let m = &self.cfg.model;
-        let t = plan.rows();
+        // Query rows, DP padding included (T_pad = T without padding).
+        let t = plan.padded_rows();
         let (heads, index_heads) = (m.num_q_heads as usize, m.index_n_heads as usize);
-        check_len("q", inputs.q.len(), t * heads * BF16_TOKEN_ELEMS, "T × heads × 576")?;
-        check_len("out_cache_loc", inputs.out_cache_loc.len(), t, "one slot per query token")?;
-        check_len("index_q", inputs.index_q.len(), t * index_heads * INDEXER_HEAD_DIM, "T × index heads × 128")?;
-        check_len("index_weights", inputs.index_weights.len(), t * index_heads, "T × index heads")?;
-        check_len("out", outputs.out.len(), t * heads * KV_LORA_RANK, "T × heads × 512")?;
-        check_len("lse", outputs.lse.len(), t * heads, "T × heads")?;
+        check_len("q", inputs.q.len(), t * heads * BF16_TOKEN_ELEMS, "T_pad × heads × 576")?;
+        if !plan.cp_split() {
+            // A CP rank stores every token of the step (all-gathered KV), any count.
+            check_len(
+                "out_cache_loc",
+                inputs.out_cache_loc.len(),
+                t,
+                "one slot per query row (padding: a dummy slot)",
+            )?;
+        }
+        check_len("index_q", inputs.index_q.len(), t * index_heads * INDEXER_HEAD_DIM, "T_pad × index heads × 128")?;
+        check_len("index_weights", inputs.index_weights.len(), t * index_heads, "T_pad × index heads")?;
+        check_len("out", outputs.out.len(), t * heads * KV_LORA_RANK, "T_pad × heads × 512")?;
+        check_len("lse", outputs.lse.len(), t * heads, "T_pad × heads")?;
         if caches.kv.format() != m.kv_cache {
             return Err(invalid(
                 "caches.kv",
@@ -287,7 +346,7 @@ impl<'rt> NsaLayer<'rt> {
         let index_cache = caches.index_k.as_view();
         if let IndexerStage::Gathered { num_keys, .. } = d.indexer {
             let kd = keys.expect("gathered steps have keys");
-            let slots = kd.buf.slice(kd.slots.clone());
+            let slots = kd.slots();
             kv_cache::gather_indexer_k(
                 rt,
                 &index_cache,
@@ -305,7 +364,7 @@ impl<'rt> NsaLayer<'rt> {
                     .slice(rows.start * index_heads * INDEXER_HEAD_DIM..rows.end * index_heads * INDEXER_HEAD_DIM),
                 weights: inputs.index_weights.slice(rows.start * index_heads..rows.end * index_heads),
             };
-            let ks = || keys.map(|k| k.buf.slice(k.ks.clone()).slice(rows.clone()));
+            let ks = || keys.map(|k| k.ks().slice(rows.clone()));
             let (row_stride, row_capacity) = match &d.indexer {
                 IndexerStage::Skip => (0, k),
                 IndexerStage::Paged { table_width } => {
@@ -328,7 +387,7 @@ impl<'rt> NsaLayer<'rt> {
                         keys: ws.keys.slice(..num_keys * INDEXER_HEAD_DIM),
                         scales: ws.key_scales.slice(..*num_keys),
                         ks: ks().expect("keys"),
-                        ke: keys_dev.buf.slice(keys_dev.ke.clone()).slice(rows.clone()),
+                        ke: keys_dev.ke().slice(rows.clone()),
                     };
                     let mut data = ws.logits.slice_mut(..);
                     indexer::ragged_logits(
@@ -371,9 +430,9 @@ impl<'rt> NsaLayer<'rt> {
                 }
                 // Extend: rows map to requests through cu_seqlens_q (shifted per chunk).
                 TransformMethod::Paged => {
-                    cu = match keys {
-                        Some(kd) if !kd.chunk_cu.is_empty() => kd.buf.slice(kd.chunk_cu[ci].clone()),
-                        _ => field(Field::CuSeqlensQ)?,
+                    cu = match keys.and_then(|kd| kd.chunk_cu(ci)) {
+                        Some(chunk) => chunk,
+                        None => field(Field::CuSeqlensQ)?,
                     };
                     let w = table_width;
                     table_rows = table.slice(..);
@@ -392,7 +451,7 @@ impl<'rt> NsaLayer<'rt> {
                 }
             };
             let mut out = ws.indices.slice_mut(rows.start * k..rows.end * k);
-            topk::topk(rt, m.topk, self.cfg.deterministic_topk, &scores, &output, &mut out, ws.topk.as_mut())?;
+            topk::topk(rt, m.topk, self.cfg.deterministic_ties(), &scores, &output, &mut out, ws.topk.as_mut())?;
             mark(Stage::Topk)?;
         }
         Ok(())
@@ -411,16 +470,18 @@ impl<'rt> NsaLayer<'rt> {
         let m = &self.cfg.model;
         let t = plan.rows();
         let k = m.topk as usize;
-        // Fresh views, so outputs and workspace slices share one lifetime.
-        let (mut out, mut lse) = (outputs.out.slice_mut(..), outputs.lse.slice_mut(..));
         let heads = m.num_q_heads as usize;
+        // Fresh views of the T computed rows (padding rows are filled apart), so
+        // outputs and workspace slices share one lifetime.
+        let (mut out, mut lse) =
+            (outputs.out.slice_mut(..t * heads * KV_LORA_RANK), outputs.lse.slice_mut(..t * heads));
         let lens = plan
             .metadata
             .field(Field::NsaCacheSeqlens)
             .ok_or_else(|| invalid("metadata", "NsaCacheSeqlens absent", "a field the step reads"))?
             .slice(..t);
         let query = PrefillQuery {
-            q: inputs.q.slice(..),
+            q: inputs.q.slice(..t * heads * BF16_TOKEN_ELEMS),
             indices: ws.indices.slice(..t * k),
             topk_length: Some(lens),
             sm_scale: self.cfg.sm_scale,
@@ -448,10 +509,10 @@ impl<'rt> NsaLayer<'rt> {
             }
             (AttentionStage::PrefillRagged(s), MlaCacheMut::Fp8(cache)) => {
                 let kd = plan.keys.as_ref().expect("RAGGED steps have keys");
-                let rows = kd.slots.len();
+                let rows = kd.num_keys();
                 let kv = Fp8RaggedKv {
                     cache: cache.as_view(),
-                    kv_slots: kd.buf.slice(kd.slots.clone()),
+                    kv_slots: kd.slots(),
                     buffer: &mut ws.ragged_kv.slice_mut(..sparse_prefill::ragged_kv_elems(rows)),
                 };
                 let out = SparsePrefillOutputs {
@@ -468,4 +529,18 @@ impl<'rt> NsaLayer<'rt> {
             )),
         }
     }
+}
+
+/// DP padding rows (spec §3.2): `out` zeros and `lse` +inf, what a token without
+/// keys gets; two stream-ordered memsets (capturable in a CUDA graph).
+fn pad_rows(rt: &Runtime, out: &mut CudaViewMut<'_, bf16>, lse: &mut CudaViewMut<'_, f32>) -> Result<()> {
+    use cudarc::driver::DevicePtrMut;
+    let stream = rt.gpu().stream();
+    stream.memset_zeros(out).map_err(crate::Error::driver("zeroing the padding rows of out"))?;
+    let n = lse.len();
+    let (ptr, _sync) = lse.device_ptr_mut(stream);
+    // SAFETY: `ptr` addresses `n` f32 of a live view on this stream.
+    unsafe { cudarc::driver::sys::cuMemsetD32Async(ptr, f32::INFINITY.to_bits(), n, stream.cu_stream()) }
+        .result()
+        .map_err(crate::Error::driver("writing +inf into the padding rows of lse"))
 }

@@ -8,11 +8,12 @@
 use super::keys::{ragged_keys, table_rows_per_token, RaggedKeys};
 use super::LayerConfig;
 use crate::metadata::device::{DeviceNsaMetadata, Field};
+use crate::metadata::extend_device::DeviceExtendBuffers;
 use crate::metadata::graph_device::{DeviceGraphBuffers, DeviceGraphState};
 use crate::metadata::GraphMode;
 use crate::metadata::{Dispatch, ForwardMode, NsaMetadata, TransformMethod};
 use crate::ops::indexer::ragged_chunk_rows;
-use crate::ops::sparse_decode::{DecodePlan, DecodeShape};
+use crate::ops::sparse_decode::{batch_invariant_splits, DecodePlan, DecodeShape};
 use crate::ops::sparse_prefill::{ragged_kv_elems, PrefillShape};
 use crate::ops::topk::{choose_plan, split_list_suffices, TopkPlan, TopkWorkspace};
 use crate::ops::{invalid, LaunchTarget};
@@ -106,8 +107,36 @@ pub struct StepDecisions {
     pub logits_stride: usize,
     pub attention: AttentionStage,
     pub needs: WorkspaceNeeds,
-    /// Why: one line per stage.
-    pub explain: Vec<String>,
+    /// The dispatch's reason (the first line of [`StepDecisions::explain`]).
+    pub reason: String,
+    /// Keys of the ragged layout (0 when the step has none).
+    pub num_keys: usize,
+    pub target: nsa_kernels::Target,
+}
+
+/// What the decisions read from a batch, all host values: from an [`NsaMetadata`],
+/// or from the lengths a server keeps on the host when the metadata is built on
+/// the device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct StepFacts {
+    pub mode: ForwardMode,
+    /// Query tokens `T`.
+    pub rows: usize,
+    /// The most KV tokens any query token sees (unclipped).
+    pub max_visible: i64,
+    /// Pages per row of the real page table (PAGED logits).
+    pub table_pages: usize,
+}
+
+impl StepFacts {
+    fn of(md: &NsaMetadata) -> StepFacts {
+        StepFacts {
+            mode: md.mode,
+            rows: md.num_tokens(),
+            max_visible: md.nsa_seqlens_expanded.iter().map(|&l| l as i64).max().unwrap_or(0),
+            table_pages: md.real_table().width,
+        }
+    }
 }
 
 impl StepDecisions {
@@ -121,10 +150,20 @@ impl StepDecisions {
         gpu: LaunchTarget,
     ) -> Result<StepDecisions> {
         check_metadata(cfg, md, dispatch)?;
-        let rows = md.num_tokens();
-        let indexer = indexer_stage(cfg, md, num_keys, rows)?;
-        let attention = attention_stage(cfg, md.mode, dispatch.transform, rows, gpu)?;
-        Ok(assemble(cfg, md.mode, rows, dispatch.transform, indexer, attention, num_keys, &dispatch.reason, gpu))
+        Self::from_facts(cfg, &StepFacts::of(md), dispatch, num_keys, gpu)
+    }
+
+    pub(super) fn from_facts(
+        cfg: &LayerConfig,
+        facts: &StepFacts,
+        dispatch: &Dispatch,
+        num_keys: usize,
+        gpu: LaunchTarget,
+    ) -> Result<StepDecisions> {
+        let rows = facts.rows;
+        let indexer = indexer_stage(cfg, facts, num_keys)?;
+        let attention = attention_stage(cfg, facts.mode, dispatch.transform, rows, gpu)?;
+        Ok(assemble(cfg, facts.mode, rows, dispatch.transform, indexer, attention, num_keys, &dispatch.reason, gpu))
     }
 
     /// The decisions of a CUDA graph of `rows` query rows in `mode` that reads
@@ -138,13 +177,7 @@ impl StepDecisions {
         width: usize,
         gpu: LaunchTarget,
     ) -> Result<StepDecisions> {
-        if cfg.model.page_size as usize != INDEXER_PAGE_TOKENS {
-            return Err(invalid(
-                "page_size",
-                cfg.model.page_size.to_string(),
-                "64 for graph-bound steps (PAGED logits read index-K pages through the real page table); other page sizes run eager steps",
-            ));
-        }
+        check_graph_page_size(cfg, "graph-bound steps")?;
         let indexer = IndexerStage::Paged { table_width: width.div_ceil(INDEXER_PAGE_TOKENS) };
         let attention = attention_stage(cfg, mode, TransformMethod::Paged, rows, gpu)?;
         let reason = format!("CUDA graph of {} rows ({}): PAGED, MLA", rows, mode.name());
@@ -154,8 +187,25 @@ impl StepDecisions {
     /// Whether the step needs [`RaggedKeys`]: gathered indexer keys or a RAGGED
     /// transform. Decided before the (host) layout is built.
     pub fn needs_keys(cfg: &LayerConfig, md: &NsaMetadata, dispatch: &Dispatch) -> bool {
-        dispatch.transform == TransformMethod::Ragged || (needs_logits(cfg, md) && !paged_logits_apply(cfg, md).0)
+        let facts = StepFacts::of(md);
+        dispatch.transform == TransformMethod::Ragged
+            || (needs_logits(cfg, &facts) && !paged_logits_apply(cfg, facts.mode).0)
     }
+}
+
+/// Steps whose table rows are bound to device buffers read the indexer cache
+/// through the real page table, whose pages must be the indexer's 64 tokens.
+pub(super) fn check_graph_page_size(cfg: &LayerConfig, what: &str) -> Result<()> {
+    if cfg.model.page_size as usize != INDEXER_PAGE_TOKENS {
+        return Err(invalid(
+            "page_size",
+            cfg.model.page_size.to_string(),
+            format!(
+                "64 for {what} (PAGED logits read index-K pages through the real page table); other page sizes run eager steps from host metadata"
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// The chunks, explanation and workspace of chosen stages.
@@ -174,7 +224,6 @@ fn assemble(
     let target = gpu.target;
     let model = &cfg.model;
     let topk = model.topk as usize;
-    let mut explain = vec![format!("dispatch: {reason}")];
     let (chunks, logits_stride) = match &indexer {
         IndexerStage::Skip => (std::iter::once(0..rows).collect(), 0),
         IndexerStage::Paged { table_width } => (std::iter::once(0..rows).collect(), table_width * INDEXER_PAGE_TOKENS),
@@ -184,42 +233,6 @@ fn assemble(
             (chunks, num_keys.next_multiple_of(4))
         }
     };
-    let indexer_kernel = if nsa_kernels::spec::indexer_wg_kernel(model.index_n_heads, target) {
-        "wgmma FP8: each key block read once per request (PAGED) or per 4 rows (RAGGED)"
-    } else {
-        "mma.sync FP8: one CTA per query row"
-    };
-    explain.push(match &indexer {
-        IndexerStage::Skip => {
-            format!("indexer: skipped, every token sees ≤ {topk} keys (top-k selects them all without scores)")
-        }
-        IndexerStage::Paged { table_width } => format!(
-            "indexer: indexer_logits.paged.h{} over the real page table ({table_width} pages of 64; {indexer_kernel})",
-            model.index_n_heads,
-        ),
-        IndexerStage::Gathered { num_keys, chunk_rows, why } => format!(
-            "indexer: indexer_k_gather of {num_keys} keys, then indexer_logits.ragged.h{} in {} chunk(s) of ≤ {chunk_rows} rows ({why}; logits budget {} bytes; {indexer_kernel})",
-            model.index_n_heads,
-            chunks.len(),
-            cfg.logits_budget_bytes
-        ),
-    });
-    explain.push(format!(
-        "top-k: k={topk} {} transform{}{}",
-        transform.name(),
-        match (transform, model.page_size) {
-            (TransformMethod::Paged, p) if p > 1 => format!(" (slots from the real page table, pages of {p})"),
-            _ => String::new(),
-        },
-        if cfg.deterministic_topk { ", deterministic ties" } else { "" }
-    ));
-    explain.push(match &attention {
-        AttentionStage::Decode(p) => format!("attention: {} (FP8 cache, PAGED slots)", p.explain()),
-        AttentionStage::PrefillPaged(s) => format!("attention: {} over the bf16 pool (PAGED slots)", s.explain()),
-        AttentionStage::PrefillRagged(s) => {
-            format!("attention: kv_dequant of {num_keys} keys, then {} (FP8 cache, RAGGED rows)", s.explain())
-        }
-    });
     let chunk_max = chunks.iter().map(|c| c.len()).max().unwrap_or(0);
     // The split top-k workspace: rows of the largest chunk whose top-k call takes the
     // split plan (the same choice `ops::topk::topk` makes for it with a workspace).
@@ -231,7 +244,7 @@ fn assemble(
     let split_fits = split_list_suffices(target, model.topk, topk_capacity);
     let splits = |n: usize| {
         let plan =
-            choose_plan(n, topk_capacity, gpu.sm_count, cfg.deterministic_topk, split_fits, target.has_clusters());
+            choose_plan(n, topk_capacity, gpu.sm_count, cfg.deterministic_ties(), split_fits, target.has_clusters());
         matches!(plan.0, TopkPlan::Split { .. })
     };
     let topk_split_rows = chunks.iter().map(|c| c.len()).filter(|&n| splits(n)).max().unwrap_or(0);
@@ -253,11 +266,69 @@ fn assemble(
             _ => 0,
         },
     };
-    StepDecisions { mode, rows, transform, indexer, chunks, logits_stride, attention, needs, explain }
+    StepDecisions {
+        mode,
+        rows,
+        transform,
+        indexer,
+        chunks,
+        logits_stride,
+        attention,
+        needs,
+        reason: reason.to_string(),
+        num_keys,
+        target,
+    }
 }
 
-fn check_metadata(cfg: &LayerConfig, md: &NsaMetadata, dispatch: &Dispatch) -> Result<()> {
-    let model = &cfg.model;
+impl StepDecisions {
+    /// Why: one line per stage (built on demand, off the step path).
+    pub fn explain(&self, cfg: &LayerConfig) -> Vec<String> {
+        let (model, target, topk, num_keys) = (&cfg.model, self.target, cfg.model.topk, self.num_keys);
+        let (indexer, chunks, transform, attention) = (&self.indexer, &self.chunks, self.transform, &self.attention);
+        let mut explain = vec![format!("dispatch: {}", self.reason)];
+        let indexer_kernel = if nsa_kernels::spec::indexer_wg_kernel(model.index_n_heads, target) {
+            "wgmma FP8: each key block read once per request (PAGED) or per 4 rows (RAGGED)"
+        } else {
+            "mma.sync FP8: one CTA per query row"
+        };
+        explain.push(match &indexer {
+        IndexerStage::Skip => {
+            format!("indexer: skipped, every token sees ≤ {topk} keys (top-k selects them all without scores)")
+        }
+        IndexerStage::Paged { table_width } => format!(
+            "indexer: indexer_logits.paged.h{} over the real page table ({table_width} pages of 64; {indexer_kernel})",
+            model.index_n_heads,
+        ),
+        IndexerStage::Gathered { num_keys, chunk_rows, why } => format!(
+            "indexer: indexer_k_gather of {num_keys} keys, then indexer_logits.ragged.h{} in {} chunk(s) of ≤ {chunk_rows} rows ({why}; logits budget {} bytes; {indexer_kernel})",
+            model.index_n_heads,
+            chunks.len(),
+            cfg.logits_budget_bytes
+        ),
+    });
+        explain.push(format!(
+            "top-k: k={topk} {} transform{}{}",
+            transform.name(),
+            match (transform, model.page_size) {
+                (TransformMethod::Paged, p) if p > 1 => format!(" (slots from the real page table, pages of {p})"),
+                _ => String::new(),
+            },
+            if cfg.deterministic_ties() { ", deterministic ties" } else { "" }
+        ));
+        explain.push(match &attention {
+            AttentionStage::Decode(p) => format!("attention: {} (FP8 cache, PAGED slots)", p.explain()),
+            AttentionStage::PrefillPaged(s) => format!("attention: {} over the bf16 pool (PAGED slots)", s.explain()),
+            AttentionStage::PrefillRagged(s) => {
+                format!("attention: kv_dequant of {num_keys} keys, then {} (FP8 cache, RAGGED rows)", s.explain())
+            }
+        });
+        explain
+    }
+}
+
+/// A dispatch the layer runs: sparse MLA (MHA one-shot batches run in the model).
+pub(super) fn check_dispatch(dispatch: &Dispatch) -> Result<()> {
     if dispatch.use_mha {
         return Err(invalid(
             "dispatch.use_mha",
@@ -265,6 +336,12 @@ fn check_metadata(cfg: &LayerConfig, md: &NsaMetadata, dispatch: &Dispatch) -> R
             "a sparse (absorbed MLA) batch: NsaLayer computes sparse MLA; run MHA one-shot batches in the model, or set DispatchPolicy::force_mla",
         ));
     }
+    Ok(())
+}
+
+fn check_metadata(cfg: &LayerConfig, md: &NsaMetadata, dispatch: &Dispatch) -> Result<()> {
+    let model = &cfg.model;
+    check_dispatch(dispatch)?;
     if md.page_size != model.page_size || md.topk != model.topk {
         return Err(invalid(
             "metadata.page_size/topk",
@@ -272,11 +349,11 @@ fn check_metadata(cfg: &LayerConfig, md: &NsaMetadata, dispatch: &Dispatch) -> R
             format!("the layer's {}/{} (build metadata with MetadataParams::from_config)", model.page_size, model.topk),
         ));
     }
-    if md.bs_idx.is_some() {
+    if md.bs_idx.is_some() && md.mode != ForwardMode::Extend {
         return Err(invalid(
             "metadata.bs_idx",
-            "a context-parallel split",
-            "metadata without a CP split (NsaLayer does not run CP prefill yet)",
+            format!("a context-parallel split in a {} batch", md.mode.name()),
+            "a CP split of an extend batch only (spec §4.7)",
         ));
     }
     if md.transform != dispatch.transform {
@@ -289,14 +366,14 @@ fn check_metadata(cfg: &LayerConfig, md: &NsaMetadata, dispatch: &Dispatch) -> R
     Ok(())
 }
 
-fn needs_logits(cfg: &LayerConfig, md: &NsaMetadata) -> bool {
-    md.nsa_seqlens_expanded.iter().any(|&l| l as i64 > cfg.model.topk as i64)
+pub(super) fn needs_logits(cfg: &LayerConfig, facts: &StepFacts) -> bool {
+    facts.max_visible > cfg.model.topk as i64
 }
 
 /// PAGED logits read the indexer cache through 64-token pages of the real page
 /// table, one table row per query token: decode-like modes with page size 64.
-fn paged_logits_apply(cfg: &LayerConfig, md: &NsaMetadata) -> (bool, &'static str) {
-    if md.mode == ForwardMode::Extend {
+pub(super) fn paged_logits_apply(cfg: &LayerConfig, mode: ForwardMode) -> (bool, &'static str) {
+    if mode == ForwardMode::Extend {
         (false, "extend batches score ragged keys")
     } else if cfg.model.page_size as usize != INDEXER_PAGE_TOKENS {
         (false, "the page size is not 64, so pages of the index-K cache are not table pages")
@@ -305,15 +382,15 @@ fn paged_logits_apply(cfg: &LayerConfig, md: &NsaMetadata) -> (bool, &'static st
     }
 }
 
-fn indexer_stage(cfg: &LayerConfig, md: &NsaMetadata, num_keys: usize, rows: usize) -> Result<IndexerStage> {
-    if !needs_logits(cfg, md) {
+fn indexer_stage(cfg: &LayerConfig, facts: &StepFacts, num_keys: usize) -> Result<IndexerStage> {
+    if !needs_logits(cfg, facts) {
         return Ok(IndexerStage::Skip);
     }
-    match paged_logits_apply(cfg, md) {
-        (true, _) => Ok(IndexerStage::Paged { table_width: md.real_table().width }),
+    match paged_logits_apply(cfg, facts.mode) {
+        (true, _) => Ok(IndexerStage::Paged { table_width: facts.table_pages }),
         (false, why) => {
             let stride = num_keys.next_multiple_of(4);
-            let chunk_rows = ragged_chunk_rows(rows, stride, cfg.logits_budget_bytes)?;
+            let chunk_rows = ragged_chunk_rows(facts.rows, stride, cfg.logits_budget_bytes)?;
             Ok(IndexerStage::Gathered { num_keys, chunk_rows, why })
         }
     }
@@ -345,7 +422,12 @@ fn attention_stage(
                 topk: model.topk,
                 page_size: model.page_size,
             };
-            Ok(AttentionStage::Decode(DecodePlan::new(shape, gpu)?))
+            let plan = if cfg.batch_invariant {
+                DecodePlan::with_splits(shape, gpu.target, batch_invariant_splits(shape, gpu)?)?
+            } else {
+                DecodePlan::new(shape, gpu)?
+            };
+            Ok(AttentionStage::Decode(plan))
         }
         (KvCacheFormat::Bf16, TransformMethod::Ragged) => Err(invalid(
             "dispatch.transform",
@@ -362,9 +444,15 @@ pub struct StepPlan<'m> {
     pub(super) config: LayerConfig,
     pub(super) decisions: StepDecisions,
     pub(super) metadata: PlanMetadata<'m>,
-    pub(super) keys: Option<DeviceKeys>,
+    pub(super) keys: Option<DeviceKeys<'m>>,
     /// `page_table_1` has one row per query token.
     pub(super) table_per_token: bool,
+    /// Query rows the caller passes, `T_pad ≥ T`: DP padding rows (spec §3.2) get
+    /// zeros in `out` and +inf in `lse`, as a token without keys.
+    pub(super) padded_rows: usize,
+    /// One rank's share of a context-parallel round-robin split (spec §4.7): the KV
+    /// store takes every token of the step (all-gathered), not only this rank's.
+    pub(super) cp_split: bool,
     pub(super) table_rows: usize,
     pub(super) table_width: usize,
 }
@@ -372,13 +460,57 @@ pub struct StepPlan<'m> {
 /// The ragged keys on the device, plus per-chunk `cu_seqlens_q` shifted to the
 /// chunk's first row (extend PAGED top-k maps chunk-relative rows to requests).
 #[derive(Debug)]
-pub(super) struct DeviceKeys {
-    pub buf: CudaSlice<i32>,
-    pub slots: Range<usize>,
-    pub ks: Range<usize>,
-    pub ke: Range<usize>,
-    /// Per chunk (extend PAGED only): `cu_seqlens_q − chunk start`.
-    pub chunk_cu: Vec<Range<usize>>,
+pub(super) enum DeviceKeys<'m> {
+    /// Uploaded for one step from the host layout, in one buffer.
+    Owned { buf: CudaSlice<i32>, slots: Range<usize>, ks: Range<usize>, ke: Range<usize>, chunk_cu: Vec<Range<usize>> },
+    /// Built on the device ([`DeviceExtendState`]); the per-chunk `cu_seqlens_q`
+    /// (several chunks only) uploaded from the host query lengths.
+    Device {
+        slots: CudaView<'m, i32>,
+        ks: CudaView<'m, i32>,
+        ke: CudaView<'m, i32>,
+        chunk_cu: Option<(CudaSlice<i32>, Vec<Range<usize>>)>,
+    },
+}
+
+impl DeviceKeys<'_> {
+    pub(super) fn slots(&self) -> CudaView<'_, i32> {
+        match self {
+            DeviceKeys::Owned { buf, slots, .. } => buf.slice(slots.clone()),
+            DeviceKeys::Device { slots, .. } => slots.slice(..),
+        }
+    }
+
+    pub(super) fn num_keys(&self) -> usize {
+        match self {
+            DeviceKeys::Owned { slots, .. } => slots.len(),
+            DeviceKeys::Device { slots, .. } => slots.len(),
+        }
+    }
+
+    pub(super) fn ks(&self) -> CudaView<'_, i32> {
+        match self {
+            DeviceKeys::Owned { buf, ks, .. } => buf.slice(ks.clone()),
+            DeviceKeys::Device { ks, .. } => ks.slice(..),
+        }
+    }
+
+    pub(super) fn ke(&self) -> CudaView<'_, i32> {
+        match self {
+            DeviceKeys::Owned { buf, ke, .. } => buf.slice(ke.clone()),
+            DeviceKeys::Device { ke, .. } => ke.slice(..),
+        }
+    }
+
+    /// `cu_seqlens_q − start` of chunk `ci`, when the step has several chunks.
+    pub(super) fn chunk_cu(&self, ci: usize) -> Option<CudaView<'_, i32>> {
+        match self {
+            DeviceKeys::Owned { buf, chunk_cu, .. } => chunk_cu.get(ci).map(|r| buf.slice(r.clone())),
+            DeviceKeys::Device { chunk_cu, .. } => {
+                chunk_cu.as_ref().and_then(|(buf, r)| r.get(ci).map(|r| buf.slice(r.clone())))
+            }
+        }
+    }
 }
 
 /// Where a plan's metadata lives.
@@ -386,8 +518,11 @@ pub(super) struct DeviceKeys {
 pub(super) enum PlanMetadata<'m> {
     /// Uploaded for one step.
     Owned(DeviceNsaMetadata),
-    /// A CUDA-graph state's buffers (fixed addresses, rewritten by each replay).
+    /// A CUDA-graph state's buffers (fixed addresses, rewritten by each replay),
+    /// also read by eager decode-like steps built on the device.
     Graph(DeviceGraphBuffers<'m>),
+    /// An extend batch built on the device.
+    Extend(DeviceExtendBuffers<'m>),
 }
 
 impl PlanMetadata<'_> {
@@ -395,6 +530,7 @@ impl PlanMetadata<'_> {
         let b = match self {
             PlanMetadata::Owned(m) => return m.field(f),
             PlanMetadata::Graph(b) => b,
+            PlanMetadata::Extend(e) => return extend_field(e, f),
         };
         Some(match f {
             Field::CacheSeqlens => b.cache_seqlens.slice(..),
@@ -408,6 +544,23 @@ impl PlanMetadata<'_> {
             _ => return None,
         })
     }
+}
+
+fn extend_field<'a>(e: &'a DeviceExtendBuffers<'_>, f: Field) -> Option<CudaView<'a, i32>> {
+    Some(match f {
+        Field::CacheSeqlens => e.cache_seqlens.slice(..),
+        Field::CuSeqlensQ => e.cu_seqlens_q.slice(..),
+        Field::CuSeqlensK => e.cu_seqlens_k.slice(..),
+        Field::PageTable1 => e.page_table_1.slice(..),
+        Field::RealPageTable => e.real_page_table.as_ref().unwrap_or(&e.page_table_1).slice(..),
+        Field::SeqlensExpanded => e.nsa_seqlens_expanded.slice(..),
+        Field::NsaCacheSeqlens => e.nsa_cache_seqlens.slice(..),
+        Field::NsaCuSeqlensK => e.nsa_cu_seqlens_k.slice(..),
+        Field::PageTable1Flattened => e.slots.slice(..),
+        Field::TopkIndicesOffset | Field::IndexerKs => e.ks.slice(..),
+        Field::IndexerKe => e.ke.slice(..),
+        _ => return None,
+    })
 }
 
 impl<'m> StepPlan<'m> {
@@ -451,6 +604,8 @@ impl<'m> StepPlan<'m> {
             metadata: PlanMetadata::Graph(state.buffers(step)),
             keys: None,
             table_per_token: true,
+            padded_rows: shape.rows,
+            cp_split: false,
             table_rows: shape.rows,
             table_width: width,
         })
@@ -463,8 +618,10 @@ impl StepPlan<'static> {
         let keys = if StepDecisions::needs_keys(cfg, md, dispatch) { Some(ragged_keys(md)?) } else { None };
         let num_keys = keys.as_ref().map_or(0, RaggedKeys::num_keys);
         let decisions = StepDecisions::new(cfg, md, dispatch, num_keys, rt.launch_target())?;
-        for line in &decisions.explain {
-            tracing::debug!(target: "nsa::layer", mode = md.mode.name(), "{line}");
+        if tracing::enabled!(target: "nsa::layer", tracing::Level::DEBUG) {
+            for line in decisions.explain(cfg) {
+                tracing::debug!(target: "nsa::layer", mode = md.mode.name(), "{line}");
+            }
         }
         let stream = rt.gpu().stream();
         let metadata = DeviceNsaMetadata::upload(md, stream)?;
@@ -482,6 +639,8 @@ impl StepPlan<'static> {
             metadata: PlanMetadata::Owned(metadata),
             keys,
             table_per_token: table_rows_per_token(md.mode),
+            padded_rows: md.nsa_cache_seqlens.len().max(md.num_tokens()),
+            cp_split: md.bs_idx.is_some(),
             table_rows: md.page_table_1.rows,
             table_width: md.page_table_1.width,
         })
@@ -495,11 +654,22 @@ impl StepPlan<'_> {
 
     /// One line per stage: which kernel variant runs and why.
     pub fn explain(&self) -> String {
-        self.decisions.explain.join("\n")
+        self.decisions.explain(&self.config).join("\n")
     }
 
+    /// Query tokens `T` the step computes.
     pub fn rows(&self) -> usize {
         self.decisions.rows
+    }
+
+    /// Query rows the caller passes (`T` plus DP padding rows).
+    pub fn padded_rows(&self) -> usize {
+        self.padded_rows
+    }
+
+    /// Whether this is one rank's share of a context-parallel split.
+    pub fn cp_split(&self) -> bool {
+        self.cp_split
     }
 
     pub fn needs(&self) -> WorkspaceNeeds {
@@ -507,7 +677,7 @@ impl StepPlan<'_> {
     }
 }
 
-fn upload_keys(rt: &Runtime, k: &RaggedKeys, chunk_cu: &[Vec<i32>]) -> Result<DeviceKeys> {
+fn upload_keys(rt: &Runtime, k: &RaggedKeys, chunk_cu: &[Vec<i32>]) -> Result<DeviceKeys<'static>> {
     let mut staging = Vec::new();
     let mut push = |data: &[i32]| {
         let start = staging.len();
@@ -522,5 +692,5 @@ fn upload_keys(rt: &Runtime, k: &RaggedKeys, chunk_cu: &[Vec<i32>]) -> Result<De
     let chunk_cu = chunk_cu.iter().map(|cu| push(cu)).collect();
     staging.resize(staging.len().max(1), 0);
     let buf = rt.gpu().stream().clone_htod(&staging).map_err(Error::driver("uploading the ragged key layout"))?;
-    Ok(DeviceKeys { buf, slots, ks, ke, chunk_cu })
+    Ok(DeviceKeys::Owned { buf, slots, ks, ke, chunk_cu })
 }

@@ -51,7 +51,7 @@ impl GraphMode {
     }
 
     /// Query rows a captured graph has per request.
-    fn rows_per_request(self, d: u32) -> usize {
+    pub fn rows_per_request(self, d: u32) -> usize {
         match self {
             GraphMode::Decode => 1,
             _ => d as usize,

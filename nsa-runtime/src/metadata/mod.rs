@@ -9,6 +9,8 @@
 //!   [`multistep`]: the multi-step draft backend over them (§9.4).
 //! * [`cp`]: the context-parallel round-robin split (§4.7).
 //! * [`device`]: the device mirror of an [`NsaMetadata`], uploaded in one packed copy.
+//! * [`graph_device`] and [`extend_device`]: metadata built on the device from the
+//!   server's device tables, for CUDA graphs and for eager steps of every mode.
 //!
 //! Every input is checked before anything is written: a bad batch is an
 //! [`Error::InvalidArgument`] naming the field, the value and what is allowed.
@@ -18,6 +20,7 @@ mod check;
 pub mod cp;
 pub mod device;
 pub mod dispatch;
+pub mod extend_device;
 pub mod graph;
 pub mod graph_device;
 mod host;

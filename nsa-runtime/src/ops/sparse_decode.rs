@@ -88,6 +88,19 @@ fn check_shape(shape: &DecodeShape, target: Target) -> Result<u32> {
     Ok(head_tile)
 }
 
+/// Query rows the batch-invariant split count is chosen for: the count
+/// [`choose_splits`] picks for this many rows serves every batch, so a row's
+/// summation order (its splits and their combine) never depends on its neighbours.
+pub const BATCH_INVARIANT_ROWS: usize = 32;
+
+/// The decode split count of batch-invariant layers: fixed per shape (heads,
+/// top-k) and GPU (SM count), whatever the batch.
+pub fn batch_invariant_splits(shape: DecodeShape, gpu: LaunchTarget) -> Result<u32> {
+    let head_tile = check_shape(&shape, gpu.target)?;
+    let head_tiles = shape.heads.div_ceil(head_tile) as usize;
+    Ok(choose_splits(BATCH_INVARIANT_ROWS * head_tiles, shape.topk / DECODE_BLOCK_TOKENS, gpu.sm_count))
+}
+
 impl DecodePlan {
     /// Checks the shape against what the kernels of `gpu.target` support and picks
     /// the splits for its SM count.

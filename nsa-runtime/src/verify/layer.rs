@@ -59,6 +59,10 @@ pub enum LayerMode {
     DraftExtend {
         draft: u32,
     },
+    /// Every request extends by exactly `draft` tokens.
+    DraftExtendV2 {
+        draft: u32,
+    },
     /// Prefill; with `prefix`, each request has a cached prefix.
     Extend {
         prefix: bool,
@@ -66,11 +70,22 @@ pub enum LayerMode {
 }
 
 impl LayerMode {
+    /// `D`, the draft tokens of speculative modes (0 otherwise).
+    pub fn draft(self) -> u32 {
+        match self {
+            LayerMode::TargetVerify { draft }
+            | LayerMode::DraftExtend { draft }
+            | LayerMode::DraftExtendV2 { draft } => draft,
+            LayerMode::Decode | LayerMode::Extend { .. } => 0,
+        }
+    }
+
     pub fn name(self) -> String {
         match self {
             LayerMode::Decode => "decode".into(),
             LayerMode::TargetVerify { draft } => format!("verify D={draft}"),
             LayerMode::DraftExtend { draft } => format!("draft-extend D={draft}"),
+            LayerMode::DraftExtendV2 { draft } => format!("draft-extend v2 D={draft}"),
             LayerMode::Extend { prefix: false } => "extend".into(),
             LayerMode::Extend { prefix: true } => "extend+prefix".into(),
         }
@@ -101,6 +116,16 @@ pub struct LayerCase {
     /// written in place between them) against eager forwards, bit for bit. Needs
     /// [`LayerConfig::deterministic_topk`] semantics, which the case then uses.
     pub graph_replays: bool,
+    /// Also run the step with its metadata built on the device from device tables
+    /// ([`NsaLayer::plan_on_device`], [`NsaLayer::plan_extend_on_device`]; table rows
+    /// wider than the host's) and compare it with the host-metadata step bit for
+    /// bit. Uses deterministic top-k, like `graph_replays`.
+    pub device_metadata: bool,
+    /// Run the layer with [`LayerConfig::batch_invariant`] (timings: its cost).
+    pub batch_invariant: bool,
+    /// DP padding rows after the step's tokens (spec §3.2): their KV goes to an
+    /// unused dummy slot, and `out` must hold zeros and `lse` +inf there.
+    pub dp_pad: usize,
     pub seed: u64,
 }
 
@@ -118,6 +143,9 @@ impl LayerCase {
             check_rows: 24,
             timing_iters: 0,
             graph_replays: false,
+            device_metadata: false,
+            batch_invariant: false,
+            dp_pad: 0,
             seed,
         }
     }
@@ -169,6 +197,24 @@ impl Batch {
     fn slot(&self, i: usize, pos: usize) -> i32 {
         self.table[self.rows_of[i] as usize * self.width + pos]
     }
+
+    /// Metadata parameters of `case` over this batch's pool, for CP rank `cp`.
+    fn params(&self, case: &LayerCase, cp: Option<crate::metadata::CpRank>) -> MetadataParams {
+        MetadataParams {
+            page_size: case.model.page_size,
+            topk: case.model.topk,
+            draft_tokens: case.mode.draft(),
+            pool_slots: self.pool_slots,
+            cp,
+        }
+    }
+
+    /// The first slot of a page no table row holds (the pool has spare pages).
+    fn unused_slot(&self, page: usize) -> i32 {
+        let used: std::collections::HashSet<i32> = self.table.iter().map(|&s| s / page as i32).collect();
+        let free = (0..(self.pool_slots / page) as i32).find(|p| !used.contains(p)).expect("spare pages");
+        free * page as i32
+    }
 }
 
 fn make_batch(case: &LayerCase, rng: &mut StdRng) -> Batch {
@@ -185,7 +231,9 @@ fn make_batch(case: &LayerCase, rng: &mut StdRng) -> Batch {
         .iter_mut()
         .map(|total| match case.mode {
             LayerMode::Decode => 1,
-            LayerMode::TargetVerify { draft } | LayerMode::DraftExtend { draft } => {
+            LayerMode::TargetVerify { draft }
+            | LayerMode::DraftExtend { draft }
+            | LayerMode::DraftExtendV2 { draft } => {
                 let d = if matches!(case.mode, LayerMode::DraftExtend { .. }) {
                     rng.random_range(1..=draft as usize)
                 } else {
@@ -230,18 +278,15 @@ fn policy(rt: &Runtime, case: &LayerCase) -> DispatchPolicy {
     }
 }
 
-fn metadata(rt: &Runtime, case: &LayerCase, b: &Batch) -> Result<(NsaMetadata, crate::metadata::Dispatch)> {
-    let draft = match case.mode {
-        LayerMode::TargetVerify { draft } | LayerMode::DraftExtend { draft } => draft,
-        _ => 0,
-    };
-    let params = MetadataParams {
-        page_size: case.model.page_size,
-        topk: case.model.topk,
-        draft_tokens: draft,
-        pool_slots: b.pool_slots,
-        cp: None,
-    };
+/// Host metadata and dispatch of the batch `b` in `case`'s mode; with `cp`, one
+/// context-parallel rank's share of an extend batch.
+fn metadata(
+    rt: &Runtime,
+    case: &LayerCase,
+    b: &Batch,
+    cp: Option<crate::metadata::CpRank>,
+) -> Result<(NsaMetadata, crate::metadata::Dispatch)> {
+    let params = b.params(case, cp);
     let builder = MetadataBuilder::new(params)?;
     let table = ReqToToken::new(&b.table, b.width)?;
     let totals: Vec<i32> = b.totals.iter().map(|&v| v as i32).collect();
@@ -251,6 +296,7 @@ fn metadata(rt: &Runtime, case: &LayerCase, b: &Batch) -> Result<(NsaMetadata, c
         LayerMode::Decode => ForwardMode::Decode,
         LayerMode::TargetVerify { .. } => ForwardMode::TargetVerify,
         LayerMode::DraftExtend { .. } => ForwardMode::DraftExtend,
+        LayerMode::DraftExtendV2 { .. } => ForwardMode::DraftExtendV2,
         LayerMode::Extend { .. } => ForwardMode::Extend,
     };
     let summary = BatchSummary { mode, seq_lens: &totals, extend_num_tokens: tokens };
@@ -263,6 +309,9 @@ fn metadata(rt: &Runtime, case: &LayerCase, b: &Batch) -> Result<(NsaMetadata, c
         }
         LayerMode::DraftExtend { .. } => {
             builder.draft_extend(&table, Requests { req_pool_indices: &b.rows_of, seq_lens: &totals }, &news)?
+        }
+        LayerMode::DraftExtendV2 { .. } => {
+            builder.draft_extend_v2(&table, Requests { req_pool_indices: &b.rows_of, seq_lens: &totals })?
         }
         LayerMode::Extend { prefix } => {
             let prefixes = verify_lens;
@@ -384,14 +433,24 @@ pub fn run(rt: &Runtime, case: &LayerCase) -> Result<LayerReport> {
     let stream = rt.gpu().stream();
     let mut rng = testdata::rng(case.seed);
     let b = make_batch(case, &mut rng);
-    let (md, dispatch) = metadata(rt, case, &b)?;
-    let data = make_data(case, &b, &mut rng);
+    let (mut md, dispatch) = metadata(rt, case, &b, None)?;
+    let mut data = make_data(case, &b, &mut rng);
+    let pad = case.dp_pad;
+    if pad > 0 {
+        assert!(!case.graph_replays && !case.device_metadata, "DP padding runs with host metadata, eagerly");
+        md.pad_nsa_rows(md.num_tokens() + pad);
+        let (heads, ih) = (case.model.num_q_heads as usize, case.model.index_n_heads as usize);
+        data.q.extend((0..pad * heads * BF16_TOKEN_ELEMS).map(|_| bf16::from_f32(rng.random_range(-1.0f32..1.0))));
+        data.index_q.extend((0..pad * ih * INDEXER_HEAD_DIM).map(|_| e4m3(&mut rng)));
+        data.index_weights.extend((0..pad * ih).map(|_| rng.random_range(-0.02f32..0.05)));
+    }
     let mut cfg = LayerConfig::new(case.model.clone())?;
     if let Some(budget) = case.logits_budget {
         cfg.logits_budget_bytes = budget;
     }
     // Replays are compared bit for bit: ties and summation order must not vary.
-    cfg.deterministic_topk = case.graph_replays;
+    cfg.deterministic_topk = case.graph_replays || case.device_metadata;
+    cfg.batch_invariant = case.batch_invariant;
     let layer = NsaLayer::new(rt, cfg.clone())?;
     let plan = layer.plan(&md, &dispatch)?;
     let heads = case.model.num_q_heads as usize;
@@ -404,7 +463,9 @@ pub fn run(rt: &Runtime, case: &LayerCase) -> Result<LayerReport> {
     // Reference caches before the step: every slot holds its row, except the new
     // tokens' slots, which hold a sentinel until the layer stores them.
     let fp8 = case.model.kv_cache == KvCacheFormat::Fp8;
-    let new_slots: Vec<i32> = data.tokens.iter().map(|&(i, p)| b.slot(i, p)).collect();
+    let mut new_slots: Vec<i32> = data.tokens.iter().map(|&(i, p)| b.slot(i, p)).collect();
+    // Padding rows all store to one slot no request reads (the pool's dummy area).
+    new_slots.extend(std::iter::repeat_n(b.unused_slot(case.model.page_size as usize), pad));
     let gather = |slots: &[i32], rows: &[bf16], w: usize| -> Vec<bf16> {
         slots.iter().flat_map(|&s| row_of(rows, s as usize, w).iter().copied()).collect()
     };
@@ -450,6 +511,7 @@ pub fn run(rt: &Runtime, case: &LayerCase) -> Result<LayerReport> {
     let indices = download(stream, ws.indices(), t * k)?;
     let out = download(stream, d_out, t * heads * KV_LORA_RANK)?;
     let lse = download(stream, d_lse, t * heads)?;
+    let padded = (pad > 0).then(|| padding_check(stream, d_out, d_lse, t, pad, heads, &name)).transpose()?;
     let d = plan.decisions();
     let single_chunk = d.chunks.len() == 1;
     let logits = if single_chunk && d.indexer != IndexerStage::Skip {
@@ -457,6 +519,13 @@ pub fn run(rt: &Runtime, case: &LayerCase) -> Result<LayerReport> {
     } else {
         Vec::new()
     };
+    let on_device = case
+        .device_metadata
+        .then(|| {
+            let host = bufs.results(rt, &ws, k)?;
+            device_metadata_step(rt, case, &layer, &b, &dispatch, &mut bufs, &host, &name)
+        })
+        .transpose()?;
     // Last on the device: replays rewrite the inputs.
     let graph =
         case.graph_replays.then(|| graph_replays(rt, &layer, &plan, &mut bufs, &mut ws, &data, &name)).transpose()?;
@@ -468,7 +537,7 @@ pub fn run(rt: &Runtime, case: &LayerCase) -> Result<LayerReport> {
     } else {
         store_bf16(&new_nope, &new_rope, &new_slots, &mut ref_bf16);
     }
-    let mut checks: Vec<Check> = graph.into_iter().collect();
+    let mut checks: Vec<Check> = graph.into_iter().chain(on_device).chain(padded).collect();
     let bytes_check = |kernel: &str, got: &[u8], want: &[u8], row: usize| {
         let bad = got.chunks(row).zip(want.chunks(row)).filter(|(g, w)| g != w).count();
         let first = got.chunks(row).zip(want.chunks(row)).position(|(g, w)| g != w).map(|r| format!("row {r} differs"));
@@ -629,6 +698,31 @@ pub fn run(rt: &Runtime, case: &LayerCase) -> Result<LayerReport> {
     Ok(LayerReport { checks, explain: plan.explain(), timing })
 }
 
+/// DP padding rows `t..t + pad`: `out` all zeros, `lse` all +inf.
+fn padding_check(
+    stream: &std::sync::Arc<cudarc::driver::CudaStream>,
+    out: &CudaSlice<bf16>,
+    lse: &CudaSlice<f32>,
+    t: usize,
+    pad: usize,
+    heads: usize,
+    name: &str,
+) -> Result<Check> {
+    let out = download(stream, out, (t + pad) * heads * KV_LORA_RANK)?;
+    let lse = download(stream, lse, (t + pad) * heads)?;
+    let bad_row = (t..t + pad).find(|&r| {
+        out[r * heads * KV_LORA_RANK..(r + 1) * heads * KV_LORA_RANK].iter().any(|v| v.to_bits() != 0)
+            || lse[r * heads..(r + 1) * heads].iter().any(|&v| v != f32::INFINITY)
+    });
+    Ok(Check {
+        kernel: "layer: padding rows".into(),
+        case: name.into(),
+        items: pad,
+        mismatches: usize::from(bad_row.is_some()),
+        first_mismatch: bad_row.map(|r| format!("row {r}: out not all zeros or lse not all +inf")),
+    })
+}
+
 type Forward<'f> = dyn FnMut(&mut dyn FnMut(Stage) -> Result<()>) -> Result<()> + 'f;
 
 /// Mean eager step time over `iters` forwards, then per-stage time from events
@@ -676,7 +770,7 @@ fn time_layer(rt: &Runtime, iters: usize, forward: &mut Forward<'_>) -> Result<L
 /// Long rows: the chosen set holds `k` distinct visible positions, −1-free, and no
 /// unchosen key beats a chosen one by more than the two keys' logits tolerances
 /// (`want`: reference logit and spread per position).
-fn topk_within(want: &[(f32, f32)], got: &[Option<i32>], wgmma: bool) -> Option<String> {
+pub fn topk_within(want: &[(f32, f32)], got: &[Option<i32>], wgmma: bool) -> Option<String> {
     let n = want.len();
     let mut chosen = vec![false; n];
     for (j, p) in got.iter().enumerate() {
@@ -768,7 +862,10 @@ struct Buffers {
     bf16: CudaSlice<bf16>,
     out: CudaSlice<bf16>,
     lse: CudaSlice<f32>,
+    /// Rows the KV store writes.
     tokens: usize,
+    /// Query rows (DP padding included; a CP rank's share of the tokens).
+    q_rows: usize,
     heads: usize,
     fp8_cache: bool,
 }
@@ -777,6 +874,7 @@ impl Buffers {
     fn upload(rt: &Runtime, h: &HostInputs<'_>, index: &[u8], cache: CacheInit<'_>, heads: usize) -> Result<Self> {
         let stream = rt.gpu().stream();
         let t = h.loc.len();
+        let q_rows = h.q.len() / (heads * BF16_TOKEN_ELEMS);
         let (fp8, bf16_cache, fp8_cache) = match cache {
             CacheInit::Fp8(c) => (upload(stream, c)?, upload::<bf16>(stream, &[])?, true),
             CacheInit::Bf16(c) => (upload::<u8>(stream, &[])?, upload(stream, c)?, false),
@@ -792,9 +890,10 @@ impl Buffers {
             index: upload(stream, index)?,
             fp8,
             bf16: bf16_cache,
-            out: upload(stream, &vec![bf16::from_bits(0x7fc1); t * heads * KV_LORA_RANK])?,
-            lse: upload(stream, &vec![f32::NAN; t * heads])?,
+            out: upload(stream, &vec![bf16::from_bits(0x7fc1); q_rows * heads * KV_LORA_RANK])?,
+            lse: upload(stream, &vec![f32::NAN; q_rows * heads])?,
             tokens: t,
+            q_rows,
             heads,
             fp8_cache,
         })
@@ -821,9 +920,10 @@ impl Buffers {
         ws: &mut LayerWorkspace,
         mark: &mut dyn FnMut(Stage) -> Result<()>,
     ) -> Result<()> {
-        let (t, heads) = (self.tokens, self.heads);
+        let (t, q_rows, heads) = (self.tokens, self.q_rows, self.heads);
+        let ih = layer.config().model.index_n_heads as usize;
         let inputs = LayerInputs {
-            q: self.q.slice(0..t * heads * BF16_TOKEN_ELEMS),
+            q: self.q.slice(0..q_rows * heads * BF16_TOKEN_ELEMS),
             k_nope: Rows {
                 data: self.nope.slice(0..t * KV_LORA_RANK),
                 count: t,
@@ -832,10 +932,8 @@ impl Buffers {
             },
             k_rope: Rows { data: self.rope.slice(0..t * ROPE_DIM), count: t, width: ROPE_DIM, stride: ROPE_DIM },
             out_cache_loc: self.loc.slice(0..t),
-            index_q: self
-                .index_q
-                .slice(0..self.index_q.len().min(t * layer.config().model.index_n_heads as usize * INDEXER_HEAD_DIM)),
-            index_weights: self.index_weights.slice(0..t * layer.config().model.index_n_heads as usize),
+            index_q: self.index_q.slice(0..q_rows * ih * INDEXER_HEAD_DIM),
+            index_weights: self.index_weights.slice(0..q_rows * ih),
             index_k: Rows {
                 data: self.index_k.slice(0..t * INDEXER_HEAD_DIM),
                 count: t,
@@ -850,15 +948,15 @@ impl Buffers {
         };
         let mut caches = LayerCaches { kv, index_k: self.index.slice_mut(..) };
         let outputs = LayerOutputs {
-            out: &mut self.out.slice_mut(0..t * heads * KV_LORA_RANK),
-            lse: &mut self.lse.slice_mut(0..t * heads),
+            out: &mut self.out.slice_mut(0..q_rows * heads * KV_LORA_RANK),
+            lse: &mut self.lse.slice_mut(0..q_rows * heads),
         };
         layer.forward_marked(plan, &inputs, &mut caches, ws, outputs, mark)
     }
 
     fn results(&self, rt: &Runtime, ws: &LayerWorkspace, k: usize) -> Result<StepResults> {
         let stream = rt.gpu().stream();
-        let (t, heads) = (self.tokens, self.heads);
+        let (t, heads) = (self.q_rows, self.heads);
         let out = download(stream, &self.out, t * heads * KV_LORA_RANK)?.iter().map(|v| v.to_bits()).collect();
         let lse = download(stream, &self.lse, t * heads)?.iter().map(|v| v.to_bits()).collect();
         Ok((out, lse, download(stream, ws.indices(), t * k)?))
@@ -951,6 +1049,131 @@ fn graph_replays(
     Ok(Check { kernel: "layer: graph replay".into(), case: name.into(), items, mismatches: bad, first_mismatch: first })
 }
 
+/// The case's step again with its metadata built on the device (one metadata
+/// launch from device `req_to_token`, `req_pool_indices`, lengths), against the
+/// host-metadata step just run on the same inputs: out, lse and indices bit for bit.
+#[allow(clippy::too_many_arguments)]
+fn device_metadata_step(
+    rt: &Runtime,
+    case: &LayerCase,
+    layer: &NsaLayer<'_>,
+    b: &Batch,
+    dispatch: &crate::metadata::Dispatch,
+    bufs: &mut Buffers,
+    host: &StepResults,
+    name: &str,
+) -> Result<Check> {
+    use crate::layer::{DeviceBatch, HostLens};
+    use crate::metadata::extend_device::{DeviceExtendState, ExtendCapacity};
+    use crate::metadata::graph_device::{DeviceGraphState, DeviceRequests};
+    use crate::metadata::{GraphCapacity, GraphMode};
+    let stream = rt.gpu().stream();
+    let k = case.model.topk as usize;
+    let bs = case.batch;
+    let totals: Vec<i32> = b.totals.iter().map(|&v| v as i32).collect();
+    let news: Vec<i32> = b.news.iter().map(|&v| v as i32).collect();
+    let tokens: usize = b.news.iter().sum();
+    let (graph_mode, draft) = match case.mode {
+        LayerMode::Decode => (Some(GraphMode::Decode), 0),
+        LayerMode::TargetVerify { draft } => (Some(GraphMode::TargetVerify), draft),
+        LayerMode::DraftExtend { draft } => (Some(GraphMode::DraftExtend), draft),
+        LayerMode::DraftExtendV2 { draft } => (Some(GraphMode::DraftExtendV2), draft),
+        LayerMode::Extend { .. } => (None, 0),
+    };
+    // Verify counts the drafts on top of seq_lens.
+    let seq: Vec<i32> = match case.mode {
+        LayerMode::TargetVerify { .. } => totals.iter().zip(&news).map(|(t, n)| t - n).collect(),
+        _ => totals.clone(),
+    };
+    let with_lens = matches!(case.mode, LayerMode::DraftExtend { .. } | LayerMode::Extend { .. });
+    let d_table = upload(stream, &b.table)?;
+    let d_rpi = upload(stream, &b.rows_of)?;
+    let d_seq = upload(stream, &seq)?;
+    let d_ext = upload(stream, &news)?;
+    let (v_table, v_rpi, v_seq, v_ext) = (d_table.slice(..), d_rpi.slice(..bs), d_seq.slice(..bs), d_ext.slice(..bs));
+    let batch = DeviceBatch {
+        reqs: DeviceRequests {
+            req_to_token: &v_table,
+            req_to_token_width: b.width,
+            req_pool_indices: &v_rpi,
+            seq_lens: &v_seq,
+        },
+        extend_lens: with_lens.then_some(&v_ext),
+    };
+    let host_lens = HostLens { seq_lens: &seq, extend_lens: with_lens.then_some(&news[..]) };
+    let params = b.params(case, None);
+    // Table rows wider than the host's, so strides differ from the host plan's.
+    let width = b.width + 3 * case.model.page_size as usize;
+    let run = |plan: &crate::layer::StepPlan<'_>, bufs: &mut Buffers| -> Result<StepResults> {
+        let mut ws = LayerWorkspace::new(rt, plan.needs())?;
+        bufs.forward(layer, plan, &mut ws, &mut |_| Ok(()))?;
+        bufs.results(rt, &ws, k)
+    };
+    // The whole step (metadata launch + layer) captured into one CUDA graph: any
+    // hidden synchronisation or host copy fails the capture. `out` is cleared
+    // before the launch, so only the graph's own writes are compared.
+    type Step<'s> = dyn FnMut(&mut LayerWorkspace, &mut Buffers) -> Result<()> + 's;
+    let captured =
+        |needs: crate::layer::WorkspaceNeeds, step: &mut Step<'_>, bufs: &mut Buffers| -> Result<StepResults> {
+            let mut ws = LayerWorkspace::new(rt, needs)?;
+            stream.synchronize().map_err(crate::Error::driver("waiting before the capture"))?;
+            let graph = capture(rt, &mut |_| step(&mut ws, bufs))?;
+            stream.memset_zeros(&mut bufs.out).map_err(crate::Error::driver("clearing out"))?;
+            graph.launch().map_err(crate::Error::driver("launching the captured step"))?;
+            bufs.results(rt, &ws, k)
+        };
+    let (got, graph) = match graph_mode {
+        Some(mode) => {
+            let per_req = mode.rows_per_request(draft).max(1);
+            let capacity = GraphCapacity { max_bs: bs.max(1), max_tokens: bs.max(1) * per_req, max_context_len: width };
+            let mut state = DeviceGraphState::new(rt, params, mode, capacity)?;
+            let plan = layer.plan_on_device(&mut state, &batch, host_lens, dispatch)?;
+            let needs = plan.needs();
+            let got = run(&plan, bufs)?;
+            drop(plan);
+            let mut step = |ws: &mut LayerWorkspace, bufs: &mut Buffers| {
+                let plan = layer.plan_on_device(&mut state, &batch, host_lens, dispatch)?;
+                bufs.forward(layer, &plan, ws, &mut |_| Ok(()))
+            };
+            (got, Some(captured(needs, &mut step, bufs)?))
+        }
+        None => {
+            let capacity = ExtendCapacity {
+                max_bs: bs.max(1),
+                max_tokens: tokens.max(1),
+                max_keys: (totals.iter().sum::<i32>() as usize).max(1),
+                max_context_len: width,
+            };
+            let mut state = DeviceExtendState::new(rt, params, capacity)?;
+            let plan = layer.plan_extend_on_device(&mut state, &batch, host_lens, dispatch)?;
+            // Several PAGED chunks upload their row offsets: not capturable.
+            let d = plan.decisions();
+            let uploads = d.chunks.len() > 1 && d.transform == crate::metadata::TransformMethod::Paged;
+            let needs = plan.needs();
+            let got = run(&plan, bufs)?;
+            drop(plan);
+            let mut step = |ws: &mut LayerWorkspace, bufs: &mut Buffers| {
+                let plan = layer.plan_extend_on_device(&mut state, &batch, host_lens, dispatch)?;
+                bufs.forward(layer, &plan, ws, &mut |_| Ok(()))
+            };
+            let graph = if uploads { None } else { Some(captured(needs, &mut step, bufs)?) };
+            (got, graph)
+        }
+    };
+    let diff = difference(host, &got).map(|what| format!("host-metadata and device-metadata steps: {what} differ"));
+    let graph_diff = graph
+        .as_ref()
+        .and_then(|g| difference(host, g))
+        .map(|what| format!("the host-metadata step and the captured device-metadata step: {what} differ"));
+    Ok(Check {
+        kernel: "layer: device metadata".into(),
+        case: format!("{name}{}", if graph.is_some() { " (eager and captured)" } else { " (eager)" }),
+        items: 1 + usize::from(graph.is_some()),
+        mismatches: usize::from(diff.is_some()) + usize::from(graph_diff.is_some()),
+        first_mismatch: diff.or(graph_diff),
+    })
+}
+
 /// CUDA-graph serving over several steps: the layer is captured ONCE with a plan
 /// bound to a [`DeviceGraphState`](crate::metadata::graph_device::DeviceGraphState);
 /// each step replays the metadata (one launch, lengths grown by the step's tokens)
@@ -1006,13 +1229,7 @@ pub fn graph_steps(rt: &Runtime, case: &LayerCase, steps: usize) -> Result<Check
     )?;
 
     // The graph state, its request tables on the device, and the layer graph.
-    let params = MetadataParams {
-        page_size: case.model.page_size,
-        topk: case.model.topk,
-        draft_tokens: per_req as u32 * u32::from(mode != GraphMode::Decode),
-        pool_slots: b.pool_slots,
-        cp: None,
-    };
+    let params = b.params(case, None);
     let capacity = GraphCapacity { max_bs: bs, max_tokens: t, max_context_len: b.width };
     let mut state = DeviceGraphState::new(rt, params, mode, capacity)?;
     let d_table = upload(stream, &b.table)?;
@@ -1102,6 +1319,197 @@ impl StepInputs {
             index_k: &self.index_k,
         }
     }
+}
+
+/// The caches of a whole batch before its step, every slot filled.
+struct Filled {
+    fp8: Vec<u8>,
+    bf16: Vec<bf16>,
+    index: Vec<u8>,
+}
+
+/// The batch of `case`, its data, and its caches before the step.
+fn whole_batch(case: &LayerCase) -> (Batch, Data, Filled) {
+    let mut rng = testdata::rng(case.seed);
+    let b = make_batch(case, &mut rng);
+    let data = make_data(case, &b, &mut rng);
+    let (fp8, bf16, index) = filled_caches(case.model.kv_cache == KvCacheFormat::Fp8, &data, b.pool_slots);
+    (b, data, Filled { fp8, bf16, index })
+}
+
+/// One forward of `plan` over the batch's data on fresh copies of `filled`: the
+/// query rows of the global tokens `q_tokens`, the KV of `store_tokens` stored.
+#[allow(clippy::too_many_arguments)]
+fn forward_rows(
+    rt: &Runtime,
+    layer: &NsaLayer<'_>,
+    plan: &crate::layer::StepPlan<'_>,
+    b: &Batch,
+    data: &Data,
+    filled: &Filled,
+    q_tokens: &[usize],
+    store_tokens: &[usize],
+) -> Result<StepResults> {
+    let m = &layer.config().model;
+    let (heads, ih, k) = (m.num_q_heads as usize, m.index_n_heads as usize, m.topk as usize);
+    let rows_of = |src: &[bf16], w: usize| -> Vec<bf16> {
+        q_tokens.iter().flat_map(|&t| src[t * w..(t + 1) * w].iter().copied()).collect()
+    };
+    let q = rows_of(&data.q, heads * BF16_TOKEN_ELEMS);
+    let index_q: Vec<u8> = q_tokens
+        .iter()
+        .flat_map(|&t| data.index_q[t * ih * INDEXER_HEAD_DIM..][..ih * INDEXER_HEAD_DIM].iter().copied())
+        .collect();
+    let weights: Vec<f32> = q_tokens.iter().flat_map(|&t| data.index_weights[t * ih..][..ih].iter().copied()).collect();
+    let slots: Vec<i32> = store_tokens.iter().map(|&t| b.slot(data.tokens[t].0, data.tokens[t].1)).collect();
+    let of_slots = |src: &[bf16], w: usize| -> Vec<bf16> {
+        slots.iter().flat_map(|&s| row_of(src, s as usize, w).iter().copied()).collect()
+    };
+    let (nope, rope) = super::split_rows(&of_slots(&data.kv_rows, BF16_TOKEN_ELEMS));
+    let index_k = of_slots(&data.index_rows, INDEXER_HEAD_DIM);
+    let host = HostInputs {
+        q: &q,
+        nope: &nope,
+        rope: &rope,
+        loc: &slots,
+        index_q: &index_q,
+        index_weights: &weights,
+        index_k: &index_k,
+    };
+    let cache =
+        if m.kv_cache == KvCacheFormat::Fp8 { CacheInit::Fp8(&filled.fp8) } else { CacheInit::Bf16(&filled.bf16) };
+    let mut bufs = Buffers::upload(rt, &host, &filled.index, cache, heads)?;
+    let mut ws = LayerWorkspace::new(rt, plan.needs())?;
+    bufs.forward(layer, plan, &mut ws, &mut |_| Ok(()))?;
+    bufs.results(rt, &ws, k)
+}
+
+/// Batch invariance ([`LayerConfig::batch_invariant`]): request 1 of `case`'s batch
+/// run alone, then inside sub-batches of each of `sizes` requests (the first `n` of
+/// the batch, request 1 moved to the middle); its out, lse and top-k indices
+/// (RAGGED: as positions) must equal those of the lone run bit for bit. With
+/// `invariant` false the layer runs without the option (a control: a decode split
+/// count that follows the batch changes the bits).
+pub fn batch_invariance(rt: &Runtime, case: &LayerCase, sizes: &[usize], invariant: bool) -> Result<Check> {
+    let (b, data, filled) = whole_batch(case);
+    let mut cfg = LayerConfig::new(case.model.clone())?;
+    cfg.batch_invariant = invariant;
+    cfg.deterministic_topk = true;
+    if let Some(budget) = case.logits_budget {
+        cfg.logits_budget_bytes = budget;
+    }
+    let layer = NsaLayer::new(rt, cfg)?;
+    let (heads, k) = (case.model.num_q_heads as usize, case.model.topk as usize);
+    // First token of each request in the whole batch.
+    let first: Vec<usize> = b.news.iter().scan(0, |at, &n| Some(std::mem::replace(at, *at + n))).collect();
+    let target = 1usize;
+    let rows_of_r = b.news[target];
+    // R's rows (out, lse, indices as positions) in a run over `members`.
+    let run_with = |members: &[usize]| -> Result<(Vec<u16>, Vec<u32>, Vec<i32>)> {
+        let sub = Batch {
+            totals: members.iter().map(|&i| b.totals[i]).collect(),
+            news: members.iter().map(|&i| b.news[i]).collect(),
+            table: b.table.clone(),
+            width: b.width,
+            rows_of: members.iter().map(|&i| b.rows_of[i]).collect(),
+            pool_slots: b.pool_slots,
+        };
+        let sub_case = LayerCase { batch: members.len(), ..case.clone() };
+        let (md, dispatch) = metadata(rt, &sub_case, &sub, None)?;
+        let plan = layer.plan(&md, &dispatch)?;
+        let tokens: Vec<usize> = members.iter().flat_map(|&i| first[i]..first[i] + b.news[i]).collect();
+        let (out, lse, indices) = forward_rows(rt, &layer, &plan, &b, &data, &filled, &tokens, &tokens)?;
+        let pos = members.iter().position(|&i| i == target).expect("the request is a member");
+        let r0: usize = members[..pos].iter().map(|&i| b.news[i]).sum();
+        // RAGGED indices are rows of the ragged KV: positions plus the request's offset.
+        let offset = if plan.decisions().transform == crate::metadata::TransformMethod::Ragged {
+            members[..pos].iter().map(|&i| b.totals[i] as i32).sum()
+        } else {
+            0
+        };
+        Ok((
+            out[r0 * heads * KV_LORA_RANK..(r0 + rows_of_r) * heads * KV_LORA_RANK].to_vec(),
+            lse[r0 * heads..(r0 + rows_of_r) * heads].to_vec(),
+            indices[r0 * k..(r0 + rows_of_r) * k].iter().map(|&v| if v < 0 { v } else { v - offset }).collect(),
+        ))
+    };
+    let alone = run_with(&[target])?;
+    let (mut bad, mut first_bad) = (0, None);
+    for &n in sizes {
+        let mut members: Vec<usize> = (0..n.min(case.batch)).filter(|&i| i != target).collect();
+        members.insert(members.len() / 2, target);
+        let got = run_with(&members)?;
+        if let Some(what) = difference(&alone, &got) {
+            bad += 1;
+            first_bad.get_or_insert(format!("alone and in a batch of {n}: {what} differ"));
+        }
+    }
+    Ok(Check {
+        kernel: "layer: batch invariance".into(),
+        case: format!("{} sizes {sizes:?}{}", case.describe(), if invariant { "" } else { " (option off)" }),
+        items: sizes.len(),
+        mismatches: bad,
+        first_mismatch: first_bad,
+    })
+}
+
+/// Context-parallel prefill (spec §4.7) simulated on one GPU: the extend batch of
+/// `case` run whole, then as `cp_size` ranks, each with its round-robin share of
+/// the query tokens (metadata with [`CpRank`](crate::metadata::CpRank)) and every
+/// token's KV stored (all-gathered, as a CP rank receives it). The union of the
+/// ranks' rows must equal the whole layer's bit for bit: out, lse, and the top-k
+/// as positions. Batch-invariant layers, so row counts do not change the bits.
+pub fn cp_union(rt: &Runtime, case: &LayerCase, cp_size: u32) -> Result<Check> {
+    use crate::metadata::CpRank;
+    let LayerMode::Extend { .. } = case.mode else {
+        return Err(crate::Error::Other(format!("CP splits extend batches, not {}", case.mode.name())));
+    };
+    let (b, data, filled) = whole_batch(case);
+    let mut cfg = LayerConfig::new(case.model.clone())?;
+    cfg.batch_invariant = true;
+    if let Some(budget) = case.logits_budget {
+        cfg.logits_budget_bytes = budget;
+    }
+    let layer = NsaLayer::new(rt, cfg)?;
+    let (heads, k) = (case.model.num_q_heads as usize, case.model.topk as usize);
+    let t = data.tokens.len();
+    let all: Vec<usize> = (0..t).collect();
+    // Out, lse and positions of the top-k of the query tokens `owned` (global order).
+    let run_rank = |cp: Option<CpRank>, owned: &[usize]| -> Result<StepResults> {
+        let (md, dispatch) = metadata(rt, case, &b, cp)?;
+        let plan = layer.plan(&md, &dispatch)?;
+        let (out, lse, indices) = forward_rows(rt, &layer, &plan, &b, &data, &filled, owned, &all)?;
+        // RAGGED indices are rows of this rank's ragged KV: back to positions.
+        let ragged = plan.decisions().transform == crate::metadata::TransformMethod::Ragged;
+        let ks = crate::layer::ragged_keys(&md)?.ks;
+        let positions = indices
+            .chunks(k)
+            .zip(&ks)
+            .flat_map(|(row, &start)| row.iter().map(move |&v| if ragged && v >= 0 { v - start } else { v }))
+            .collect();
+        Ok((out, lse, positions))
+    };
+    let whole = run_rank(None, &all)?;
+    let (mut union_out, mut union_lse, mut union_idx) =
+        (vec![0u16; whole.0.len()], vec![0u32; whole.1.len()], vec![0i32; whole.2.len()]);
+    for rank in 0..cp_size {
+        let owned: Vec<usize> = (rank as usize..t).step_by(cp_size as usize).collect();
+        let (out, lse, idx) = run_rank(Some(CpRank::new(rank, cp_size)?), &owned)?;
+        for (j, &g) in owned.iter().enumerate() {
+            let (o, l) = (heads * KV_LORA_RANK, heads);
+            union_out[g * o..(g + 1) * o].copy_from_slice(&out[j * o..(j + 1) * o]);
+            union_lse[g * l..(g + 1) * l].copy_from_slice(&lse[j * l..(j + 1) * l]);
+            union_idx[g * k..(g + 1) * k].copy_from_slice(&idx[j * k..(j + 1) * k]);
+        }
+    }
+    let diff = difference(&whole, &(union_out, union_lse, union_idx));
+    Ok(Check {
+        kernel: "layer: CP union".into(),
+        case: format!("{} cp {cp_size}", case.describe()),
+        items: t,
+        mismatches: usize::from(diff.is_some()),
+        first_mismatch: diff.map(|what| format!("the ranks' union and the whole layer: {what} differ")),
+    })
 }
 
 #[cfg(test)]

@@ -244,3 +244,109 @@ pub fn random_replays(rt: &Runtime, case: &ReplayCase) -> Result<Check> {
         first_mismatch: first,
     })
 }
+
+/// Eager extend metadata built on the device ([`DeviceExtendState`]) against the
+/// host builder over `iterations` random batches (empty ones, pure prefills,
+/// prefixes, zero-length extends, a request at the full width), one launch each:
+/// every field compared bit for bit, the table rows over the batch's longest
+/// request, and the ragged keys against [`ragged_keys`](crate::layer::ragged_keys).
+pub fn random_extends(rt: &Runtime, page_size: u32, iterations: usize, seed: u64) -> Result<Check> {
+    use crate::metadata::extend_device::{DeviceExtendState, ExtendCapacity};
+    use crate::metadata::{ExtendBatch, ExtendPlan, MetadataBuilder, TransformMethod};
+    let mut rng = testdata::rng(seed);
+    let stream = rt.gpu().stream().clone();
+    let (max_bs, width) = (12usize, 700usize);
+    let table_rows = max_bs * 2 + 1;
+    let table_width = width + 5;
+    let (table_data, pool_slots) = table(table_rows, table_width, page_size, &mut rng);
+    let params = MetadataParams { page_size, topk: 64, draft_tokens: 0, pool_slots, cp: None };
+    let capacity =
+        ExtendCapacity { max_bs, max_tokens: max_bs * width / 2, max_keys: max_bs * width, max_context_len: width };
+    let mut dev = DeviceExtendState::new(rt, params, capacity)?;
+    let builder = MetadataBuilder::new(params)?;
+    let view = ReqToToken::new(&table_data, table_width)?;
+    let table_dev = upload(&stream, &table_data)?;
+    let table_view = table_dev.slice(0..table_data.len());
+    let kernel =
+        KernelSpec::new(KernelFamily::MetadataReplay { page_size, mode: MetadataMode::Extend }, rt.target()).id();
+    let (mut mismatches, mut first) = (0, None);
+    for it in 0..iterations {
+        let bs = if rng.random_bool(0.05) { 0 } else { rng.random_range(1..=max_bs) };
+        let prefix = rng.random_bool(0.6);
+        let mut seq_lens: Vec<i32> = (0..bs).map(|_| rng.random_range(0..=width as i32 / 2)).collect();
+        if bs > 0 && rng.random_bool(0.2) {
+            seq_lens[rng.random_range(0..bs)] = width as i32;
+        }
+        let extend: Vec<i32> =
+            seq_lens.iter().map(|&l| if prefix { rng.random_range(0..=l.min(width as i32 / 2)) } else { l }).collect();
+        let prefix_lens: Vec<i32> = seq_lens.iter().zip(&extend).map(|(l, e)| l - e).collect();
+        let mut rpi: Vec<i32> = (0..table_rows as i32).collect();
+        rpi.shuffle(&mut rng);
+        rpi.truncate(bs);
+        let batch = ExtendBatch {
+            req_pool_indices: &rpi,
+            seq_lens: &seq_lens,
+            extend_lens: &extend,
+            prefix_lens: prefix.then_some(&prefix_lens[..]),
+        };
+        let md =
+            builder.extend(&view, batch, ExtendPlan { transform: TransformMethod::Ragged, mha_fp8_dequant: false })?;
+        let keys = crate::layer::ragged_keys(&md)?;
+        let x = dev.extent(&seq_lens, &extend)?;
+        let (s_dev, r_dev, e_dev) = (upload(&stream, &seq_lens)?, upload(&stream, &rpi)?, upload(&stream, &extend)?);
+        let (s_v, r_v, e_v) = (s_dev.slice(0..bs), r_dev.slice(0..bs), e_dev.slice(0..bs));
+        let reqs = DeviceRequests {
+            req_to_token: &table_view,
+            req_to_token_width: table_width,
+            req_pool_indices: &r_v,
+            seq_lens: &s_v,
+        };
+        let before = dev.launches();
+        dev.build(rt, &reqs, &e_v)?;
+        let snap = dev.download(rt, &x)?;
+        // Table rows: the host's width is the batch's longest request.
+        let rows_of = |data: &[i32], stride: usize, cols: usize| -> Vec<i32> {
+            (0..bs).flat_map(|r| data[r * stride..r * stride + cols].iter().copied()).collect()
+        };
+        let host_real = md.real_table();
+        let l = dev.layout();
+        let t = md.num_tokens();
+        let mut diffs: Vec<(&str, Vec<i32>, Vec<i32>)> = vec![
+            ("cache_seqlens", snap.cache_seqlens.clone(), md.cache_seqlens.clone()),
+            ("cu_seqlens_k", snap.cu_seqlens_k.clone(), md.cu_seqlens_k.clone()),
+            ("cu_seqlens_q", snap.cu_seqlens_q.clone(), md.cu_seqlens_q.clone()),
+            ("page_table_1", rows_of(&snap.page_table_1, l.width, md.page_table_1.width), md.page_table_1.data.clone()),
+            ("nsa_seqlens_expanded", snap.nsa_seqlens_expanded.clone(), md.nsa_seqlens_expanded.clone()),
+            ("nsa_cache_seqlens", snap.nsa_cache_seqlens.clone(), md.nsa_cache_seqlens[..t].to_vec()),
+            ("nsa_cu_seqlens_k", snap.nsa_cu_seqlens_k.clone(), md.nsa_cu_seqlens_k[..=t].to_vec()),
+            ("slots", snap.slots.clone(), keys.slots.clone()),
+            ("ks", snap.ks.clone(), keys.ks.clone()),
+            ("ke", snap.ke.clone(), keys.ke.clone()),
+        ];
+        if let Some(real) = &snap.real_page_table {
+            diffs.push(("real_page_table", rows_of(real, l.real_width, host_real.width), host_real.data.to_vec()));
+        }
+        let mut diff = (dev.launches() != before + 1).then(|| "not exactly one launch".to_string());
+        for (name, d, h) in diffs {
+            if diff.is_some() {
+                break;
+            }
+            if d.len() != h.len() {
+                diff = Some(format!("{name}: {} entries on the device, {} on the host", d.len(), h.len()));
+            } else if let Some(i) = d.iter().zip(&h).position(|(a, b)| a != b) {
+                diff = Some(format!("{name}[{i}]: device {} host {}", d[i], h[i]));
+            }
+        }
+        if let Some(m) = diff {
+            mismatches += 1;
+            first.get_or_insert_with(|| format!("batch {it} (bs {bs}, prefix {prefix}): {m}"));
+        }
+    }
+    Ok(Check {
+        kernel,
+        case: format!("extend p{page_size} x{iterations}"),
+        items: iterations,
+        mismatches,
+        first_mismatch: first,
+    })
+}

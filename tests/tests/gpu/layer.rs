@@ -138,3 +138,123 @@ fn graph_bound_plans_follow_metadata_replays_across_steps() {
     }
     assert_all(&checks);
 }
+
+#[test]
+fn device_built_metadata_equals_host_metadata_in_every_mode() {
+    let mut cases = Vec::new();
+    let modes = [
+        (LayerMode::Decode, 6, 7000),
+        (LayerMode::TargetVerify { draft: 3 }, 4, 5000),
+        (LayerMode::DraftExtend { draft: 3 }, 5, 5000),
+        (LayerMode::DraftExtendV2 { draft: 2 }, 5, 5000),
+        (LayerMode::Extend { prefix: false }, 3, 3000),
+        (LayerMode::Extend { prefix: true }, 3, 4000),
+    ];
+    for (n, &(mode, batch, context)) in modes.iter().enumerate() {
+        for kv in [KvCacheFormat::Fp8, KvCacheFormat::Bf16] {
+            let mut case = LayerCase::new(model(32, kv, 64), mode, batch, context, 7700 + 10 * n as u64 + kv as u64);
+            case.device_metadata = true;
+            case.check_rows = 8;
+            cases.push(case);
+        }
+    }
+    // FP8 RAGGED extend; bf16 PAGED extend in several logits chunks; every token
+    // within top-k (indexer skipped); an empty batch; pages of 1 (short rows only).
+    let mut ragged =
+        LayerCase::new(model(16, KvCacheFormat::Fp8, 64), LayerMode::Extend { prefix: true }, 3, 5000, 7790);
+    ragged.prefill_backend = PrefillBackend::Fixed(AttnImpl::FlashMlaSparse);
+    let mut chunked =
+        LayerCase::new(model(16, KvCacheFormat::Bf16, 64), LayerMode::Extend { prefix: true }, 2, 4000, 7791);
+    chunked.logits_budget = Some(40 * 4 * 8000);
+    let short = LayerCase::new(model(16, KvCacheFormat::Fp8, 64), LayerMode::Decode, 3, 1500, 7792);
+    let empty = LayerCase::new(model(16, KvCacheFormat::Fp8, 64), LayerMode::Decode, 0, 100, 7793);
+    let pages_of_1 =
+        LayerCase::new(model(16, KvCacheFormat::Bf16, 1), LayerMode::Extend { prefix: true }, 2, 1800, 7794);
+    for mut case in [ragged, chunked, short, empty, pages_of_1] {
+        case.device_metadata = true;
+        cases.push(case);
+    }
+    let checks = run_all(&cases);
+    let compared = checks.iter().filter(|c| c.kernel == "layer: device metadata").count();
+    assert_eq!(compared, cases.len(), "every case compared its device-metadata step");
+    assert_all(&checks);
+}
+
+#[test]
+fn batch_invariant_layers_give_a_request_the_same_bits_in_any_batch() {
+    use nsa_runtime::verify::layer::batch_invariance;
+    let rt = rt();
+    let mut checks = Vec::new();
+    let mut ragged =
+        LayerCase::new(model(16, KvCacheFormat::Fp8, 64), LayerMode::Extend { prefix: true }, 40, 2500, 7904);
+    ragged.prefill_backend = PrefillBackend::Fixed(AttnImpl::FlashMlaSparse);
+    for (case, sizes) in [
+        (LayerCase::new(model(128, KvCacheFormat::Fp8, 64), LayerMode::Decode, 200, 3000, 7900), &[7, 200][..]),
+        (LayerCase::new(model(64, KvCacheFormat::Bf16, 64), LayerMode::Decode, 200, 3000, 7901), &[7, 200]),
+        (
+            LayerCase::new(model(32, KvCacheFormat::Fp8, 64), LayerMode::TargetVerify { draft: 2 }, 200, 3000, 7902),
+            &[7, 200],
+        ),
+        (
+            LayerCase::new(model(16, KvCacheFormat::Fp8, 64), LayerMode::Extend { prefix: true }, 40, 2500, 7903),
+            &[7, 40],
+        ),
+        (ragged, &[7, 40]),
+    ] {
+        let check = batch_invariance(&rt, &case, sizes, true).unwrap_or_else(|e| panic!("{}: {e}", case.describe()));
+        eprintln!("{check}");
+        checks.push(check);
+    }
+    assert_all(&checks);
+    // The control: without the option, the decode split count follows the batch
+    // (32 splits alone, 1 among 200 requests at 128 heads), and the bits change.
+    let case = LayerCase::new(model(128, KvCacheFormat::Fp8, 64), LayerMode::Decode, 200, 3000, 7900);
+    let control = batch_invariance(&rt, &case, &[200], false).unwrap();
+    assert_eq!(control.mismatches, 1, "without batch invariance the batch changes the bits: {control}");
+}
+
+#[test]
+fn dp_padded_batches_get_zeros_and_infinite_lse_in_padding_rows() {
+    let mut cases = Vec::new();
+    for (n, (mode, kv, pad)) in [
+        (LayerMode::Decode, KvCacheFormat::Fp8, 3),
+        (LayerMode::TargetVerify { draft: 2 }, KvCacheFormat::Bf16, 2),
+        (LayerMode::DraftExtendV2 { draft: 2 }, KvCacheFormat::Fp8, 1),
+        (LayerMode::Extend { prefix: true }, KvCacheFormat::Fp8, 5),
+        (LayerMode::Extend { prefix: false }, KvCacheFormat::Bf16, 4),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut case = LayerCase::new(model(32, kv, 64), mode, 3, 4000, 8000 + n as u64);
+        case.dp_pad = pad;
+        case.check_rows = 8;
+        cases.push(case);
+    }
+    let checks = run_all(&cases);
+    assert_eq!(checks.iter().filter(|c| c.kernel == "layer: padding rows").count(), cases.len());
+    assert_all(&checks);
+}
+
+#[test]
+fn context_parallel_ranks_together_equal_the_whole_layer() {
+    use nsa_runtime::verify::layer::cp_union;
+    let rt = rt();
+    let mut checks = Vec::new();
+    let mut ragged =
+        LayerCase::new(model(16, KvCacheFormat::Fp8, 64), LayerMode::Extend { prefix: true }, 3, 3000, 8101);
+    ragged.prefill_backend = PrefillBackend::Fixed(AttnImpl::FlashMlaSparse);
+    let cases = [
+        LayerCase::new(model(16, KvCacheFormat::Fp8, 64), LayerMode::Extend { prefix: true }, 3, 3000, 8100),
+        ragged,
+        LayerCase::new(model(32, KvCacheFormat::Bf16, 64), LayerMode::Extend { prefix: false }, 3, 2500, 8102),
+    ];
+    for case in &cases {
+        for cp in [2, 4] {
+            let check = cp_union(&rt, case, cp).unwrap_or_else(|e| panic!("{} cp {cp}: {e}", case.describe()));
+            eprintln!("{check}");
+            checks.push(check);
+        }
+    }
+    assert_all(&checks);
+}

@@ -92,3 +92,49 @@ fn a_bad_batch_writes_nothing_and_is_reported() {
     assert!(matches!(g.replay_target_verify(&rt, &reqs), Err(Error::InvalidArgument { field: "mode", .. })));
     assert_eq!(g.launches(), 6);
 }
+
+#[test]
+fn device_extend_metadata_equals_the_host_builder() {
+    use nsa_runtime::verify::metadata::random_extends;
+    let rt = rt();
+    let checks: Vec<Check> = [(1, 1100), (64, 1101), (61, 1102)]
+        .iter()
+        .map(|&(page, seed)| random_extends(&rt, page, 120, seed).unwrap())
+        .collect();
+    assert_all(&checks);
+}
+
+#[test]
+fn a_bad_extend_batch_writes_nothing_and_is_reported() {
+    use nsa_runtime::metadata::extend_device::{DeviceExtendState, ExtendCapacity};
+    let mut rt = rt();
+    let stream = rt.gpu().stream().clone();
+    let width = 256;
+    let table: Vec<i32> = (0..4 * width as i32).map(|s| s + 64).collect();
+    let params = MetadataParams { page_size: 64, topk: 2048, draft_tokens: 0, pool_slots: 1 << 20, cp: None };
+    let cap = ExtendCapacity { max_bs: 4, max_tokens: 300, max_keys: 300, max_context_len: width };
+    let mut g = DeviceExtendState::new(&rt, params, cap).unwrap();
+    let x = g.extent(&[0, 0], &[0, 0]).unwrap();
+    let before = g.download(&rt, &x).unwrap();
+    let t = upload(&stream, &table).unwrap();
+    let tv = t.slice(..);
+    // More new tokens than the request has; Σ seq_lens past max_keys (the host lengths
+    // would have been refused); a row outside the table.
+    for (rpi, lens, ext) in [([0, 1], [5, 5], [6, 1]), ([0, 1], [200, 200], [1, 1]), ([0, 7], [5, 5], [5, 5])] {
+        let (r, l, e) =
+            (upload(&stream, &rpi).unwrap(), upload(&stream, &lens).unwrap(), upload(&stream, &ext).unwrap());
+        let (rv, lv, ev) = (r.slice(..), l.slice(..), e.slice(..));
+        let reqs =
+            DeviceRequests { req_to_token: &tv, req_to_token_width: width, req_pool_indices: &rv, seq_lens: &lv };
+        rt.set_checks(DeviceChecks::Skip).unwrap();
+        g.build(&rt, &reqs, &ev).unwrap();
+        assert_eq!(g.download(&rt, &x).unwrap(), before, "{rpi:?} {lens:?} {ext:?}");
+        rt.set_checks(DeviceChecks::Report).unwrap();
+        let err = g.build(&rt, &reqs, &ev).unwrap_err();
+        assert!(matches!(err, Error::DeviceRejected { .. }), "{err}");
+    }
+    rt.set_checks(DeviceChecks::Skip).unwrap();
+    assert_eq!(g.launches(), 6);
+    assert!(g.extent(&[200, 200], &[1, 1]).is_err(), "host lengths past max_keys are refused");
+    assert!(g.extent(&[5], &[6]).is_err(), "more new tokens than the request has");
+}

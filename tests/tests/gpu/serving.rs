@@ -174,3 +174,22 @@ fn foreign_buffers_are_used_in_place_and_never_freed_by_nsa() {
         cudarc::driver::result::free_sync(raw_loc).unwrap();
     }
 }
+
+/// The server-loop example (tests/server-loop): its own stream, pool, page table and
+/// activations; chunked prefill with device-built metadata, decode through one CUDA
+/// graph per batch size, requests retired and admitted between steps; every step
+/// checked against the CPU reference.
+#[test]
+fn the_server_loop_example_serves_every_step_correctly() {
+    let opts = nsa_server_loop::Options::default();
+    let report = nsa_server_loop::run(&opts).unwrap();
+    for c in &report.checks {
+        eprintln!("{c}");
+    }
+    assert_eq!(report.decode_steps, opts.decode_steps);
+    assert!(report.prefill_steps >= 8, "the prompts took {} chunked prefill steps", report.prefill_steps);
+    assert_eq!(report.graphs, 2, "decode ran at two batch sizes, one graph each");
+    assert_eq!((report.admitted, report.retired), (4, 4), "every request ran to its end");
+    assert_eq!(report.checks.len(), 2 * (report.prefill_steps + report.decode_steps));
+    assert_all(&report.checks);
+}

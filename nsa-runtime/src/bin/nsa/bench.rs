@@ -76,7 +76,8 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = crate::bench_prefill::ISSUE_S_KV,
           value_parser = clap::value_parser!(u64).range(crate::bench_prefill::TOPK as u64..=i32::MAX as u64))]
     pub prefill_s_kv: u64,
-    /// Which benchmarks: kv (store/dequant + JIT), topk, metadata, decode, prefill, indexer, or all.
+    /// Which benchmarks: kv (store/dequant + JIT), topk, metadata, plan (eager plans
+    /// and steps with host- or device-built metadata), decode, prefill, indexer, or all.
     #[arg(long, value_enum, default_value_t = Suite::All)]
     pub suite: Suite,
 }
@@ -86,6 +87,7 @@ pub enum Suite {
     Kv,
     Topk,
     Metadata,
+    Plan,
     Decode,
     Prefill,
     Indexer,
@@ -181,6 +183,8 @@ struct Report {
     prefill: Vec<crate::bench_prefill::PrefillRow>,
     indexer: Vec<crate::bench_indexer::IndexerRow>,
     metadata: Vec<MetadataRow>,
+    plans: Vec<crate::bench_plan::PlanRow>,
+    steps: Vec<crate::bench_plan::StepRow>,
     bandwidth: Vec<BandwidthRow>,
     jit_cold: Vec<JitRow>,
     jit_disk_load_total_ms: f64,
@@ -707,6 +711,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     };
     let indexer = if want(Suite::Indexer) { crate::bench_indexer::indexer_bench(&rt, args.reps)? } else { vec![] };
     let metadata = if want(Suite::Metadata) { metadata_bench(&rt, args.reps)? } else { vec![] };
+    let (plans, steps) = if want(Suite::Plan) { crate::bench_plan::plan_bench(&rt)? } else { (vec![], vec![]) };
     let bandwidth = if want(Suite::Kv) { bandwidth(&rt, &args.tokens, args.reps)? } else { vec![] };
     let (jit_cold, disk_ms, kernels, hit_ns) = if want(Suite::Kv) { jit(&rt)? } else { (vec![], 0.0, 0, 0.0) };
     for r in &jit_cold {
@@ -729,6 +734,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
         prefill,
         indexer,
         metadata,
+        plans,
+        steps,
         bandwidth,
         jit_cold,
         jit_disk_load_total_ms: disk_ms,

@@ -297,11 +297,14 @@ pub fn verify(args: VerifyArgs) -> Result<()> {
                     vtopk::run(&rt, &case)?
                 }
                 // Random captures and replays against the host graph state, once per kernel.
+                KernelFamily::MetadataReplay { page_size, mode: MetadataMode::Extend } if i == 0 => {
+                    vmeta::random_extends(&rt, page_size, 50, seed)?
+                }
                 KernelFamily::MetadataReplay { page_size, mode } if i == 0 => {
                     let mode = match mode {
                         MetadataMode::Decode => GraphMode::Decode,
                         MetadataMode::TargetVerify => GraphMode::TargetVerify,
-                        MetadataMode::DraftExtend => GraphMode::DraftExtend,
+                        MetadataMode::DraftExtend | MetadataMode::Extend => GraphMode::DraftExtend,
                     };
                     let mut case = ReplayCase::new(mode, page_size, seed);
                     case.iterations = 50;

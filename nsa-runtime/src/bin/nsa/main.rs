@@ -3,6 +3,7 @@
 mod bench;
 mod bench_decode;
 mod bench_indexer;
+mod bench_plan;
 mod bench_prefill;
 mod compile;
 mod config_args;

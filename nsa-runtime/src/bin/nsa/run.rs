@@ -12,6 +12,7 @@ pub enum Mode {
     Decode,
     Verify,
     DraftExtend,
+    DraftExtendV2,
     Extend,
     ExtendPrefix,
 }
@@ -32,7 +33,7 @@ pub struct RunArgs {
     /// Every request exactly --context long (otherwise lengths vary and request 0 is short).
     #[arg(long)]
     pub uniform: bool,
-    /// Draft tokens D (verify: all of them; draft-extend: accept lengths in 1..=D).
+    /// Draft tokens D (verify, draft-extend-v2: all of them; draft-extend: accept lengths in 1..=D).
     #[arg(long, default_value_t = 2)]
     pub draft: u32,
     /// Plant a strongly matching key per request and check it is selected and dominates.
@@ -47,6 +48,10 @@ pub struct RunArgs {
     /// Query tokens compared against the reference (spread evenly).
     #[arg(long, default_value_t = 24)]
     pub check_rows: usize,
+    /// Batch-invariant layer: a request's outputs do not depend on the rest of the
+    /// batch (deterministic top-k, decode splits fixed per GPU); time it against the default.
+    #[arg(long)]
+    pub batch_invariant: bool,
     /// Also time this many eager forwards and report each stage's share.
     #[arg(long, default_value_t = 0)]
     pub iters: usize,
@@ -61,6 +66,7 @@ pub fn run(args: RunArgs) -> Result<()> {
         Mode::Decode => LayerMode::Decode,
         Mode::Verify => LayerMode::TargetVerify { draft: args.draft },
         Mode::DraftExtend => LayerMode::DraftExtend { draft: args.draft },
+        Mode::DraftExtendV2 => LayerMode::DraftExtendV2 { draft: args.draft },
         Mode::Extend => LayerMode::Extend { prefix: false },
         Mode::ExtendPrefix => LayerMode::Extend { prefix: true },
     };
@@ -69,6 +75,7 @@ pub fn run(args: RunArgs) -> Result<()> {
     case.uniform = args.uniform;
     case.check_rows = args.check_rows;
     case.timing_iters = args.iters;
+    case.batch_invariant = args.batch_invariant;
     case.logits_budget = args.logits_budget_mib.map(|m| m << 20);
     if args.ragged {
         case.prefill_backend = PrefillBackend::Fixed(AttnImpl::FlashMlaSparse);
