@@ -104,39 +104,33 @@ impl Gpu {
 
     /// Launches on `stream`, a raw `CUstream` another library owns (e.g.
     /// `torch.cuda.current_stream().cuda_stream`), of device `ordinal`'s primary
-    /// context. A stream of another context is an error naming `stream`.
+    /// context. A null handle is that context's legacy default stream (PyTorch's
+    /// default), which works but cannot be captured into CUDA graphs. A stream of
+    /// another context is an error naming `stream`.
     ///
     /// # Safety
     /// `stream` must be a valid stream, and its owner must keep it alive while this
     /// `Gpu` (or a runtime made from it) is used; ordering nsa's work with work the
     /// owner submits elsewhere is the caller's.
     pub unsafe fn on_borrowed_stream(ordinal: usize, stream: CUstream) -> Result<Gpu> {
-        if stream.is_null() {
-            return Err(crate::error::invalid(
-                "stream",
-                "null",
-                "a created stream (the legacy default stream cannot be captured into CUDA graphs; pass the stream's handle)",
-            ));
-        }
         let ctx = primary_context(ordinal)?;
         // SAFETY: no buffer of this context object exists yet; every nsa launch goes
         // to the one stream below.
         unsafe { ctx.disable_event_tracking() };
-        let mut owner: cudarc::driver::sys::CUcontext = std::ptr::null_mut();
-        // SAFETY: `stream` is valid (the caller's promise); the driver writes one handle.
-        unsafe { cudarc::driver::sys::cuStreamGetCtx(stream, &mut owner) }
-            .result()
-            .map_err(Error::driver("reading the context of the stream"))?;
-        if owner != ctx.cu_ctx() {
-            return Err(crate::error::invalid(
-                "stream",
-                format!("{stream:p}"),
-                format!("a stream of device {ordinal}'s primary context (this one belongs to another context)"),
-            ));
-        }
-        // SAFETY: checked to belong to this context; kept alive by the caller.
-        let stream = unsafe { ctx.wrap_borrowed_stream(stream) };
+        // SAFETY: forwarded from the caller.
+        let stream = unsafe { borrow_stream(&ctx, ordinal, stream) }?;
         Gpu::on_stream(stream)
+    }
+
+    /// [`with_stream`](Self::with_stream) for a raw `CUstream` another library
+    /// owns (null: the legacy default stream), checked to belong to this context.
+    ///
+    /// # Safety
+    /// As [`on_borrowed_stream`](Self::on_borrowed_stream).
+    pub unsafe fn with_borrowed_stream(&self, stream: CUstream) -> Result<Gpu> {
+        // SAFETY: forwarded from the caller.
+        let stream = unsafe { borrow_stream(&self.ctx, self.caps.ordinal, stream) }?;
+        self.with_stream(stream)
     }
 
     /// The same device and loaded functions, launching on `stream` (of the same
@@ -230,4 +224,29 @@ fn caps_of(ctx: &Arc<CudaContext>) -> Result<DeviceCaps> {
         l2_bytes: attr(Attr::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)?,
         target: Target::from_compute_capability(cc),
     })
+}
+
+/// `stream` (null: the legacy default stream) wrapped without taking ownership,
+/// after checking it belongs to `ctx`.
+///
+/// # Safety
+/// `stream` is valid and outlives every use of the wrapper.
+unsafe fn borrow_stream(ctx: &Arc<CudaContext>, ordinal: usize, stream: CUstream) -> Result<Arc<CudaStream>> {
+    if stream.is_null() {
+        return Ok(ctx.default_stream());
+    }
+    let mut owner: cudarc::driver::sys::CUcontext = std::ptr::null_mut();
+    // SAFETY: `stream` is valid (the caller's promise); the driver writes one handle.
+    unsafe { cudarc::driver::sys::cuStreamGetCtx(stream, &mut owner) }
+        .result()
+        .map_err(Error::driver("reading the context of the stream"))?;
+    if owner != ctx.cu_ctx() {
+        return Err(crate::error::invalid(
+            "stream",
+            format!("{stream:p}"),
+            format!("a stream of device {ordinal}'s primary context (this one belongs to another context)"),
+        ));
+    }
+    // SAFETY: checked to belong to this context; kept alive by the caller.
+    Ok(unsafe { ctx.wrap_borrowed_stream(stream) })
 }

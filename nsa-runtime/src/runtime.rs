@@ -85,6 +85,19 @@ impl Runtime {
         Ok(rt)
     }
 
+    /// [`with_stream`](Self::with_stream) for a raw `CUstream` another library
+    /// owns (PyTorch's current stream; null: the legacy default stream).
+    ///
+    /// # Safety
+    /// As [`Gpu::on_borrowed_stream`].
+    pub unsafe fn with_borrowed_stream(&self, stream: cudarc::driver::sys::CUstream) -> Result<Runtime> {
+        // SAFETY: forwarded from the caller.
+        let gpu = unsafe { self.gpu.with_borrowed_stream(stream) }?;
+        let mut rt = Runtime::with_cache(gpu, self.cache.clone(), self.checks)?;
+        rt.pdl = self.pdl;
+        Ok(rt)
+    }
+
     pub fn gpu(&self) -> &Gpu {
         &self.gpu
     }

@@ -87,9 +87,12 @@ fn a_borrowed_raw_stream_is_used_and_never_destroyed_by_nsa() {
     // Still ours to destroy: nsa did not.
     // SAFETY: created above, destroyed once.
     unsafe { cudarc::driver::result::stream::destroy(raw) }.unwrap();
-    // SAFETY: a null stream is refused before it is used.
-    let err = unsafe { Gpu::on_borrowed_stream(0, std::ptr::null_mut()) }.unwrap_err().to_string();
-    assert!(err.contains("`stream`"), "{err}");
+    // A null handle is the legacy default stream (PyTorch's default stream).
+    // SAFETY: the legacy default stream always exists.
+    let gpu = unsafe { Gpu::on_borrowed_stream(0, std::ptr::null_mut()) }.unwrap();
+    assert!(gpu.stream().cu_stream().is_null());
+    let rt = Runtime::on_gpu(gpu).unwrap();
+    assert_all(&[verify::store_mla(&rt, KvCacheFormat::Bf16, 300, 7).unwrap()]);
 }
 
 #[test]

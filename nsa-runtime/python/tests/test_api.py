@@ -1,0 +1,119 @@
+"""The package as a CPU-only machine sees it: it imports, exposes the documented
+functions with the documented signatures, and refuses every bad argument with the
+named error before anything reaches a GPU. Arrays are numpy's, over DLPack."""
+
+import inspect
+import os
+
+import numpy as np
+import pytest
+
+import nsa
+from nsa import _nsa
+from nsa.compat import sgl_kernel
+
+ROWS, KEYS, K = 4, 4096, 2048
+
+
+def good():
+    """Arguments that pass every check but the device one (numpy lives on the CPU)."""
+    return dict(
+        score=np.zeros((ROWS, KEYS), np.float32),
+        lengths=np.full(ROWS, KEYS, np.int32),
+        out=np.zeros((ROWS, K), np.int32),
+    )
+
+
+def test_version_and_exports():
+    assert nsa.__version__ == _nsa.__version__
+    assert {"topk", "cache_stats", "compat", "__version__"} <= set(nsa.__all__)
+    assert nsa.cache_stats() == {} or isinstance(nsa.cache_stats(), dict)
+
+
+@pytest.mark.parametrize(
+    "name, params",
+    [
+        ("fast_topk_v2", ["score", "lengths", "topk", "row_starts"]),
+        ("fast_topk_transform_fused", ["score", "lengths", "page_table_size_1", "cu_seqlens_q", "topk", "row_starts"]),
+        ("fast_topk_transform_ragged_fused", ["score", "lengths", "topk_indices_offset", "topk", "row_starts"]),
+    ],
+)
+def test_sgl_kernel_signatures_match(name, params):
+    sig = inspect.signature(getattr(sgl_kernel, name))
+    assert list(sig.parameters) == params
+    assert sig.parameters["row_starts"].default is None
+    assert all(sig.parameters[p].default is inspect.Parameter.empty for p in params[:-1])
+
+
+def test_native_signature():
+    sig = inspect.signature(_nsa.topk)
+    assert list(sig.parameters)[:3] == ["score", "lengths", "out"]
+    for keyword in ["row_starts", "page_table", "cu_seqlens_q", "page_size", "offsets", "deterministic", "stream"]:
+        assert sig.parameters[keyword].kind is inspect.Parameter.KEYWORD_ONLY
+
+
+def test_nvrtc_is_found_without_ld_library_path():
+    lib = nsa._nvrtc_from_wheel()
+    if lib is None:
+        pytest.fail("the nvidia-cuda-nvrtc wheel (a dependency of nsa) is not installed")
+    assert os.path.isfile(os.path.join(lib, "libnvrtc.so.13"))
+    assert os.environ["NSA_NVRTC_PATH"]
+
+
+def test_a_cpu_array_is_refused_by_device():
+    with pytest.raises(ValueError, match=r"`score`: on cpu, expected a CUDA tensor"):
+        _nsa.topk(**good())
+    with pytest.raises(ValueError, match=r"`score`: on cpu"):
+        sgl_kernel.fast_topk_v2(good()["score"], good()["lengths"], K)
+
+
+@pytest.mark.parametrize(
+    "arg, value, error, message",
+    [
+        ("score", np.zeros((ROWS, KEYS), np.float16), TypeError, r"`score`: dtype float16, expected float32 or bfloat16"),
+        ("score", np.zeros((ROWS * KEYS,), np.float32), ValueError, r"`score`: shape \(16384,\) \(1 dimensions\), expected 2"),
+        ("score", np.zeros((ROWS, 2 * KEYS), np.float32)[:, ::2], ValueError, r"`score`: strides \[8192, 2\]"),
+        ("lengths", np.full(ROWS, KEYS, np.int64), TypeError, r"`lengths`: dtype int64, expected int32"),
+        ("lengths", np.full(ROWS + 1, KEYS, np.int32), ValueError, r"`lengths`: shape \(5,\), expected \(4,\)"),
+        ("lengths", np.full(2 * ROWS, KEYS, np.int32)[::2], ValueError, r"`lengths`: strides \[2\]"),
+        ("out", np.zeros((ROWS + 1, K), np.int32), ValueError, r"`out`: shape \(5, 2048\), expected \(4, 2048\)"),
+        ("out", np.zeros((ROWS, K), np.uint32), TypeError, r"`out`: dtype uint32, expected int32"),
+        ("out", np.zeros((K, ROWS), np.int32).T, ValueError, r"`out`: strides"),
+        ("score", "scores", TypeError, r"`score`: expected a tensor .* got str"),
+        ("lengths", [KEYS] * ROWS, TypeError, r"`lengths`: expected a tensor .* got list"),
+    ],
+)
+def test_bad_arguments_are_named(arg, value, error, message):
+    args = good()
+    args[arg] = value
+    with pytest.raises(error, match=message):
+        _nsa.topk(**args)
+
+
+@pytest.mark.parametrize(
+    "keyword, value, error, message",
+    [
+        ("row_starts", np.zeros(ROWS, np.float32), TypeError, r"`row_starts`: dtype float32, expected int32"),
+        ("offsets", np.zeros(ROWS - 1, np.int32), ValueError, r"`offsets`: shape \(3,\), expected \(4,\)"),
+        ("page_table", np.zeros((ROWS, KEYS), np.int64), TypeError, r"`page_table`: dtype int64"),
+        ("page_table", np.zeros(KEYS, np.int32), ValueError, r"`page_table`: shape \(4096,\) \(1 dimensions\)"),
+        ("cu_seqlens_q", np.zeros(ROWS + 1, np.int32), ValueError, r"`cu_seqlens_q`: given without `page_table`"),
+    ],
+)
+def test_bad_optional_arguments_are_named(keyword, value, error, message):
+    with pytest.raises(error, match=message):
+        _nsa.topk(**good(), **{keyword: value})
+
+
+def test_one_transform_at_a_time():
+    with pytest.raises(ValueError, match=r"`offsets`: given with `page_table`"):
+        _nsa.topk(**good(), page_table=np.zeros((ROWS, KEYS), np.int32), offsets=np.zeros(ROWS, np.int32))
+    with pytest.raises(ValueError, match=r"`cu_seqlens_q`: shape \(3,\), expected \(5,\)"):
+        _nsa.topk(**good(), page_table=np.zeros((ROWS, KEYS), np.int32), cu_seqlens_q=np.zeros(3, np.int32))
+
+
+def test_compat_functions_check_before_allocating():
+    with pytest.raises(TypeError, match=r"`score`: expected a tensor"):
+        sgl_kernel.fast_topk_transform_fused(None, None, None, None, K)
+    with pytest.raises(ValueError, match=r"`score`: shape \(4096,\)"):
+        sgl_kernel.fast_topk_transform_ragged_fused(np.zeros(KEYS, np.float32), None, None, K)
