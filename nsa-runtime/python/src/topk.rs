@@ -97,8 +97,16 @@ impl Args {
         match (&self.cu_seqlens_q, &self.page_table) {
             (Some(cu), Some(table)) => {
                 cu.dtype_in(&[DType::I32])?;
-                cu.shape_is(&[table.shape[0] + 1], "one entry per page-table row, plus one")?;
+                cu.ndim(1, "(requests + 1,)")?;
                 cu.contiguous()?;
+                if cu.shape[0] == 0 || cu.shape[0] - 1 > table.shape[0] {
+                    return Err(PyValueError::new_err(format!(
+                        "`cu_seqlens_q`: {} entries, expected 1 to {} (one per request, plus one; `page_table` has {} rows)",
+                        cu.shape[0],
+                        table.shape[0] + 1,
+                        table.shape[0]
+                    )));
+                }
             }
             (Some(_), None) => {
                 return Err(PyValueError::new_err(
@@ -146,7 +154,8 @@ fn launch<T: TopkScoreElem>(rt: &Runtime, a: &Args, page_size: usize, determinis
             let t = a.page_table.as_ref().expect("viewed above");
             TopkOutput::Paged(PageTable {
                 table,
-                rows: t.shape[0],
+                // A server's table may have more rows than this batch uses.
+                rows: a.cu_seqlens_q.as_ref().map_or(t.shape[0], |cu| cu.shape[0] - 1),
                 stride: t.stride(0)?,
                 width: t.shape[1],
                 page_size,

@@ -71,7 +71,8 @@ def test_fast_topk_transform_fused_page_table_1():
     rows = int(cu[-1])
     score = torch.rand(rows, keys, generator=gen(5), device=DEV)
     lengths = torch.tensor([8192, 3000, 8192, 100, 5000, 8192], dtype=torch.int32, device=DEV)
-    table = torch.randperm(batch * keys, generator=gen(6), device=DEV).to(torch.int32).view(batch, keys)
+    # Two rows more than requests: a server's table sized for its largest batch.
+    table = torch.randperm((batch + 2) * keys, generator=gen(6), device=DEV).to(torch.int32).view(batch + 2, keys)
     got = sgl_kernel.fast_topk_transform_fused(score, lengths, table, cu, K)
     request = torch.repeat_interleave(torch.arange(batch, device=DEV), (cu[1:] - cu[:-1]).long())
     topk_sets_equal(score, lengths, None, got, K, lambda b, pos: table[request[b]][pos].long())
