@@ -2,7 +2,7 @@
 # Installs the Python package the way a user does (`pip install ./nsa-runtime/python`,
 # which builds the extension with maturin), with its test extras (numpy, pytest),
 # into the virtual environment .nsa-tools/py, then runs the given command there:
-#   bash .ci/python.sh pytest nsa-runtime/python/tests/test_api.py
+#   bash .ci/python.sh python -m pytest -q nsa-runtime/python/tests/test_api.py
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="$root/.nsa-tools/py"

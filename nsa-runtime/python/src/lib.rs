@@ -3,6 +3,7 @@
 //! names (torch's current stream, found by the Python wrappers), and nsa's
 //! argument errors become `ValueError`/`TypeError` naming the argument.
 
+mod config;
 mod device;
 mod error;
 mod indexer;
@@ -21,6 +22,7 @@ fn _nsa(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(indexer::indexer_paged_logits, m)?)?;
     m.add_function(wrap_pyfunction!(indexer::indexer_ragged_logits, m)?)?;
     m.add_class::<mla::DecodePlan>()?;
+    m.add_class::<config::Config>()?;
     m.add_function(wrap_pyfunction!(mla::device_of, m)?)?;
     m.add_function(wrap_pyfunction!(device::cache_stats, m)?)?;
     Ok(())

@@ -35,6 +35,7 @@
 
 mod disk;
 mod key;
+pub mod prebuild;
 
 pub use disk::{dump_source, EntryMeta, FAILED_DIR, IMAGE_FILE, META_FILE, QUARANTINE_DIR, SOURCE_FILE};
 pub use key::{CacheKey, CACHE_SCHEMA, ENTRY_DIGEST_HEX};

@@ -9,6 +9,9 @@ the next torch op on that stream without a synchronisation.
 ``nsa.compat.flash_mla``, ``nsa.compat.sgl_kernel`` and ``nsa.compat.deep_gemm``
 are drop-in replacements of the kernel calls SGLang's NSA backend makes (switch by
 changing the import); the functions below are nsa's own, taking the outputs too.
+``nsa.Config`` describes one attention configuration (a preset or JSON/TOML, with
+keyword overrides) and bakes its kernel set into the cache ahead of the first
+launch (``Config(...).compile()``, no GPU needed).
 """
 
 import os as _os
@@ -33,6 +36,7 @@ if not _os.environ.get("NSA_NVRTC_PATH"):
         _os.environ["NSA_NVRTC_PATH"] = _lib
 
 from ._nsa import (  # noqa: E402
+    Config,
     DecodePlan,
     __version__,
     cache_stats,
@@ -47,6 +51,7 @@ from . import compat  # noqa: E402
 
 __all__ = [
     "__version__",
+    "Config",
     "DecodePlan",
     "cache_stats",
     "compat",

@@ -5,11 +5,10 @@ use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 use nsa_kernels::spec::MetadataMode;
 use nsa_kernels::{
-    deterministic_topk_set, kernel_set, KernelFamily, KernelSpec, NsaConfig, Target, Toolchain, TopkScore,
-    TopkTransform,
+    deterministic_topk_set, kernel_set, KernelFamily, KernelSpec, NsaConfig, Target, TopkScore, TopkTransform,
 };
-use nsa_runtime::cache::{CacheConfig, CachedKernel, KernelCache, Origin};
-use nsa_runtime::jit::{clang_hip::ClangHipCompiler, nvrtc::NvrtcCompiler, Compiler};
+use nsa_runtime::cache::prebuild::{self, Caches};
+use nsa_runtime::cache::{CachedKernel, Origin};
 use nsa_runtime::metadata::GraphMode;
 use nsa_runtime::ops::sparse_decode::DecodeShape;
 use nsa_runtime::ops::sparse_prefill::PrefillShape;
@@ -22,8 +21,7 @@ use nsa_runtime::verify::sparse_prefill::{self as vprefill, KvSource, PrefillCas
 use nsa_runtime::verify::topk::{self as vtopk, TopkCase, TopkPath};
 use nsa_runtime::verify::{self, Check};
 use nsa_runtime::{device, Error, Result, Runtime};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 #[derive(Args, Debug)]
 pub struct CompileArgs {
@@ -47,29 +45,7 @@ pub struct CompileArgs {
 
 /// The specs whose id matches one of `patterns` (all of them when there are none).
 pub fn select(specs: Vec<KernelSpec>, patterns: &[String]) -> Result<Vec<KernelSpec>> {
-    if patterns.is_empty() {
-        return Ok(specs);
-    }
-    let globs = patterns
-        .iter()
-        .map(|p| {
-            glob::Pattern::new(p).map_err(|e| Error::InvalidArgument {
-                field: "--only",
-                value: p.clone(),
-                expected: format!("a glob over kernel ids such as `kv_*` ({e})"),
-            })
-        })
-        .collect::<Result<Vec<_>>>()?;
-    let total = specs.len();
-    let chosen: Vec<KernelSpec> = specs.into_iter().filter(|s| globs.iter().any(|g| g.matches(&s.id()))).collect();
-    if chosen.is_empty() {
-        return Err(Error::InvalidArgument {
-            field: "--only",
-            value: patterns.join(","),
-            expected: format!("globs that match some of the config's {total} kernel ids (`nsa list` prints them)"),
-        });
-    }
-    Ok(chosen)
+    prebuild::select(specs, patterns, "--only", "`nsa list` prints them")
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -108,72 +84,18 @@ pub fn parse_arch(arch: &str, cfg: &NsaConfig) -> Result<Vec<Target>> {
     }
 }
 
-/// One kernel cache per toolchain the specs need, sharing the disk root from the
-/// environment. `Sync`: workers compile through it concurrently.
-pub struct Caches {
-    nvrtc: Option<KernelCache>,
-    hip: Option<KernelCache>,
-}
-
-impl Caches {
-    pub fn for_specs(specs: &[KernelSpec]) -> Result<Self> {
-        let needs = |t: Toolchain| specs.iter().any(|s| s.target.toolchain() == t);
-        let cache = |compiler: Arc<dyn Compiler>| -> Result<KernelCache> {
-            Ok(KernelCache::new(compiler, CacheConfig::from_env()?))
-        };
-        Ok(Caches {
-            nvrtc: if needs(Toolchain::Nvrtc) { Some(cache(Arc::new(NvrtcCompiler::new()?))?) } else { None },
-            hip: if needs(Toolchain::Hip) { Some(cache(Arc::new(ClangHipCompiler::new()?))?) } else { None },
-        })
-    }
-
-    pub fn get(&self, spec: &KernelSpec) -> Result<Arc<CachedKernel>> {
-        let cache = match spec.target.toolchain() {
-            Toolchain::Nvrtc => self.nvrtc.as_ref(),
-            Toolchain::Hip => self.hip.as_ref(),
-        };
-        cache.ok_or_else(|| Error::Other(format!("no compiler was set up for {spec}")))?.get(spec)
-    }
-
-    fn root(&self) -> Option<&std::path::Path> {
-        self.nvrtc.as_ref().or(self.hip.as_ref()).and_then(|c| c.root())
-    }
-
-    /// Compiled kernels that could not be saved to the disk cache.
-    fn unpersisted(&self) -> Vec<nsa_runtime::cache::Unpersisted> {
-        self.nvrtc.iter().chain(self.hip.iter()).flat_map(KernelCache::unpersisted).collect()
-    }
-}
-
-/// Compiles (or loads) every spec on one worker per core; results in spec order.
+/// Compiles (or loads) every spec on one worker per core, drawing the bar on a
+/// terminal and a log line per tenth otherwise; results in spec order.
 fn compile_all(caches: &Caches, specs: &[KernelSpec], bar: &ProgressBar) -> Result<Vec<Arc<CachedKernel>>> {
-    let workers = std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(1, specs.len().max(1));
-    let next = AtomicUsize::new(0);
-    let finished = AtomicUsize::new(0);
     let to_terminal = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let step = specs.len().div_ceil(10).max(1);
-    let slots: Vec<Mutex<Option<Result<Arc<CachedKernel>>>>> = specs.iter().map(|_| Mutex::new(None)).collect();
-    std::thread::scope(|scope| {
-        for _ in 0..workers {
-            scope.spawn(|| loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                let Some(spec) = specs.get(i) else { break };
-                bar.set_message(spec.id());
-                let result = caches.get(spec);
-                *slots[i].lock().unwrap_or_else(|p| p.into_inner()) = Some(result);
-                bar.inc(1);
-                let done = finished.fetch_add(1, Ordering::Relaxed) + 1;
-                // The bar draws only on a terminal; logs get a line per tenth.
-                if !to_terminal && (done % step == 0 || done == specs.len()) {
-                    eprintln!("nsa compile: {done}/{} kernels ready", specs.len());
-                }
-            });
+    prebuild::compile_all(caches, specs, |spec, done| {
+        bar.set_message(spec.id());
+        bar.inc(1);
+        if !to_terminal && (done % step == 0 || done == specs.len()) {
+            eprintln!("nsa compile: {done}/{} kernels ready", specs.len());
         }
-    });
-    slots
-        .into_iter()
-        .map(|m| m.into_inner().unwrap_or_else(|p| p.into_inner()).expect("every spec was taken by a worker"))
-        .collect()
+    })
 }
 
 pub fn run(args: CompileArgs) -> Result<()> {

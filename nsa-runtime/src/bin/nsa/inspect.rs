@@ -1,9 +1,9 @@
 //! `nsa inspect <id>`: where the source is, what ptxas said, PTX/SASS on request.
 
-use crate::compile::Caches;
 use clap::Args;
 use nsa_kernels::config::closest_names;
 use nsa_kernels::{render, KernelSpec, Target, Toolchain};
+use nsa_runtime::cache::prebuild::Caches;
 use nsa_runtime::jit::nvrtc::NvrtcCompiler;
 use nsa_runtime::jit::ResourceUsage;
 use nsa_runtime::{Error, Result};
