@@ -5,6 +5,7 @@
 
 pub mod catalog;
 pub mod config;
+pub mod families;
 pub mod render;
 pub mod spec;
 pub mod target;

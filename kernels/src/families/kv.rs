@@ -1,0 +1,97 @@
+//! The store, dequant and gather kernels of the MLA and indexer caches: one
+//! token per lane group, addressed by slot (the MLA page size is not a knob).
+
+use super::FamilyRules;
+use crate::config::KvCacheFormat;
+use crate::spec::{KernelFamily, KernelSpec};
+use crate::target::Target;
+use serde_json::{json, Map, Value};
+
+/// Threads per block of the store/dequant/gather family (8 MLA tokens, or 32 indexer lane groups).
+const STORE_BLOCK_THREADS: u32 = 256;
+/// Lanes that cooperate on one MLA token (each owns 16 latent dims).
+const MLA_LANES_PER_TOKEN: u32 = 32;
+/// Lanes that cooperate on one indexer token (each owns 16 dims).
+const INDEXER_LANES_PER_TOKEN: u32 = 8;
+/// Indexer tokens each lane group stores or gathers (loads issued together for memory parallelism).
+const INDEXER_TOKENS_PER_LANE_GROUP: u32 = 2;
+
+pub(crate) struct Kv;
+
+impl FamilyRules for Kv {
+    fn name(&self, spec: &KernelSpec) -> &'static str {
+        match spec.family {
+            KernelFamily::KvStore { .. } => "kv_store",
+            KernelFamily::KvDequant => "kv_dequant",
+            KernelFamily::IndexerKStore => "indexer_k_store",
+            _ => "indexer_k_gather",
+        }
+    }
+
+    fn knobs(&self, spec: &KernelSpec) -> Vec<String> {
+        match spec.family {
+            KernelFamily::KvStore { format } => vec![format.tag().into()],
+            KernelFamily::KvDequant => vec![KvCacheFormat::Fp8.tag().into()],
+            _ => vec!["fp8_132".into(), "p64".into()],
+        }
+    }
+
+    fn template(&self, spec: &KernelSpec) -> &'static str {
+        match spec.family {
+            KernelFamily::KvStore { .. } => "kv_store.cu.tera",
+            KernelFamily::KvDequant => "kv_dequant.cu.tera",
+            KernelFamily::IndexerKStore => "indexer_k_store.cu.tera",
+            _ => "indexer_k_gather.cu.tera",
+        }
+    }
+
+    fn block_threads(&self, _spec: &KernelSpec) -> u32 {
+        STORE_BLOCK_THREADS
+    }
+
+    fn tokens_per_block(&self, spec: &KernelSpec) -> u32 {
+        match spec.family {
+            KernelFamily::KvStore { .. } | KernelFamily::KvDequant => self.block_threads(spec) / MLA_LANES_PER_TOKEN,
+            _ => self.block_threads(spec) / INDEXER_LANES_PER_TOKEN * INDEXER_TOKENS_PER_LANE_GROUP,
+        }
+    }
+
+    fn context(&self, spec: &KernelSpec, ctx: &mut Map<String, Value>) {
+        match spec.family {
+            KernelFamily::KvStore { format } => {
+                ctx.insert("format".into(), json!(format.tag()));
+                let (func, elem) = match format {
+                    KvCacheFormat::Bf16 => ("store_bf16", "nsa::u16"),
+                    KvCacheFormat::Fp8 => ("store_fp8", "nsa::u8"),
+                };
+                ctx.insert("store_fn".into(), json!(func));
+                ctx.insert("cache_elem".into(), json!(elem));
+            }
+            KernelFamily::IndexerKStore | KernelFamily::IndexerKGather => {
+                ctx.insert("tokens_per_lane_group".into(), json!(INDEXER_TOKENS_PER_LANE_GROUP));
+            }
+            _ => {}
+        }
+    }
+
+    /// Each store, dequant and gather kernel.
+    fn representatives(&self, _target: Target) -> Vec<KernelFamily> {
+        vec![
+            KernelFamily::KvStore { format: KvCacheFormat::Bf16 },
+            KernelFamily::KvStore { format: KvCacheFormat::Fp8 },
+            KernelFamily::KvDequant,
+            KernelFamily::IndexerKStore,
+            KernelFamily::IndexerKGather,
+        ]
+    }
+
+    fn parse(&self, name: &str, knobs: &[&str]) -> Option<KernelFamily> {
+        Some(match (name, knobs) {
+            ("kv_store", [fmt]) => KernelFamily::KvStore { format: fmt.parse().ok()? },
+            ("kv_dequant", _) => KernelFamily::KvDequant,
+            ("indexer_k_store", _) => KernelFamily::IndexerKStore,
+            ("indexer_k_gather", _) => KernelFamily::IndexerKGather,
+            _ => return None,
+        })
+    }
+}
