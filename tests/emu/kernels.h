@@ -3,8 +3,8 @@
 // build's parameter types: the same layouts (smem.cpp checks them in both).
 #pragma once
 #include "nsa/emu/arch.cuh"
-#include "nsa/index_transform.cuh"
-#include "nsa/topk.cuh"
+#include "nsa/topk/index_transform.cuh"
+#include "nsa/topk/topk.cuh"
 
 enum EmuKind { kTopk, kSplit, kTransform };
 

@@ -4,7 +4,7 @@
 #include <cstdint>
 
 #include "nsa/emu/arch.cuh"
-#include "nsa/topk.cuh"
+#include "nsa/topk/topk.cuh"
 
 namespace {
 

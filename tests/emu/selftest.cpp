@@ -8,7 +8,7 @@
 
 #include "emu.h"
 #include "nsa/emu/arch.cuh"
-#include "nsa/topk.cuh"  // nsa::topk::smem, the shared memory launch.cpp defines
+#include "nsa/topk/topk.cuh"  // nsa::topk::smem, the shared memory launch.cpp defines
 
 namespace nsa {
 namespace topk {

@@ -2,8 +2,8 @@
 // kernels' namespace renamed for 64-lane builds (`-Dnsa=nsa_w64`, see build.rs) so
 // that the two widths' inline functions never meet at link time.
 #include "nsa/emu/arch.cuh"
-#include "nsa/index_transform.cuh"
-#include "nsa/topk.cuh"
+#include "nsa/topk/index_transform.cuh"
+#include "nsa/topk/topk.cuh"
 
 #include <cstddef>
 

@@ -471,7 +471,7 @@ fn eval_atom(t: &[String], pos: &mut usize, env: &BTreeMap<String, i64>, line: &
 
 #[test]
 fn device_constants_agree_with_the_host_layout() {
-    let k = int_constants(header("nsa/kv_cache.cuh").unwrap());
+    let k = int_constants(header("nsa/kv/kv_cache.cuh").unwrap());
     let expect = [
         ("kLatent", layout::KV_LORA_RANK),
         ("kRope", layout::ROPE_DIM),
@@ -499,7 +499,7 @@ fn r_has_bounds(spec: &KernelSpec, threads: u32) -> bool {
 
 #[test]
 fn launch_geometry_matches_the_device_code() {
-    let k = int_constants(header("nsa/kv_cache.cuh").unwrap());
+    let k = int_constants(header("nsa/kv/kv_cache.cuh").unwrap());
     for spec in all_specs() {
         let threads = spec.block_threads();
         assert!(threads > 0 && threads <= 1024, "{spec}");
@@ -541,23 +541,23 @@ fn launch_geometry_matches_the_device_code() {
                 let decode = matches!(spec.family, KernelFamily::SparseDecode { .. });
                 let f8 = spec.decode_f8_kernel(heads);
                 let family_header = match (decode, spec.wg_kernel(heads)) {
-                    (true, false) if f8 => "nsa/sparse_decode_f8.cuh",
-                    (true, false) => "nsa/sparse_decode.cuh",
-                    (true, true) => "nsa/sparse_decode_wg.cuh",
-                    (false, false) => "nsa/sparse_prefill.cuh",
-                    (false, true) => "nsa/sparse_prefill_wg.cuh",
+                    (true, false) if f8 => "nsa/attention/sparse_decode_f8.cuh",
+                    (true, false) => "nsa/attention/sparse_decode.cuh",
+                    (true, true) => "nsa/attention/sparse_decode_wg.cuh",
+                    (false, false) => "nsa/attention/sparse_prefill.cuh",
+                    (false, true) => "nsa/attention/sparse_prefill_wg.cuh",
                 };
                 // The family header builds on the shared consumer header's constants (a
                 // warp-group kernel also on its mma.sync sibling's thread split).
-                let mut text = header("nsa/sparse_attend.cuh").unwrap().to_string();
+                let mut text = header("nsa/attention/sparse_attend.cuh").unwrap().to_string();
                 if f8 {
-                    text = format!("{text}\n{}", header("nsa/sparse_decode.cuh").unwrap());
+                    text = format!("{text}\n{}", header("nsa/attention/sparse_decode.cuh").unwrap());
                 }
                 if spec.wg_kernel(heads) {
-                    let sibling = if decode { "nsa/sparse_decode.cuh" } else { "nsa/sparse_prefill.cuh" };
+                    let sibling = if decode { "nsa/attention/sparse_decode.cuh" } else { "nsa/attention/sparse_prefill.cuh" };
                     text = format!(
                         "{text}\n{}\n{}",
-                        header("nsa/sparse_attend_wg.cuh").unwrap(),
+                        header("nsa/attention/sparse_attend_wg.cuh").unwrap(),
                         header(sibling).unwrap()
                     );
                 }
@@ -575,13 +575,13 @@ fn launch_geometry_matches_the_device_code() {
             // One (query row, chunk of 64-key blocks) per CTA; 16 keys per warp. The
             // warp-group kernel: one (unit of rows, chunk) per CTA.
             KernelFamily::IndexerLogits { heads, .. } => {
-                let d = int_constants(header("nsa/indexer_logits.cuh").unwrap());
+                let d = int_constants(header("nsa/indexer/indexer_logits.cuh").unwrap());
                 assert_eq!(spec.tokens_per_block(), 1, "{spec}");
                 assert_eq!(threads as i64, d["kThreads"], "{spec}");
                 assert_eq!(d["kBlockTokens"], d["kPageTokens"], "{spec}: one indexer page per step");
                 assert_eq!(d["kPageBytes"], layout::INDEXER_PAGE_BYTES as i64, "{spec}");
                 if nsa_kernels::spec::indexer_wg_kernel(heads, spec.target) {
-                    let wg = int_constants(header("nsa/indexer_logits_wg.cuh").unwrap());
+                    let wg = int_constants(header("nsa/indexer/indexer_logits_wg.cuh").unwrap());
                     assert_eq!(wg["kHeads"], heads as i64, "{spec}");
                     // The runtime accepts next_n 1..=4 (ops/indexer.rs) and groups RAGGED
                     // rows by this count when it sizes the grid.

@@ -4,8 +4,8 @@
 // warp group copies the chosen KV rows into the core-matrix K/V tile with 16-byte
 // cp.async (zero-filled for a masked index). Outputs as the mma.sync kernel's.
 #pragma once
-#include "nsa/sparse_attend_wg.cuh"
-#include "nsa/sparse_prefill.cuh"
+#include "nsa/attention/sparse_attend_wg.cuh"
+#include "nsa/attention/sparse_prefill.cuh"
 
 namespace nsa {
 namespace prefill_wg {

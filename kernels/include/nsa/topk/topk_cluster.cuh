@@ -16,7 +16,7 @@
 // exact either way. Same key order, NaN rule and output as topk.cuh.
 #pragma once
 #include "nsa/cuda/cluster.cuh"
-#include "nsa/topk.cuh"
+#include "nsa/topk/topk.cuh"
 
 // Phase marks: a profiling build defines this hook to time the cluster path's
 // phases; the product compiles them out.

@@ -10,7 +10,7 @@
 // Outputs, masking and error reporting are those of indexer_logits.cuh.
 #pragma once
 #include "nsa/cuda/wgmma.cuh"
-#include "nsa/indexer_logits.cuh"
+#include "nsa/indexer/indexer_logits.cuh"
 
 namespace nsa {
 namespace indexer_wg {

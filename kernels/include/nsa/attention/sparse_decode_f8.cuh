@@ -14,7 +14,7 @@
 // Fragment layouts: PTX ISA "mma.m16n8k16".
 #pragma once
 #include "nsa/cuda/bulk.cuh"
-#include "nsa/sparse_decode.cuh"
+#include "nsa/attention/sparse_decode.cuh"
 
 namespace nsa {
 namespace decode_f8 {

@@ -6,7 +6,7 @@
 // Outputs out, max_logits and lse in natural-log units.
 #pragma once
 #include "nsa/cuda/bulk.cuh"
-#include "nsa/sparse_attend.cuh"
+#include "nsa/attention/sparse_attend.cuh"
 
 namespace nsa {
 namespace prefill {

@@ -6,8 +6,8 @@
 // registers per thread, and ptxas then serializes the wgmma chains). Outputs and
 // split partials are those of the mma.sync kernel.
 #pragma once
-#include "nsa/sparse_attend_wg.cuh"
-#include "nsa/sparse_decode.cuh"
+#include "nsa/attention/sparse_attend_wg.cuh"
+#include "nsa/attention/sparse_decode.cuh"
 
 namespace nsa {
 namespace decode_wg {

@@ -13,7 +13,7 @@
 // uses the no-swizzle core-matrix layout.
 #pragma once
 #include "nsa/cuda/wgmma.cuh"
-#include "nsa/sparse_attend.cuh"
+#include "nsa/attention/sparse_attend.cuh"
 
 namespace nsa {
 namespace attend_wg {

@@ -5,7 +5,7 @@
 // (sparse_attend.cuh) read. Split-KV partials are merged by `combine`.
 #pragma once
 #include "nsa/common/status.cuh"
-#include "nsa/sparse_attend.cuh"
+#include "nsa/attention/sparse_attend.cuh"
 
 namespace nsa {
 namespace decode {
