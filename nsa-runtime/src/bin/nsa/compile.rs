@@ -113,10 +113,16 @@ pub fn run(args: CompileArgs) -> Result<()> {
     bar.set_style(ProgressStyle::with_template("{bar:40} {pos}/{len} {msg}").expect("valid template"));
     let caches = Caches::for_specs(&specs)?;
     let started = std::time::Instant::now();
+    let cpu_before = process_cpu_seconds();
     let rows = compile_all(&caches, &specs, &bar)?;
     bar.finish_and_clear();
     print_summary(&rows);
-    println!("wall time: {:.1} ms", started.elapsed().as_secs_f64() * 1e3);
+    let cpu = process_cpu_seconds().zip(cpu_before).map(|(after, before)| after - before);
+    println!(
+        "wall time: {:.1} ms; CPU time: {} (all compiler threads)",
+        started.elapsed().as_secs_f64() * 1e3,
+        cpu.map_or("unknown".into(), |s| format!("{:.1} s", s))
+    );
     if let Some(root) = caches.root() {
         println!("cache: {}", root.display());
     }
@@ -184,6 +190,20 @@ fn print_summary(rows: &[Arc<CachedKernel>]) {
         "{} kernels: {compiled} compiled, {loaded} from the disk cache, {total_ms:.1} ms of compile/load time",
         rows.len()
     );
+}
+
+/// User + system CPU time of the whole process so far (every thread), if the OS tells.
+fn process_cpu_seconds() -> Option<f64> {
+    let mut usage = std::mem::MaybeUninit::<libc::rusage>::uninit();
+    // SAFETY: getrusage writes one rusage on success; read only then.
+    let usage = unsafe {
+        if libc::getrusage(libc::RUSAGE_SELF, usage.as_mut_ptr()) != 0 {
+            return None;
+        }
+        usage.assume_init()
+    };
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
+    Some(secs(usage.ru_utime) + secs(usage.ru_stime))
 }
 
 pub fn verify(args: VerifyArgs) -> Result<()> {
