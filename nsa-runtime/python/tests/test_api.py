@@ -121,3 +121,98 @@ def test_compat_functions_check_before_allocating():
         sgl_kernel.fast_topk_transform_fused(None, None, None, None, K)
     with pytest.raises(ValueError, match=r"`score`: shape \(4096,\)"):
         sgl_kernel.fast_topk_transform_ragged_fused(np.zeros(KEYS, np.float32), None, None, K)
+
+
+def params(fn):
+    return [(p.name, p.default) for p in inspect.signature(fn).parameters.values()]
+
+
+E = inspect.Parameter.empty
+
+
+def test_flash_mla_signatures_match():
+    from nsa.compat import flash_mla
+
+    assert params(flash_mla.flash_mla_with_kvcache) == [
+        ("q", E), ("k_cache", E), ("block_table", E), ("cache_seqlens", E), ("head_dim_v", E),
+        ("tile_scheduler_metadata", E), ("num_splits", None), ("softmax_scale", None), ("causal", False),
+        ("is_fp8_kvcache", False), ("indices", None), ("attn_sink", None), ("extra_k_cache", None),
+        ("extra_indices_in_kvcache", None), ("topk_length", None), ("extra_topk_length", None),
+    ]
+    assert params(flash_mla.flash_mla_sparse_fwd) == [
+        ("q", E), ("kv", E), ("indices", E), ("sm_scale", E), ("d_v", 512), ("attn_sink", None), ("topk_length", None),
+    ]
+    meta, none = flash_mla.get_mla_metadata(np.zeros(3, np.int32), 64, 1)  # old-style arguments are accepted
+    assert none is None and not meta.have_initialized and meta.config is None
+
+
+def test_deep_gemm_signatures_match():
+    from nsa.compat import deep_gemm
+
+    assert params(deep_gemm.fp8_mqa_logits) == [
+        ("q", E), ("kv", E), ("weights", E), ("cu_seqlen_ks", E), ("cu_seqlen_ke", E), ("clean_logits", True),
+    ]
+    assert params(deep_gemm.fp8_paged_mqa_logits) == [
+        ("q", E), ("kv_cache", E), ("weights", E), ("context_lens", E), ("block_table", E), ("schedule_meta", E),
+        ("max_context_len", E), ("clean_logits", E),
+    ]
+    assert params(deep_gemm.get_paged_mqa_logits_metadata) == [("context_lens", E), ("block_kv", E), ("num_sms", E)]
+
+
+def test_what_the_compat_modules_do_not_implement_is_named():
+    from nsa.compat import deep_gemm, flash_mla
+
+    q = np.zeros((2, 1, 64, 576), np.float32)
+    cache = np.zeros((4, 64, 1, 656), np.uint8)
+    idx = np.zeros((2, 1, 2048), np.int32)
+    meta, _ = flash_mla.get_mla_metadata()
+    with pytest.raises(NotImplementedError, match=r"`indices`: None asks for dense decode"):
+        flash_mla.flash_mla_with_kvcache(q, cache, None, None, 512, meta)
+    for name in ["attn_sink", "extra_k_cache", "extra_indices_in_kvcache", "extra_topk_length"]:
+        with pytest.raises(NotImplementedError, match=rf"`{name}`"):
+            flash_mla.flash_mla_with_kvcache(q, cache, None, None, 512, meta, is_fp8_kvcache=True, indices=idx, **{name: q})
+    with pytest.raises(NotImplementedError, match=r"`attn_sink`"):
+        flash_mla.flash_mla_sparse_fwd(q[0], cache[0], idx, 0.1, attn_sink=q)
+    with pytest.raises(ValueError, match=r"`is_fp8_kvcache`: False"):
+        flash_mla.flash_mla_with_kvcache(q, cache, None, None, 512, meta, indices=idx)
+    with pytest.raises(ValueError, match=r"`head_dim_v`: 576"):
+        flash_mla.flash_mla_with_kvcache(q, cache, None, None, 576, meta, is_fp8_kvcache=True, indices=idx)
+    with pytest.raises(TypeError, match=r"`tile_scheduler_metadata`"):
+        flash_mla.flash_mla_with_kvcache(q, cache, None, None, 512, object(), is_fp8_kvcache=True, indices=idx)
+    with pytest.raises(ValueError, match=r"`q`: on cpu"):
+        flash_mla.flash_mla_with_kvcache(q, cache, None, None, 512, meta, is_fp8_kvcache=True, indices=idx)
+    ctx2d = np.zeros((2, 2), np.int32)
+    with pytest.raises(NotImplementedError, match=r"`context_lens`: shape \(2, 2\)"):
+        deep_gemm.fp8_paged_mqa_logits(None, None, None, ctx2d, None, None, 4096, False)
+    with pytest.raises(ValueError, match=r"`block_kv`: 32, expected 64"):
+        deep_gemm.get_paged_mqa_logits_metadata(np.zeros(2, np.int32), 32, 132)
+    with pytest.raises(TypeError, match=r"`kv`: ndarray, expected a tuple"):
+        deep_gemm.fp8_mqa_logits(np.zeros((4, 64, 128), np.uint8), np.zeros(3), None, None, None)
+
+
+@pytest.mark.parametrize(
+    "fn, args, message",
+    [
+        ("sparse_prefill", "prefill", r"`q`: dtype float32, expected bfloat16"),
+        ("indexer_ragged_logits", "ragged", r"`k`: shape \(10, 64\), expected \(10, 128\)"),
+        ("indexer_paged_logits", "paged", r"`kv_cache`: shape \(3, 64, 1, 128\), expected \(3, 64, 1, 132\)"),
+    ],
+)
+def test_native_functions_name_bad_arguments(fn, args, message):
+    bf = np.zeros((8, 16, 576), np.float32)
+    cases = {
+        "prefill": ((bf, bf[:, :1], np.zeros((8, 1, 2048), np.int32), bf, bf[:, :, 0], bf[:, :, 0]), {"sm_scale": 0.1}),
+        "ragged": (
+            (np.zeros((4, 64, 128), np.uint8), np.zeros((10, 64), np.uint8), np.zeros(10, np.float32),
+             np.zeros((4, 64), np.float32), np.zeros(4, np.int32), np.zeros(4, np.int32), np.zeros((4, 12), np.float32)),
+            {},
+        ),
+        "paged": (
+            (np.zeros((2, 1, 64, 128), np.uint8), np.zeros((3, 64, 1, 128), np.uint8), np.zeros((2, 64), np.float32),
+             np.zeros(2, np.int32), np.zeros((2, 3), np.int32), np.zeros((2, 192), np.float32)),
+            {},
+        ),
+    }
+    positional, keywords = cases[args]
+    with pytest.raises((TypeError, ValueError), match=message):
+        getattr(_nsa, fn)(*positional, **keywords)
