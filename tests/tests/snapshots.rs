@@ -554,7 +554,8 @@ fn launch_geometry_matches_the_device_code() {
                     text = format!("{text}\n{}", header("nsa/attention/sparse_decode.cuh").unwrap());
                 }
                 if spec.wg_kernel(heads) {
-                    let sibling = if decode { "nsa/attention/sparse_decode.cuh" } else { "nsa/attention/sparse_prefill.cuh" };
+                    let sibling =
+                        if decode { "nsa/attention/sparse_decode.cuh" } else { "nsa/attention/sparse_prefill.cuh" };
                     text = format!(
                         "{text}\n{}\n{}",
                         header("nsa/attention/sparse_attend_wg.cuh").unwrap(),

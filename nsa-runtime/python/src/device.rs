@@ -7,7 +7,41 @@ use nsa_runtime::device::Gpu;
 use nsa_runtime::Runtime;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// Restores the thread's current CUDA context when dropped. nsa makes the
+/// tensors' device's primary context current for its calls; the CUDA runtime
+/// reads the current context as the current device, so PyTorch's current device
+/// must not change behind its back.
+pub struct RestoreContext(cudarc::driver::sys::CUcontext);
+
+impl RestoreContext {
+    /// Saves the current context (after checking, once, that the driver loads,
+    /// since cudarc panics where it does not, and initialising it).
+    pub fn save() -> PyResult<Self> {
+        static DRIVER: OnceLock<Result<(), String>> = OnceLock::new();
+        DRIVER
+            .get_or_init(|| {
+                nsa_runtime::device::probe_driver().map_err(|e| e.to_string())?;
+                cudarc::driver::result::init().map_err(|e| format!("no usable CUDA device: cuInit failed: {e}"))
+            })
+            .clone()
+            .map_err(pyo3::exceptions::PyRuntimeError::new_err)?;
+        let mut ctx = std::ptr::null_mut();
+        // SAFETY: the driver writes one handle (null when no context is current).
+        unsafe { cudarc::driver::sys::cuCtxGetCurrent(&mut ctx) }
+            .result()
+            .map_err(|e| pyo3::exceptions::PyRuntimeError::new_err(format!("reading the current CUDA context: {e}")))?;
+        Ok(RestoreContext(ctx))
+    }
+}
+
+impl Drop for RestoreContext {
+    fn drop(&mut self) {
+        // SAFETY: the handle was current on this thread when saved (or null).
+        let _ = unsafe { cudarc::driver::sys::cuCtxSetCurrent(self.0) };
+    }
+}
 
 struct Entry {
     ordinal: i32,
@@ -58,6 +92,7 @@ pub fn runtime(ordinal: i32, stream: usize) -> PyResult<Arc<Runtime>> {
 /// its runtimes (the legacy default stream's when none exists yet; nothing
 /// launches there).
 pub fn launch_target(ordinal: i32) -> PyResult<nsa_runtime::ops::LaunchTarget> {
+    let _restore = RestoreContext::save()?;
     let known = {
         let list = RUNTIMES.lock().unwrap_or_else(|p| p.into_inner());
         list.iter().find(|e| e.ordinal == ordinal).map(|e| e.rt.launch_target())

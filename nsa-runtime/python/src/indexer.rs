@@ -1,7 +1,7 @@
 //! Lightning-indexer logits over DLPack tensors: PAGED over the indexer K cache
 //! (decode, verify, draft-extend) and RAGGED over gathered keys (extend).
 
-use crate::device::runtime;
+use crate::device::{runtime, RestoreContext};
 use crate::error::IntoPy;
 use crate::mla::{launch_stream, same_device};
 use crate::tensor::{import, DType, Tensor};
@@ -54,6 +54,7 @@ pub fn indexer_paged_logits(
     table.contiguous()?;
     let stride = check_out(&out, batch * next_n)?;
     let ordinal = same_device(-1, [&q, &cache, &weights, &lens, &table, &out].into_iter())?;
+    let _restore = RestoreContext::save()?;
     let rt = runtime(ordinal, launch_stream(stream)?)?;
 
     let (qb, wb, cb) = (q.buffer::<u8>(&rt)?, weights.buffer::<f32>(&rt)?, cache.buffer::<u8>(&rt)?);
@@ -116,6 +117,7 @@ pub fn indexer_ragged_logits(
     }
     let stride = check_out(&out, rows)?;
     let ordinal = same_device(-1, [&q, &k, &scales, &weights, &ks, &ke, &out].into_iter())?;
+    let _restore = RestoreContext::save()?;
     let rt = runtime(ordinal, launch_stream(stream)?)?;
 
     let (qb, wb, kb, sb) =

@@ -1,7 +1,7 @@
 //! Sparse MLA attention over DLPack tensors: decode over the 656-byte FP8 paged
 //! cache (with its plan, made once per batch shape), and prefill over bf16 KV rows.
 
-use crate::device::{launch_target, runtime};
+use crate::device::{launch_target, runtime, RestoreContext};
 use crate::error::IntoPy;
 use crate::tensor::{import, import_opt, DType, Tensor};
 use nsa_runtime::kernels::layout::{BF16_TOKEN_ELEMS, FP8_TOKEN_BYTES, KV_LORA_RANK};
@@ -137,6 +137,7 @@ pub fn sparse_decode(
     let all = [&q, &k_cache, &indices, &out, &lse, &workspace];
     let ordinal = same_device(plan.device, all.into_iter().chain(topk_length.as_ref()))?;
     let stream = launch_stream(stream)?;
+    let _restore = RestoreContext::save()?;
     let rt = runtime(ordinal, stream)?;
 
     let (qb, cache, idx) = (q.buffer::<half::bf16>(&rt)?, k_cache.buffer::<u8>(&rt)?, indices.buffer::<i32>(&rt)?);
@@ -213,6 +214,7 @@ pub fn sparse_prefill(
     let all = [&q, &kv, &indices, &out, &max_logits, &lse];
     let ordinal = same_device(-1, all.into_iter().chain(topk_length.as_ref()))?;
     let stream = launch_stream(stream)?;
+    let _restore = RestoreContext::save()?;
     let rt = runtime(ordinal, stream)?;
     let shape = PrefillShape { s_q, heads, topk, d_qk: d_qk as u32, target: rt.target() };
 

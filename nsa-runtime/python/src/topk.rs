@@ -1,7 +1,7 @@
 //! Exact top-k over DLPack tensors: plain positions, slots of a page table
 //! (fused transform), or positions plus ragged offsets.
 
-use crate::device::runtime;
+use crate::device::{runtime, RestoreContext};
 use crate::error::IntoPy;
 use crate::mla::{launch_stream, same_device};
 use crate::tensor::{import, import_opt, DType, Tensor};
@@ -47,6 +47,7 @@ pub fn topk(
     if rows == 0 {
         return Ok(());
     }
+    let _restore = RestoreContext::save()?;
     let rt = runtime(ordinal, launch_stream(stream)?)?;
     match args.score.dtype {
         DType::Bf16 => launch::<bf16>(&rt, &args, page_size, deterministic),
