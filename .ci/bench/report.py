@@ -1,0 +1,224 @@
+"""BENCHMARKS.md tables from what was measured: `nsa bench --json` reports, the
+peers' `peers.json` (../shared/peers, run in the same device call) and the Python
+package's `python_compat.json`, one table per family, each row nsa beside every
+peer measured on the same shape with the ratio (peer time / nsa time: above 1,
+nsa is faster) and nsa's roofline share.
+
+    python3 .ci/bench/report.py --nsa nsa.json --peers peers.json [--python python_compat.json] \
+        [--command "nsa bench --suite all --json nsa.json; bash peers/run.sh"] [--write BENCHMARKS.md | --check BENCHMARKS.md]
+
+Without --write/--check the tables are printed. With --write, each table replaces
+the text between `<!-- report:FAMILY -->` and `<!-- /report:FAMILY -->` in the file
+(the prose around them stays); --check exits 1 when the file's tables differ from
+the ones the JSON gives, so a table cannot drift from its measurement.
+"""
+
+import argparse
+import json
+import re
+import sys
+
+FAMILIES = ["topk", "decode", "prefill", "indexer", "python"]
+
+
+def load(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def fmt_us(us):
+    return "—" if us is None else (f"{us:.2f}" if us < 100 else f"{us:.1f}")
+
+
+def ratio(peer_us, nsa_us):
+    if peer_us is None or not nsa_us:
+        return "—"
+    return f"{peer_us / nsa_us:.2f}×"
+
+
+def peer_index(peers):
+    """{(peer, case): us} of the rows that ran, and the peers in first-seen order."""
+    times, names = {}, []
+    for row in peers.get("rows", peers) if isinstance(peers, dict) else peers:
+        if not isinstance(row, dict) or "peer" not in row or "case" not in row:
+            continue
+        if row.get("us") is not None:
+            times[(row["peer"], row["case"])] = row["us"]
+            if row["peer"] not in names:
+                names.append(row["peer"])
+    return times, names
+
+
+def table(header, rows):
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def with_peers(key_rows, times, names, peer_case):
+    """Rows of (label, nsa_us, roofline_share, key) extended by every peer that has
+    a time for `peer_case(key)`; peers without any time are left out."""
+    used = [p for p in names if any((p, peer_case(k)) in times for *_, k in key_rows)]
+    header = ["shape", "nsa µs", "roofline share"]
+    for p in used:
+        header += [f"{p} µs", "ratio"]
+    out = []
+    for label, nsa_us, share, key in key_rows:
+        row = [label, fmt_us(nsa_us), share]
+        for p in used:
+            t = times.get((p, peer_case(key)))
+            row += [fmt_us(t), ratio(t, nsa_us)]
+        out.append(row)
+    return table(header, out)
+
+
+def share(row):
+    r, us = row.get("roofline_us"), row.get("us")
+    return f"{100 * r / us:.0f}%" if r and us else "—"
+
+
+def decode_table(nsa, times, names):
+    rows = [(f"b{r['batch']} × s_q{r['s_q']} × h{r['heads']}", r["us"], share(r), (r["batch"], r["s_q"], r["heads"]))
+            for r in nsa.get("decode", [])]
+    return with_peers(rows, times, names, lambda k: f"decode b{k[0]} s_q{k[1]} h{k[2]}")
+
+
+def prefill_table(nsa, times, names):
+    rows = [(f"s_q{r['s_q']} × s_kv{r['s_kv']} × h{r['heads']} d{r['d_qk']}", r["us"], share(r),
+             (r["s_q"], r["s_kv"], r["heads"], r["d_qk"])) for r in nsa.get("prefill", [])]
+    return with_peers(rows, times, names, lambda k: f"prefill s_q{k[0]} s_kv{k[1]} h{k[2]} d{k[3]}")
+
+
+def indexer_table(nsa, times, names):
+    def peer_case(case):
+        m = re.fullmatch(r"decode b(\d+) ctx(\d+)", case)
+        if m:
+            return f"fp8_paged_mqa_logits decode b{m[1]} ctx{m[2]} (next_n 1, h64, page 64)"
+        m = re.fullmatch(r"extend t(\d+) keys(\d+)", case)
+        return f"fp8_mqa_logits extend t{m[1]} keys{m[2]} (ragged, h64)" if m else case
+
+    rows = []
+    for r in nsa.get("indexer", []):
+        s = f"{100 * r['fraction_of_copy']:.0f}% of copy" if r.get("fraction_of_copy") else "—"
+        rows.append((r["case"], r["us"], s, r["case"]))
+    return with_peers(rows, times, names, peer_case)
+
+
+# The peers' top-k cases for nsa's (transform, values) rows, by their case prefix.
+TOPK_PEER_CASES = {
+    ("plain", "uniform"): ["fast_topk_v2 f32", "topk k2048 float32", "top_k (sorted=False) f32"],
+    ("plain", "gaussian"): ["fast_topk_v2 [gaussian values] f32", "top_k (sorted=False) [gaussian values] f32"],
+    ("paged", "uniform"): ["fast_topk_transform_fused (page_table_1) f32", "top_k_page_table_transform f32"],
+    ("ragged", "uniform"): ["fast_topk_transform_ragged_fused (+17) f32", "top_k_ragged_transform (+17) f32"],
+}
+
+
+def topk_table(nsa, times, names):
+    rows = []
+    for r in nsa.get("topk", []):
+        if not r.get("chosen") or r.get("score") != "f32" or r.get("paged_requests"):
+            continue
+        transform = r["transform"] if r.get("page_size") in (None, 1) else f"pages{r['page_size']}"
+        key = (transform, r.get("values", "uniform"), r["rows"], r["n"])
+        label = f"{transform} {key[1]} {r['rows']}×{r['n']} k{r['k']}"
+        rows.append((label, r["us"], share(r), key))
+
+    def peer_times(key):
+        return [c for c in TOPK_PEER_CASES.get(key[:2], [])]
+
+    used = [p for p in names if any((p, f"{c} {k[2]}x{k[3]}") in times for *_, k in rows for c in peer_times(k))]
+    header = ["shape", "nsa µs", "roofline share"]
+    for p in used:
+        header += [f"{p} µs", "ratio"]
+    out = []
+    for label, nsa_us, s, key in rows:
+        row = [label, fmt_us(nsa_us), s]
+        for p in used:
+            t = next((times[(p, f"{c} {key[2]}x{key[3]}")] for c in peer_times(key)
+                      if (p, f"{c} {key[2]}x{key[3]}") in times), None)
+            row += [fmt_us(t), ratio(t, nsa_us)]
+        out.append(row)
+    return table(header, out)
+
+
+def python_table(rows):
+    out = []
+    for r in rows:
+        if "case" not in r or "nsa_us" not in r:
+            continue
+        out.append([r["case"], fmt_us(r["nsa_us"]), fmt_us(r.get("nsa_host_us")), r.get("peer", "—"),
+                    fmt_us(r.get("peer_us")), ratio(r.get("peer_us"), r["nsa_us"]), fmt_us(r.get("peer_host_us"))])
+    return table(["call", "nsa µs", "nsa host µs", "peer", "peer µs", "ratio", "peer host µs"], out)
+
+
+def python_device(rows):
+    return next((r for r in rows if "gpu" in r), {})
+
+
+def tables(nsa_reports, peers, python_rows, command):
+    times, names = peer_index(peers) if peers is not None else ({}, [])
+    merged = {}
+    for rep in nsa_reports:
+        for fam in ("topk", "decode", "prefill", "indexer"):
+            merged.setdefault(fam, []).extend(rep.get(fam, []))
+    first = nsa_reports[0] if nsa_reports else {}
+    where = f"{first.get('device', '?')}, {first.get('date_utc', '?')[:10]}, `{command}`"
+    out = {}
+    for fam, make in (("topk", topk_table), ("decode", decode_table), ("prefill", prefill_table),
+                      ("indexer", indexer_table)):
+        if merged.get(fam):
+            out[fam] = f"{where}\n\n{make(merged, times, names)}"
+    if python_rows:
+        dev = python_device(python_rows)
+        out["python"] = (f"{dev.get('gpu', '?')}, {dev.get('date', '?')}, torch {dev.get('torch', '?')}, "
+                         f"`.ci/bench/python_compat.py`\n\n{python_table(python_rows)}")
+    return out
+
+
+def splice(text, family, body):
+    begin, end = f"<!-- report:{family} -->", f"<!-- /report:{family} -->"
+    pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end), re.S)
+    if not pattern.search(text):
+        return text, False
+    return pattern.sub(lambda _: f"{begin}\n{body}\n{end}", text), True
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--nsa", action="append", default=[], help="an `nsa bench --json` report (repeatable)")
+    ap.add_argument("--peers", help="peers.json of the same device call")
+    ap.add_argument("--python", help="python_compat.json of the same device call")
+    ap.add_argument("--command", default="nsa bench --json; bash peers/run.sh", help="the command that measured")
+    group = ap.add_mutually_exclusive_group()
+    group.add_argument("--write", metavar="FILE", help="replace the marked tables in FILE")
+    group.add_argument("--check", metavar="FILE", help="exit 1 if FILE's marked tables differ")
+    args = ap.parse_args(argv)
+    reports = [load(p) for p in args.nsa]
+    out = tables(reports, load(args.peers) if args.peers else None, load(args.python) if args.python else [],
+                 args.command)
+    target = args.write or args.check
+    if not target:
+        for fam in FAMILIES:
+            if fam in out:
+                print(f"## {fam}\n\n{out[fam]}\n")
+        return 0
+    with open(target) as f:
+        text = f.read()
+    new = text
+    for fam, body in out.items():
+        new, found = splice(new, fam, body)
+        if not found:
+            print(f"{target}: no <!-- report:{fam} --> block for the {fam} table", file=sys.stderr)
+            return 2
+    if args.check:
+        if new != text:
+            print(f"{target}: its tables differ from the measurements; run report.py --write", file=sys.stderr)
+            return 1
+        return 0
+    with open(target, "w") as f:
+        f.write(new)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,80 @@
+"""report.py on small reports shaped like `nsa bench --json`, peers.json and
+python_compat.json: rows matched to the peers' cases, ratios and roofline shares,
+and the marked blocks of a document written and checked."""
+
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+import report  # noqa: E402
+
+NSA = {
+    "device": "NVIDIA H100 80GB HBM3",
+    "date_utc": "2026-12-06T14:00:00Z",
+    "topk": [
+        {"rows": 1, "n": 131072, "k": 2048, "score": "f32", "values": "uniform", "transform": "plain", "layout": "c8",
+         "chosen": True, "us": 14.2, "host_us": 2.0, "paged_requests": None, "page_size": None, "gbps": 37,
+         "table_bytes": 0, "roofline_us": 0.2},
+        {"rows": 1, "n": 131072, "k": 2048, "score": "f32", "values": "uniform", "transform": "plain", "layout": "latency",
+         "chosen": False, "us": 40.0, "host_us": 2.0, "paged_requests": None, "page_size": None, "gbps": 13,
+         "table_bytes": 0, "roofline_us": 0.2},
+    ],
+    "decode": [{"batch": 128, "s_q": 1, "heads": 64, "splits": 1, "us": 200.0, "tflops": 300, "gbps": 2000,
+                "roofline_us": 150.0}],
+    "prefill": [],
+    "indexer": [{"case": "decode b32 ctx16384", "us": 20.0, "gbps": 2500, "fraction_of_copy": 0.8, "tflops": 0}],
+}
+PEERS = {"rows": [
+    {"peer": "FlashMLA@9241ae3", "case": "decode b128 s_q1 h64", "us": 160.0},
+    {"peer": "FlashMLA@9241ae3", "case": "decode b1 s_q1 h128", "us": None, "error": "skipped"},
+    {"peer": "sgl-kernel topk (32KB smem)", "case": "fast_topk_v2 f32 1x131072", "us": 21.3},
+    {"peer": "DeepGEMM", "case": "fp8_paged_mqa_logits decode b32 ctx16384 (next_n 1, h64, page 64)", "us": 25.0},
+    {"peer": "Never ran", "case": "decode b7 s_q1 h64", "us": None},
+]}
+PYTHON = [
+    {"gpu": "NVIDIA H100 80GB HBM3", "torch": "2.11.0", "date": "2026-12-06"},
+    {"family": "topk", "case": "fast_topk_v2 1x131072 f32", "nsa_us": 14.5, "nsa_host_us": 6.1,
+     "peer": "sgl-kernel", "peer_us": 21.0, "ratio": 1.45, "peer_host_us": 4.0},
+]
+
+
+def test_rows_meet_their_peers():
+    out = report.tables([NSA], PEERS, PYTHON, "nsa bench --json x")
+    decode = out["decode"]
+    assert "NVIDIA H100 80GB HBM3, 2026-12-06, `nsa bench --json x`" in decode
+    assert "| b128 × s_q1 × h64 | 200.0 | 75% | 160.0 | 0.80× |" in decode
+    assert "Never ran" not in decode
+    topk = out["topk"]
+    assert "| plain uniform 1×131072 k2048 | 14.20 | 1% | 21.30 | 1.50× |" in topk
+    assert "40.0" not in topk  # only the plan nsa picks
+    assert "| decode b32 ctx16384 | 20.00 | 80% of copy | 25.00 | 1.25× |" in out["indexer"]
+    assert "prefill" not in out
+    assert "| fast_topk_v2 1x131072 f32 | 14.50 | 6.10 | sgl-kernel | 21.00 | 1.45× | 4.00 |" in out["python"]
+
+
+def test_write_then_check(tmp_path):
+    files = {}
+    for name, data in (("nsa.json", NSA), ("peers.json", PEERS), ("py.json", PYTHON)):
+        files[name] = tmp_path / name
+        files[name].write_text(json.dumps(data))
+    doc = tmp_path / "BENCH.md"
+    blocks = "".join(f"## {f}\n\nprose\n\n<!-- report:{f} -->\nstale\n<!-- /report:{f} -->\n\n"
+                     for f in ("topk", "decode", "indexer", "python"))
+    doc.write_text(blocks)
+    args = ["--nsa", str(files["nsa.json"]), "--peers", str(files["peers.json"]), "--python", str(files["py.json"])]
+    assert report.main(args + ["--check", str(doc)]) == 1
+    assert report.main(args + ["--write", str(doc)]) == 0
+    text = doc.read_text()
+    assert "stale" not in text and text.count("prose") == 4 and "| b128 × s_q1 × h64 |" in text
+    assert report.main(args + ["--check", str(doc)]) == 0
+    doc.write_text(text.replace("0.80×", "0.90×"))
+    assert report.main(args + ["--check", str(doc)]) == 1
+
+
+def test_a_missing_block_is_named(tmp_path, capsys):
+    (tmp_path / "nsa.json").write_text(json.dumps(NSA))
+    doc = tmp_path / "BENCH.md"
+    doc.write_text("no blocks here\n")
+    assert report.main(["--nsa", str(tmp_path / "nsa.json"), "--write", str(doc)]) == 2
+    assert "no <!-- report:topk --> block" in capsys.readouterr().err
