@@ -54,6 +54,28 @@ impl<T> ForeignBuffer<T> {
         Ok(ForeignBuffer { name, slice: ManuallyDrop::new(slice) })
     }
 
+    /// [`from_raw`](Self::from_raw) without its driver queries (device and
+    /// allocation range), for memory whose device and extent a producer already
+    /// vouches for: a DLPack tensor of the stream's device (the Python package's
+    /// path, where three pointer queries per tensor would cost more than the
+    /// launch). The host checks (null, alignment, overflow) remain.
+    ///
+    /// # Safety
+    /// As [`from_raw`](Self::from_raw), and `[ptr, ptr + len · size_of::<T>())`
+    /// must lie inside one live allocation of `stream`'s device.
+    pub unsafe fn from_raw_trusted(
+        name: &'static str,
+        stream: &Arc<CudaStream>,
+        ptr: CUdeviceptr,
+        len: usize,
+    ) -> Result<Self> {
+        check_shape::<T>(name, ptr, len)?;
+        // SAFETY: the caller vouches for the device and the extent; the slice is
+        // never dropped (see `Drop`).
+        let slice = unsafe { stream.upgrade_device_ptr::<T>(ptr, len) };
+        Ok(ForeignBuffer { name, slice: ManuallyDrop::new(slice) })
+    }
+
     /// The name errors give this buffer.
     pub fn name(&self) -> &'static str {
         self.name

@@ -265,12 +265,16 @@ impl Tensor {
     }
 
     /// The tensor's memory as a buffer of `T` for launches on `rt`'s stream (never
-    /// freed by nsa). `T` must have the dtype's size.
+    /// freed by nsa). `T` must have the dtype's size; `rt` must run on the tensor's
+    /// device (an error otherwise: the DLPack descriptor is trusted for nothing else).
     pub fn buffer<T>(&self, rt: &Runtime) -> PyResult<ForeignBuffer<T>> {
         debug_assert_eq!(std::mem::size_of::<T>(), self.dtype.bytes());
+        on_cuda(self.name, self.device, Some(rt.gpu().caps().ordinal as i32))?;
         // SAFETY: the producer keeps the memory alive while `self` (which holds the
-        // DLPack owner) lives, and the import ordered its work before the stream.
-        unsafe { ForeignBuffer::from_raw(self.name, rt.gpu().stream(), self.ptr, self.span()) }.py()
+        // DLPack owner) lives, the import ordered its work before the stream, and
+        // the DLPack descriptor vouches for the device (checked to be the runtime's
+        // by the caller) and for the extent its shape and strides span.
+        unsafe { ForeignBuffer::from_raw_trusted(self.name, rt.gpu().stream(), self.ptr, self.span()) }.py()
     }
 }
 
