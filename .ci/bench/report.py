@@ -55,10 +55,14 @@ def table(header, rows):
     return "\n".join(lines)
 
 
-def with_peers(key_rows, times, names, peer_case):
+def with_peers(key_rows, times, names, peer_cases):
     """Rows of (label, nsa_us, roofline_share, key) extended by every peer that has
-    a time for `peer_case(key)`; peers without any time are left out."""
-    used = [p for p in names if any((p, peer_case(k)) in times for *_, k in key_rows)]
+    a time for one of `peer_cases(key)` (the first that ran counts); peers without
+    any time are left out."""
+    def peer_us(p, key):
+        return next((times[(p, c)] for c in peer_cases(key) if (p, c) in times), None)
+
+    used = [p for p in names if any(peer_us(p, k) is not None for *_, k in key_rows)]
     header = ["shape", "nsa µs", "roofline share"]
     for p in used:
         header += [f"{p} µs", "ratio"]
@@ -66,7 +70,7 @@ def with_peers(key_rows, times, names, peer_case):
     for label, nsa_us, share, key in key_rows:
         row = [label, fmt_us(nsa_us), share]
         for p in used:
-            t = times.get((p, peer_case(key)))
+            t = peer_us(p, key)
             row += [fmt_us(t), ratio(t, nsa_us)]
         out.append(row)
     return table(header, out)
@@ -80,22 +84,22 @@ def share(row):
 def decode_table(nsa, times, names):
     rows = [(f"b{r['batch']} × s_q{r['s_q']} × h{r['heads']}", r["us"], share(r), (r["batch"], r["s_q"], r["heads"]))
             for r in nsa.get("decode", [])]
-    return with_peers(rows, times, names, lambda k: f"decode b{k[0]} s_q{k[1]} h{k[2]}")
+    return with_peers(rows, times, names, lambda k: [f"decode b{k[0]} s_q{k[1]} h{k[2]}"])
 
 
 def prefill_table(nsa, times, names):
     rows = [(f"s_q{r['s_q']} × s_kv{r['s_kv']} × h{r['heads']} d{r['d_qk']}", r["us"], share(r),
              (r["s_q"], r["s_kv"], r["heads"], r["d_qk"])) for r in nsa.get("prefill", [])]
-    return with_peers(rows, times, names, lambda k: f"prefill s_q{k[0]} s_kv{k[1]} h{k[2]} d{k[3]}")
+    return with_peers(rows, times, names, lambda k: [f"prefill s_q{k[0]} s_kv{k[1]} h{k[2]} d{k[3]}"])
 
 
 def indexer_table(nsa, times, names):
     def peer_case(case):
         m = re.fullmatch(r"decode b(\d+) ctx(\d+)", case)
         if m:
-            return f"fp8_paged_mqa_logits decode b{m[1]} ctx{m[2]} (next_n 1, h64, page 64)"
+            return [f"fp8_paged_mqa_logits decode b{m[1]} ctx{m[2]} (next_n 1, h64, page 64)"]
         m = re.fullmatch(r"extend t(\d+) keys(\d+)", case)
-        return f"fp8_mqa_logits extend t{m[1]} keys{m[2]} (ragged, h64)" if m else case
+        return [f"fp8_mqa_logits extend t{m[1]} keys{m[2]} (ragged, h64)" if m else case]
 
     rows = []
     for r in nsa.get("indexer", []):
@@ -123,22 +127,10 @@ def topk_table(nsa, times, names):
         label = f"{transform} {key[1]} {r['rows']}×{r['n']} k{r['k']}"
         rows.append((label, r["us"], share(r), key))
 
-    def peer_times(key):
-        return [c for c in TOPK_PEER_CASES.get(key[:2], [])]
+    def peer_cases(key):
+        return [f"{c} {key[2]}x{key[3]}" for c in TOPK_PEER_CASES.get(key[:2], [])]
 
-    used = [p for p in names if any((p, f"{c} {k[2]}x{k[3]}") in times for *_, k in rows for c in peer_times(k))]
-    header = ["shape", "nsa µs", "roofline share"]
-    for p in used:
-        header += [f"{p} µs", "ratio"]
-    out = []
-    for label, nsa_us, s, key in rows:
-        row = [label, fmt_us(nsa_us), s]
-        for p in used:
-            t = next((times[(p, f"{c} {key[2]}x{key[3]}")] for c in peer_times(key)
-                      if (p, f"{c} {key[2]}x{key[3]}") in times), None)
-            row += [fmt_us(t), ratio(t, nsa_us)]
-        out.append(row)
-    return table(header, out)
+    return with_peers(rows, times, names, peer_cases)
 
 
 def python_table(rows):
