@@ -8,7 +8,10 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="$root/.nsa-tools/py"
 if [ ! -x "$venv/bin/python" ]; then
   echo "[nsa] creating the Python environment $venv" >&2
-  python3 -m venv "$venv"
+  python3 -m venv "$venv" || {
+    echo "[nsa] python3 -m venv failed: install the venv module (Debian/Ubuntu: apt-get install python3-venv)" >&2
+    exit 1
+  }
 fi
 echo "[nsa] pip install ./nsa-runtime/python[test] (builds the extension)" >&2
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "$root/nsa-runtime/python[test]"

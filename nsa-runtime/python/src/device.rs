@@ -53,8 +53,9 @@ struct Entry {
 /// a few side streams), so a list scanned front to back is the fast path.
 static RUNTIMES: Mutex<Vec<Entry>> = Mutex::new(Vec::new());
 
-/// Beyond this many, the oldest non-first entries are dropped (a stream handle can
+/// Beyond this many, the oldest entry of the device is dropped (a stream handle can
 /// be freed and reused by its owner; a stale entry is only ever matched by value).
+/// Any other entry of the device still shares its cache with the next one.
 const MAX_STREAMS: usize = 64;
 
 /// The runtime launching on `stream` (a raw `CUstream` of device `ordinal`'s
@@ -80,7 +81,7 @@ pub fn runtime(ordinal: i32, stream: usize) -> PyResult<Arc<Runtime>> {
     };
     let rt = Arc::new(rt);
     if list.len() >= MAX_STREAMS {
-        if let Some(i) = (1..list.len()).find(|&i| list[i].ordinal == ordinal) {
+        if let Some(i) = list.iter().position(|e| e.ordinal == ordinal) {
             list.remove(i);
         }
     }
@@ -120,4 +121,13 @@ pub fn cache_stats(py: Python<'_>) -> PyResult<Py<pyo3::types::PyDict>> {
         out.set_item(e.ordinal, d)?;
     }
     Ok(out.unbind())
+}
+
+/// The launch stream the Python wrapper found (torch's current stream).
+pub fn launch_stream(stream: Option<usize>) -> PyResult<usize> {
+    stream.ok_or_else(|| {
+        PyValueError::new_err(
+            "`stream`: None, expected the raw handle of the launch stream (torch.cuda.current_stream().cuda_stream)",
+        )
+    })
 }

@@ -1,10 +1,9 @@
 //! Lightning-indexer logits over DLPack tensors: PAGED over the indexer K cache
 //! (decode, verify, draft-extend) and RAGGED over gathered keys (extend).
 
-use crate::device::{runtime, RestoreContext};
+use crate::device::{launch_stream, runtime, RestoreContext};
 use crate::error::IntoPy;
-use crate::mla::{launch_stream, same_device};
-use crate::tensor::{import, DType, Tensor};
+use crate::tensor::{import, same_device, DType, Tensor};
 use nsa_runtime::kernels::layout::{INDEXER_HEAD_DIM, INDEXER_PAGE_TOKENS, INDEXER_TOKEN_BYTES};
 use nsa_runtime::ops::indexer::{self as ops, IndexerQuery, LogitsOut, PagedIndexerKeys, RaggedIndexerKeys};
 use pyo3::exceptions::PyValueError;

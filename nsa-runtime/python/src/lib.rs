@@ -23,7 +23,7 @@ fn _nsa(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(indexer::indexer_ragged_logits, m)?)?;
     m.add_class::<mla::DecodePlan>()?;
     m.add_class::<config::Config>()?;
-    m.add_function(wrap_pyfunction!(mla::device_of, m)?)?;
+    m.add_function(wrap_pyfunction!(tensor::device_of, m)?)?;
     m.add_function(wrap_pyfunction!(device::cache_stats, m)?)?;
     Ok(())
 }

@@ -1,9 +1,9 @@
 //! Sparse MLA attention over DLPack tensors: decode over the 656-byte FP8 paged
 //! cache (with its plan, made once per batch shape), and prefill over bf16 KV rows.
 
-use crate::device::{launch_target, runtime, RestoreContext};
+use crate::device::{launch_stream, launch_target, runtime, RestoreContext};
 use crate::error::IntoPy;
-use crate::tensor::{import, import_opt, DType, Tensor};
+use crate::tensor::{import, import_opt, same_device, DType};
 use nsa_runtime::kernels::layout::{BF16_TOKEN_ELEMS, FP8_TOKEN_BYTES, KV_LORA_RANK};
 use nsa_runtime::ops::sparse_decode::{self as decode_ops, DecodeShape, Fp8PagedCache, SparseDecodeInputs};
 use nsa_runtime::ops::sparse_prefill::{
@@ -234,39 +234,4 @@ pub fn sparse_prefill(
     let outputs =
         SparsePrefillOutputs { out: &mut ob.view_mut(), max_logits: &mut mb.view_mut(), lse: &mut lb.view_mut() };
     prefill_ops::sparse_prefill(&rt, &shape, &inputs, outputs).py()
-}
-
-/// The CUDA device `tensor` lives on (an error naming it as `name` otherwise),
-/// read without importing it.
-#[pyfunction]
-#[pyo3(signature = (tensor, name="tensor"))]
-pub fn device_of(tensor: &Bound<'_, PyAny>, name: &str) -> PyResult<i32> {
-    if !tensor.hasattr("__dlpack_device__")? {
-        return Err(pyo3::exceptions::PyTypeError::new_err(format!(
-            "`{name}`: expected a tensor (a torch.Tensor on a CUDA device), got {}",
-            tensor.get_type().name()?
-        )));
-    }
-    let device = dlpark::python::dlpack_device(tensor.as_borrowed())?;
-    crate::tensor::on_cuda(name, device, None)
-}
-
-/// That every tensor is on one CUDA device (`expected`, unless negative: the
-/// first tensor's); returns it.
-pub fn same_device<'a>(expected: i32, mut tensors: impl Iterator<Item = &'a Tensor>) -> PyResult<i32> {
-    let first = tensors.next().expect("at least one tensor");
-    let ordinal = first.on_cuda((expected >= 0).then_some(expected))?;
-    for t in tensors {
-        t.on_cuda(Some(ordinal))?;
-    }
-    Ok(ordinal)
-}
-
-/// The launch stream the Python wrapper found (torch's current stream).
-pub fn launch_stream(stream: Option<usize>) -> PyResult<usize> {
-    stream.ok_or_else(|| {
-        PyValueError::new_err(
-            "`stream`: None, expected the raw handle of the launch stream (torch.cuda.current_stream().cuda_stream)",
-        )
-    })
 }

@@ -114,13 +114,19 @@ pub fn import(name: &'static str, obj: &Bound<'_, PyAny>, stream: Option<usize>)
             type_name(obj)
         ))
     };
-    if !obj.hasattr("__dlpack__")? {
-        return Err(not_a_tensor(String::new()));
-    }
-    let request = ImportRequest::new(obj.as_borrowed()).map_err(|e| not_a_tensor(format!(" ({e})")))?;
+    // What is not a DLPack producer fails here or in the import; only then is the
+    // attribute looked up, to say which.
+    let refused = |e: PyErr, stage: &str| -> PyErr {
+        if obj.hasattr("__dlpack__").unwrap_or(false) {
+            PyTypeError::new_err(format!("`{name}`: the DLPack {stage} failed: {e}"))
+        } else {
+            not_a_tensor(String::new())
+        }
+    };
+    let request = ImportRequest::new(obj.as_borrowed()).map_err(|e| refused(e, "discovery"))?;
     let cuda = request.device().is_ok_and(|d| d.device_type == DLDeviceType::CUDA);
     let imported = if cuda { request.import(Some(&Consumer(stream)), Some(false)) } else { request.import(None, None) }
-        .map_err(|e| PyTypeError::new_err(format!("`{name}`: the DLPack import failed: {e}")))?;
+        .map_err(|e| refused(e, "import"))?;
     let view = imported.validate().map_err(|e| PyValueError::new_err(format!("`{name}`: {e}")))?;
     let dtype = view.dtype();
     let shape: Vec<usize> = view.shape().iter().map(|&d| d as usize).collect();
@@ -305,4 +311,30 @@ fn device_str(d: DLDevice) -> String {
         DLDeviceType::ROCM => format!("rocm:{}", d.device_id),
         t => format!("DLPack device type {} ({})", t.0, d.device_id),
     }
+}
+
+/// The CUDA device `tensor` lives on (an error naming it as `name` otherwise),
+/// read without importing it.
+#[pyfunction]
+#[pyo3(signature = (tensor, name="tensor"))]
+pub fn device_of(tensor: &Bound<'_, PyAny>, name: &str) -> PyResult<i32> {
+    if !tensor.hasattr("__dlpack_device__")? {
+        return Err(pyo3::exceptions::PyTypeError::new_err(format!(
+            "`{name}`: expected a tensor (a torch.Tensor on a CUDA device), got {}",
+            tensor.get_type().name()?
+        )));
+    }
+    let device = dlpark::python::dlpack_device(tensor.as_borrowed())?;
+    crate::tensor::on_cuda(name, device, None)
+}
+
+/// That every tensor is on one CUDA device (`expected`, unless negative: the
+/// first tensor's); returns it.
+pub fn same_device<'a>(expected: i32, mut tensors: impl Iterator<Item = &'a Tensor>) -> PyResult<i32> {
+    let first = tensors.next().expect("at least one tensor");
+    let ordinal = first.on_cuda((expected >= 0).then_some(expected))?;
+    for t in tensors {
+        t.on_cuda(Some(ordinal))?;
+    }
+    Ok(ordinal)
 }

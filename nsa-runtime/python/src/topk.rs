@@ -1,10 +1,9 @@
 //! Exact top-k over DLPack tensors: plain positions, slots of a page table
 //! (fused transform), or positions plus ragged offsets.
 
-use crate::device::{runtime, RestoreContext};
+use crate::device::{launch_stream, runtime, RestoreContext};
 use crate::error::IntoPy;
-use crate::mla::{launch_stream, same_device};
-use crate::tensor::{import, import_opt, DType, Tensor};
+use crate::tensor::{import, import_opt, same_device, DType, Tensor};
 use cudarc::driver::CudaView;
 use half::bf16;
 use nsa_runtime::ops::topk::{self as ops, PageTable, TopkOutput, TopkScoreElem, TopkScores};

@@ -27,7 +27,8 @@ def good():
 def test_version_and_exports():
     assert nsa.__version__ == _nsa.__version__
     assert {"topk", "cache_stats", "compat", "__version__"} <= set(nsa.__all__)
-    assert nsa.cache_stats() == {} or isinstance(nsa.cache_stats(), dict)
+    # Only a launch opens a device: every call here is refused before one.
+    assert nsa.cache_stats() == {}
 
 
 @pytest.mark.parametrize(
