@@ -186,7 +186,7 @@ def bench_indexer(peers):
         cache = torch.randint(0, 256, (pages, 64, 1, 132), generator=g, device=DEV, dtype=torch.uint8) & 0x77
         cache.view(pages, -1)[:, 64 * 128:] = torch.full((pages, 64), 1 / 64, device=DEV).view(torch.uint8)
         table = torch.randperm(pages, generator=g, device=DEV).to(torch.int32).view(batch, width)
-        ctx = torch.full((batch,), context, dtype=torch.int32, device=DEV)
+        ctx = torch.full((batch, 1), context, dtype=torch.int32, device=DEV)  # DeepGEMM's (batch, next_n)
         q = (torch.randint(0, 256, (batch, 1, 64, 128), generator=g, device=DEV, dtype=torch.uint8) & 0x77).view(torch.float8_e4m3fn)
         w = torch.full((batch, 64), 0.01, device=DEV)
         meta = nsa_dg.get_paged_mqa_logits_metadata(ctx, 64, sms)

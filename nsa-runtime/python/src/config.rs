@@ -55,6 +55,11 @@ fn build(py: Python<'_>, base: NsaConfig, overrides: Option<&Bound<'_, PyDict>>)
 }
 
 impl Config {
+    /// The validated model configuration.
+    pub fn model(&self) -> &NsaConfig {
+        &self.cfg
+    }
+
     fn specs(&self, deterministic_topk: bool) -> Vec<KernelSpec> {
         let mut specs = kernel_set(&self.cfg);
         if deterministic_topk {

@@ -7,7 +7,9 @@ mod config;
 mod device;
 mod error;
 mod indexer;
+mod layer;
 mod mla;
+mod plan;
 mod tensor;
 mod topk;
 
@@ -23,6 +25,8 @@ fn _nsa(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(indexer::indexer_ragged_logits, m)?)?;
     m.add_class::<mla::DecodePlan>()?;
     m.add_class::<config::Config>()?;
+    m.add_class::<layer::Layer>()?;
+    m.add_class::<plan::Plan>()?;
     m.add_function(wrap_pyfunction!(tensor::device_of, m)?)?;
     m.add_function(wrap_pyfunction!(device::cache_stats, m)?)?;
     Ok(())

@@ -182,9 +182,9 @@ def test_what_the_compat_modules_do_not_implement_is_named():
         flash_mla.flash_mla_with_kvcache(q, cache, None, None, 512, object(), is_fp8_kvcache=True, indices=idx)
     with pytest.raises(ValueError, match=r"`q`: on cpu"):
         flash_mla.flash_mla_with_kvcache(q, cache, None, None, 512, meta, is_fp8_kvcache=True, indices=idx)
-    ctx2d = np.zeros((2, 2), np.int32)
-    with pytest.raises(NotImplementedError, match=r"`context_lens`: shape \(2, 2\)"):
-        deep_gemm.fp8_paged_mqa_logits(None, None, None, ctx2d, None, None, 4096, False)
+    q4 = np.zeros((2, 2, 64, 128), np.uint8)
+    with pytest.raises(ValueError, match=r"`context_lens`: shape \(2, 3\), expected \(2,\) or \(2, 2\)"):
+        deep_gemm.fp8_paged_mqa_logits(q4, None, None, np.zeros((2, 3), np.int32), None, None, 4096, False)
     with pytest.raises(ValueError, match=r"`block_kv`: 32, expected 64"):
         deep_gemm.get_paged_mqa_logits_metadata(np.zeros(2, np.int32), 32, 132)
     with pytest.raises(TypeError, match=r"`kv`: ndarray, expected a tuple"):
@@ -217,3 +217,41 @@ def test_native_functions_name_bad_arguments(fn, args, message):
     positional, keywords = cases[args]
     with pytest.raises((TypeError, ValueError), match=message):
         getattr(_nsa, fn)(*positional, **keywords)
+
+
+def test_layer_signatures():
+    sig = inspect.signature(nsa.Layer)
+    assert list(sig.parameters)[0] == "config"
+    for keyword in ["pool_slots", "max_bs", "max_context_len", "draft_tokens", "batch_invariant", "device"]:
+        assert sig.parameters[keyword].kind is inspect.Parameter.KEYWORD_ONLY
+    assert list(inspect.signature(nsa.Layer.plan).parameters) == [
+        "self", "mode", "req_to_token", "req_pool_indices", "seq_lens", "seq_lens_cpu", "extend_lens", "extend_lens_cpu",
+    ]
+    assert list(inspect.signature(nsa.Layer.forward).parameters)[1:] == [
+        "plan", "q", "k_nope", "k_rope", "out_cache_loc", "index_q", "index_weights", "index_k", "kv_cache",
+        "index_k_cache", "out", "lse",
+    ]
+    assert nsa.MODES == ("decode", "target_verify", "draft_extend", "draft_extend_v2", "extend")
+
+
+@pytest.mark.parametrize(
+    "overrides, error, message",
+    [
+        ({"pool_slots": 0}, ValueError, r"`pool_slots`: 0, expected ≥ 1"),
+        ({"max_bs": 0}, ValueError, r"`max_bs`: 0, expected ≥ 1"),
+        ({"prefill_backend": "fa3"}, ValueError, r"`prefill_backend`: \"fa3\", expected \"auto\""),
+        ({"config": object()}, TypeError, r"config"),
+    ],
+)
+def test_layer_arguments_are_checked_before_the_device(overrides, error, message):
+    args = dict(config=nsa.Config(), pool_slots=4160, max_bs=4, max_context_len=4096)
+    args.update(overrides)
+    config = args.pop("config")
+    with pytest.raises(error, match=message):
+        nsa.Layer(config, **args)
+
+
+def test_layer_without_a_stream_is_refused_after_the_checks():
+    # No torch here: the wrapper finds no stream, and nsa says what it needs.
+    with pytest.raises(ValueError, match=r"`stream`: None"):
+        nsa.Layer(nsa.Config(), pool_slots=4160, max_bs=4, max_context_len=4096)

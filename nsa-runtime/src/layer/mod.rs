@@ -184,6 +184,26 @@ impl<'rt> NsaLayer<'rt> {
         &self.cfg
     }
 
+    /// This layer launching on `rt`, a runtime of the same device sharing this
+    /// one's kernel cache (made by [`Runtime::with_stream`] or
+    /// [`Runtime::with_borrowed_stream`]): a server that moves between streams
+    /// gets the layer on each without checking its kernels again.
+    pub fn on_runtime<'a>(&self, rt: &'a Runtime) -> Result<NsaLayer<'a>> {
+        if !std::sync::Arc::ptr_eq(rt.shared_cache(), self.rt.shared_cache())
+            || rt.gpu().caps().ordinal != self.rt.gpu().caps().ordinal
+        {
+            return Err(invalid(
+                "rt",
+                format!("a runtime of device {} with its own kernel cache", rt.gpu().caps().ordinal),
+                format!(
+                    "a runtime of device {} made from the layer's (Runtime::with_stream / with_borrowed_stream)",
+                    self.rt.gpu().caps().ordinal
+                ),
+            ));
+        }
+        Ok(NsaLayer { rt, cfg: self.cfg.clone() })
+    }
+
     /// The step plan for `md` and `dispatch` (one per step, shared by all layers).
     pub fn plan(
         &self,

@@ -9,6 +9,8 @@ the next torch op on that stream without a synchronisation.
 ``nsa.compat.flash_mla``, ``nsa.compat.sgl_kernel`` and ``nsa.compat.deep_gemm``
 are drop-in replacements of the kernel calls SGLang's NSA backend makes (switch by
 changing the import); the functions below are nsa's own, taking the outputs too.
+``nsa.Layer`` runs a whole attention layer (stores, indexer, top-k, sparse MLA)
+from the server's device tables, eagerly or captured in a CUDA graph.
 ``nsa.Config`` describes one attention configuration (a preset or JSON/TOML, with
 keyword overrides) and bakes its kernel set into the cache ahead of the first
 launch (``Config(...).compile()``, no GPU needed).
@@ -47,12 +49,16 @@ from ._nsa import (  # noqa: E402
     sparse_prefill,
     topk,
 )
+from ._layer import MODES, Layer, Plan  # noqa: E402
 from . import compat  # noqa: E402
 
 __all__ = [
     "__version__",
     "Config",
     "DecodePlan",
+    "Layer",
+    "MODES",
+    "Plan",
     "cache_stats",
     "compat",
     "device_of",

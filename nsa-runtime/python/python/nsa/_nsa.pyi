@@ -99,3 +99,75 @@ def indexer_ragged_logits(
 ) -> None: ...
 def device_of(tensor: Any, name: str = "tensor") -> int: ...
 def cache_stats() -> Dict[int, Dict[str, int]]: ...
+
+class Plan:
+    """One step's plan (``Layer.plan`` or ``Layer.graph_plan``)."""
+    @property
+    def mode(self) -> str: ...
+    @property
+    def rows(self) -> int: ...
+    @property
+    def padded_rows(self) -> int: ...
+    @property
+    def is_graph(self) -> bool: ...
+    @property
+    def device(self) -> int: ...
+    def explain(self) -> str: ...
+
+class Layer:
+    """The extension's layer; use ``nsa.Layer``, which finds the device and stream."""
+    def __init__(
+        self,
+        config: Config,
+        *,
+        pool_slots: int,
+        max_bs: int,
+        max_context_len: int,
+        max_tokens: Optional[int] = None,
+        max_keys: Optional[int] = None,
+        draft_tokens: int = 0,
+        sm_scale: Optional[float] = None,
+        deterministic_topk: bool = False,
+        batch_invariant: bool = False,
+        logits_budget_bytes: int = 1 << 30,
+        prefill_backend: str = "auto",
+        device: int = 0,
+        stream: Optional[int] = None,
+    ) -> None: ...
+    @property
+    def device(self) -> int: ...
+    @property
+    def heads(self) -> int: ...
+    def plan(
+        self,
+        mode: str,
+        req_to_token: Any,
+        req_pool_indices: Any,
+        seq_lens: Any,
+        seq_lens_cpu: Sequence[int],
+        extend_lens: Any = None,
+        extend_lens_cpu: Optional[Sequence[int]] = None,
+        *,
+        stream: Optional[int] = None,
+    ) -> Plan: ...
+    def graph_plan(self, mode: str, bs: int, *, stream: Optional[int] = None) -> Plan: ...
+    def replay(
+        self, plan: Plan, req_to_token: Any, req_pool_indices: Any, seq_lens: Any, extend_lens: Any = None, *, stream: Optional[int] = None
+    ) -> None: ...
+    def forward(
+        self,
+        plan: Plan,
+        q: Any,
+        k_nope: Any,
+        k_rope: Any,
+        out_cache_loc: Any,
+        index_q: Any,
+        index_weights: Any,
+        index_k: Any,
+        kv_cache: Any,
+        index_k_cache: Any,
+        out: Any,
+        lse: Any,
+        *,
+        stream: Optional[int] = None,
+    ) -> None: ...

@@ -6,7 +6,9 @@ is not read: ``get_paged_mqa_logits_metadata`` returns a zeroed int32 tensor of
 DeepGEMM's shape ``(num_sms + 1, 2)``, so servers that keep or copy it (CUDA-graph
 buffers) work unchanged. Logits rows are padded to a multiple of 4 floats and
 returned as a view of DeepGEMM's shape, as DeepGEMM does for its alignment.
-Not implemented: per-row ``context_lens`` of shape ``(batch, next_n)``.
+``context_lens`` is one length per request ``(batch,)`` (row ``b * next_n + j`` sees
+``context_lens[b] - next_n + j + 1`` keys) or one per row ``(batch, next_n)`` as
+DeepGEMM's current line takes it (row ``b * next_n + j`` sees ``context_lens[b, j]``).
 """
 
 from .._arrays import current_stream, empty
@@ -35,24 +37,35 @@ def fp8_paged_mqa_logits(q, kv_cache, weights, context_lens, block_table, schedu
     """Logits of ``q`` ``(batch, next_n, heads, 128)`` e4m3 against each request's
     keys in ``kv_cache`` ``(pages, 64, 1, 132)`` through ``block_table``:
     ``(batch * next_n, max_context_len)`` f32. Row ``b * next_n + j`` is valid for
-    its first ``context_lens[b] - next_n + j + 1`` keys; with ``clean_logits`` the
-    rest are -inf, otherwise left unwritten."""
-    if len(getattr(context_lens, "shape", ())) != 1:
-        raise NotImplementedError(
-            f"`context_lens`: shape {tuple(getattr(context_lens, 'shape', ()))}, nsa takes one length per request (batch,)"
-        )
+    its first ``context_lens[b] - next_n + j + 1`` keys (``context_lens``
+    ``(batch,)``) or ``context_lens[b, j]`` keys (``(batch, next_n)``); with
+    ``clean_logits`` the rest are -inf, otherwise left unwritten."""
     if len(q.shape) != 4:
         raise ValueError(f"`q`: shape {tuple(q.shape)}, expected (batch, next_n, heads, 128)")
     batch, next_n = q.shape[0], q.shape[1]
+    lens_shape = tuple(getattr(context_lens, "shape", ()))
+    if lens_shape not in ((batch,), (batch, next_n)):
+        raise ValueError(f"`context_lens`: shape {lens_shape}, expected ({batch},) or ({batch}, {next_n}) for q of shape {tuple(q.shape)}")
     width = max(max_context_len, block_table.shape[-1] * PAGE_TOKENS)
     logits = _padded(q, batch * next_n, width, "q")
-    _paged(q, kv_cache, weights, context_lens, block_table, logits, stream=current_stream(q))
+    if len(lens_shape) == 2:
+        # One length per row: each row is a request of its own (its table row repeated).
+        rows_q = q.reshape(batch * next_n, 1, *q.shape[2:])
+        rows_table = block_table if next_n == 1 else block_table.repeat_interleave(next_n, 0)
+        row_lens = context_lens.reshape(batch * next_n)
+        _paged(rows_q, kv_cache, weights, row_lens, rows_table, logits, stream=current_stream(q))
+        last = row_lens - 1
+    else:
+        _paged(q, kv_cache, weights, context_lens, block_table, logits, stream=current_stream(q))
+        last = None
     logits = logits[:, :max_context_len]
     if clean_logits:
         import torch
 
         pos = torch.arange(max_context_len, device=logits.device)
-        last = context_lens.repeat_interleave(next_n) - next_n + torch.arange(next_n, device=logits.device).repeat(batch)
+        if last is None:
+            steps = torch.arange(next_n, device=logits.device).repeat(batch)
+            last = context_lens.repeat_interleave(next_n) - next_n + steps
         logits.masked_fill_(pos[None, :] > last[:, None], float("-inf"))
     return logits
 
