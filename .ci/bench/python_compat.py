@@ -210,10 +210,62 @@ def bench_indexer(peers):
             dg and (lambda: dg.fp8_mqa_logits(q, (k, s), w, ks, ke, clean_logits=clean)))
 
 
+def bench_host(peers):
+    """Where a call's host time goes: a torch allocation, nsa's native binding with
+    the outputs given (DLPack imports, checks, launch), and the compat wrapper."""
+    import nsa
+
+    x = torch.rand(1, 131072, device=DEV)
+    lengths = torch.full((1,), 131072, dtype=torch.int32, device=DEV)
+    out = torch.empty(1, 2048, dtype=torch.int32, device=DEV)
+    stream = torch.cuda.current_stream().cuda_stream
+    cases = [
+        ("torch.empty (1, 2048) int32", lambda: torch.empty(1, 2048, dtype=torch.int32, device=DEV)),
+        ("nsa.topk 1x131072, outputs given", lambda: nsa.topk(x, lengths, out, stream=stream)),
+        ("compat fast_topk_v2 1x131072", lambda: nsa_sk.fast_topk_v2(x, lengths, 2048)),
+    ]
+    for case, fn in cases:
+        emit(family="host", case=case, nsa_host_us=round(host_us(fn, calls=1000), 2))
+
+
+def bench_layer(peers):
+    """Host time of nsa.Layer's plan and forward (an eager decode step, FP8 cache,
+    h128), at the shapes `nsa bench --suite plan` times the Rust calls."""
+    import nsa
+
+    cfg = nsa.Config(num_q_heads=128)
+    for bs, ctx in [(1, 16384), (32, 16384), (256, 16384)]:
+        g = torch.Generator(device=DEV).manual_seed(bs)
+        pages = 1 + bs * ctx // 64
+        layer = nsa.Layer(cfg, pool_slots=pages * 64, max_bs=bs, max_context_len=ctx)
+        perm = (torch.randperm(pages - 1, generator=g, device=DEV) + 1).to(torch.int32).view(bs, ctx // 64)
+        table = (perm[:, :, None] * 64 + torch.arange(64, device=DEV, dtype=torch.int32)).view(bs, ctx).contiguous()
+        seq = torch.randint(ctx // 2, ctx + 1, (bs,), generator=g, device=DEV, dtype=torch.int32)
+        seq_cpu = seq.tolist()
+        rpi = torch.arange(bs, device=DEV, dtype=torch.int32)
+        kv = torch.zeros(pages * 64, 656, dtype=torch.uint8, device=DEV)
+        index_cache = torch.zeros(pages, 64 * 132, dtype=torch.uint8, device=DEV)
+        loc = table[torch.arange(bs, device=DEV), (seq - 1).long()].contiguous()
+        q = torch.zeros(bs, 128, 576, dtype=torch.bfloat16, device=DEV)
+        latent = torch.zeros(bs, 576, dtype=torch.bfloat16, device=DEV)
+        iq = torch.zeros(bs, 64, 128, dtype=torch.uint8, device=DEV)
+        w = torch.zeros(bs, 64, device=DEV)
+        ik = torch.zeros(bs, 128, dtype=torch.bfloat16, device=DEV)
+        out = torch.empty(bs, 128, 512, dtype=torch.bfloat16, device=DEV)
+        lse = torch.empty(bs, 128, device=DEV)
+        plan = layer.plan("decode", table, rpi, seq, seq_cpu)
+        fwd = lambda: layer.forward(plan, q, latent[:, :512], latent[:, 512:], loc, iq, w, ik, kv, index_cache, out, lse)
+        emit(family="layer", case=f"Layer.plan decode bs{bs} ctx{ctx} h128 fp8",
+             nsa_host_us=round(host_us(lambda: layer.plan("decode", table, rpi, seq, seq_cpu)), 2))
+        emit(family="layer", case=f"Layer.forward decode bs{bs} ctx{ctx} h128 fp8", nsa_us=round(device_us(fwd), 2),
+             nsa_host_us=round(host_us(fwd), 2))
+        del layer, plan
+
+
 def main():
     emit(gpu=torch.cuda.get_device_name(0), torch=torch.__version__, date=time.strftime("%Y-%m-%d"))
     peers = load_peers()
-    for bench in (bench_topk, bench_mla, bench_indexer):
+    for bench in (bench_host, bench_topk, bench_mla, bench_indexer, bench_layer):
         try:
             bench(peers)
         except Exception:  # noqa: BLE001

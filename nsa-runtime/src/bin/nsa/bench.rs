@@ -70,7 +70,7 @@ pub struct BenchArgs {
     /// working set; separates gather latency from compute).
     #[arg(long)]
     pub decode_shared_keys: bool,
-    /// Sparse prefill: KV rows the indices draw from (the issue's 32768; fewer make
+    /// Sparse prefill: KV rows the indices draw from (32768 by default; fewer make
     /// the gathered rows L2-resident, which separates L2 misses from the gather rate).
     /// At least the top-k (each query draws that many distinct rows); at most 2^31 - 1.
     #[arg(long, default_value_t = crate::bench_prefill::ISSUE_S_KV,
@@ -368,7 +368,7 @@ fn jit(rt: &Runtime) -> Result<(Vec<JitRow>, f64, usize, f64)> {
 /// row, and a prefill chunk.
 const TOPK_DEFAULT_SHAPES: [(usize, usize); 3] = [(64, 131_072), (1, 131_072), (2048, 32_768)];
 
-/// The cases of `--topk-shapes` (the issue's shapes when none are given): at most
+/// The cases of `--topk-shapes` (the default shapes when none are given): at most
 /// 2^31 - 1 scores in all, since the bench's page table numbers them in i32.
 fn topk_cases(shapes: &[String]) -> Result<Vec<(usize, usize)>> {
     if shapes.is_empty() {

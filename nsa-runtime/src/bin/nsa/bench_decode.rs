@@ -65,7 +65,7 @@ fn parse_shape(s: &str) -> Result<(usize, usize, u32)> {
     Ok((b, q, heads))
 }
 
-/// The cases of `--decode-shapes` (the table when none are given).
+/// The cases of `--decode-shapes` (the default shapes when none are given).
 pub fn decode_cases(shapes: &[String]) -> Result<Vec<(usize, usize, u32)>> {
     if shapes.is_empty() {
         return Ok(DEFAULT_CASES.to_vec());

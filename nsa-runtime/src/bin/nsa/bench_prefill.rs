@@ -18,7 +18,7 @@ use serde::Serialize;
 /// bf16 dense tensor peak of an H200 (datasheet); the compute roof of the table.
 const BF16_PEAK_TFLOPS: f64 = 989.0;
 const S_Q: usize = 4096;
-/// The issue's KV length (the default of `--prefill-s-kv`).
+/// KV rows the prefill indices draw from by default (`--prefill-s-kv`).
 pub const ISSUE_S_KV: u64 = 32_768;
 pub const TOPK: u32 = 2048;
 /// (heads, d_qk) of the table.
