@@ -211,21 +211,39 @@ def bench_indexer(peers):
 
 
 def bench_host(peers):
-    """Where a call's host time goes: a torch allocation, nsa's native binding with
-    the outputs given (DLPack imports, checks, launch), and the compat wrapper."""
+    """Where a call's host time goes: a torch allocation, and nsa's native functions
+    with their outputs given (DLPack imports, checks, launch) at the shapes
+    `nsa bench --suite host` times the Rust calls."""
     import nsa
 
-    x = torch.rand(1, 131072, device=DEV)
-    lengths = torch.full((1,), 131072, dtype=torch.int32, device=DEV)
-    out = torch.empty(1, 2048, dtype=torch.int32, device=DEV)
+    z = lambda *shape, dtype=torch.float32: torch.zeros(*shape, dtype=dtype, device=DEV)
+    i32 = lambda n, v: torch.full((n,), v, dtype=torch.int32, device=DEV)
     stream = torch.cuda.current_stream().cuda_stream
+    b, h, k, s_q, s_kv, ctx, rq, keys = 32, 64, 2048, 64, 4096, 16384, 64, 4096
+    score, lengths, out = z(1, 131072), i32(1, 131072), z(1, 2048, dtype=torch.int32)
+    plan = nsa.DecodePlan(b, 1, h, k, 64)
+    dq, cache, idx = z(b, 1, h, 576, dtype=torch.bfloat16), z(64, 64, 1, 656, dtype=torch.uint8), z(b, 1, k, dtype=torch.int32)
+    do, dl, ws = z(b, 1, h, 512, dtype=torch.bfloat16), z(b, 1, h), z(max(plan.workspace_floats, 1))
+    pq, kv, pidx = z(s_q, h, 576, dtype=torch.bfloat16), z(s_kv, 1, 576, dtype=torch.bfloat16), z(s_q, 1, k, dtype=torch.int32)
+    po, pm, pl = z(s_q, h, 512, dtype=torch.bfloat16), z(s_q, h), z(s_q, h)
+    iq, w = z(b, 1, 64, 128, dtype=torch.uint8), z(b, 64)
+    icache, table, lens, logits = z(b * ctx // 64, 64, 1, 132, dtype=torch.uint8), z(b, ctx // 64, dtype=torch.int32), i32(b, ctx), z(b, ctx)
+    rqb, rw, kb, sc = z(rq, 64, 128, dtype=torch.uint8), z(rq, 64), z(keys, 128, dtype=torch.uint8), z(keys)
+    ks, ke, rl = i32(rq, 0), i32(rq, keys), z(rq, keys)
     cases = [
-        ("torch.empty (1, 2048) int32", lambda: torch.empty(1, 2048, dtype=torch.int32, device=DEV)),
-        ("nsa.topk 1x131072, outputs given", lambda: nsa.topk(x, lengths, out, stream=stream)),
-        ("compat fast_topk_v2 1x131072", lambda: nsa_sk.fast_topk_v2(x, lengths, 2048)),
+        ("torch.empty", "(1, 2048) int32", lambda: torch.empty(1, 2048, dtype=torch.int32, device=DEV)),
+        ("nsa.topk", "1 x 131072 f32", lambda: nsa.topk(score, lengths, out, stream=stream)),
+        ("nsa.sparse_decode", f"b{b} s_q1 h{h} topk{k} fp8 page64",
+         lambda: nsa.sparse_decode(plan, dq, cache, idx, do, dl, ws, sm_scale=0.0417, stream=stream)),
+        ("nsa.sparse_prefill", f"s_q{s_q} s_kv{s_kv} h{h} d576",
+         lambda: nsa.sparse_prefill(pq, kv, pidx, po, pm, pl, sm_scale=0.0417, stream=stream)),
+        ("nsa.indexer_paged_logits", f"b{b} ctx{ctx} next_n1 h64",
+         lambda: nsa.indexer_paged_logits(iq, icache, w, lens, table, logits, stream=stream)),
+        ("nsa.indexer_ragged_logits", f"rows{rq} keys{keys} h64",
+         lambda: nsa.indexer_ragged_logits(rqb, kb, sc, rw, ks, ke, rl, stream=stream)),
     ]
-    for case, fn in cases:
-        emit(family="host", case=case, nsa_host_us=round(host_us(fn, calls=1000), 2))
+    for call, shape, fn in cases:
+        emit(family="host", call=call, case=f"{call} {shape}", nsa_host_us=round(host_us(fn, calls=1000), 2))
 
 
 def bench_layer(peers):

@@ -18,7 +18,7 @@ import json
 import re
 import sys
 
-FAMILIES = ["topk", "decode", "prefill", "indexer", "python"]
+FAMILIES = ["topk", "decode", "prefill", "indexer", "python", "host"]
 
 
 def load(path):
@@ -136,11 +136,25 @@ def topk_table(nsa, times, names):
 def python_table(rows):
     out = []
     for r in rows:
-        if "case" not in r or "nsa_us" not in r:
+        if "case" not in r or ("nsa_us" not in r and "nsa_host_us" not in r):
             continue
-        out.append([r["case"], fmt_us(r["nsa_us"]), fmt_us(r.get("nsa_host_us")), r.get("peer", "—"),
-                    fmt_us(r.get("peer_us")), ratio(r.get("peer_us"), r["nsa_us"]), fmt_us(r.get("peer_host_us"))])
+        out.append([r["case"], fmt_us(r.get("nsa_us")), fmt_us(r.get("nsa_host_us")), r.get("peer", "—"),
+                    fmt_us(r.get("peer_us")), ratio(r.get("peer_us"), r.get("nsa_us")), fmt_us(r.get("peer_host_us"))])
     return table(["call", "nsa µs", "nsa host µs", "peer", "peer µs", "ratio", "peer host µs"], out)
+
+
+def host_table(nsa, python_rows):
+    """nsa's Python functions (outputs given) beside the Rust call at the same shape:
+    what the binding adds per call."""
+    rust = {f"{r['call']} {r['shape']}": r["host_us"] for r in nsa.get("host", [])}
+    out = []
+    for r in python_rows:
+        if r.get("family") != "host" or "nsa_host_us" not in r:
+            continue
+        py, rs = r["nsa_host_us"], rust.get(r["case"])
+        added = "—" if rs is None else f"{py - rs:+.2f}"
+        out.append([r["case"], fmt_us(py), fmt_us(rs), added])
+    return table(["call (outputs given)", "Python host µs", "Rust host µs", "Python adds µs"], out)
 
 
 def python_device(rows):
@@ -151,7 +165,7 @@ def tables(nsa_reports, peers, python_rows, command):
     times, names = peer_index(peers) if peers is not None else ({}, [])
     merged = {}
     for rep in nsa_reports:
-        for fam in ("topk", "decode", "prefill", "indexer"):
+        for fam in ("topk", "decode", "prefill", "indexer", "host"):
             merged.setdefault(fam, []).extend(rep.get(fam, []))
     first = nsa_reports[0] if nsa_reports else {}
     where = f"{first.get('device', '?')}, {first.get('date_utc', '?')[:10]}, `{command}`"
@@ -162,8 +176,12 @@ def tables(nsa_reports, peers, python_rows, command):
             out[fam] = f"{where}\n\n{make(merged, times, names)}"
     if python_rows:
         dev = python_device(python_rows)
-        out["python"] = (f"{dev.get('gpu', '?')}, {dev.get('date', '?')}, torch {dev.get('torch', '?')}, "
-                         f"`.ci/bench/python_compat.py`\n\n{python_table(python_rows)}")
+        where_py = f"{dev.get('gpu', '?')}, {dev.get('date', '?')}, torch {dev.get('torch', '?')}"
+        rows = [r for r in python_rows if r.get("family") != "host"]
+        out["python"] = f"{where_py}, `.ci/bench/python_compat.py`\n\n{python_table(rows)}"
+        if any(r.get("family") == "host" for r in python_rows):
+            out["host"] = (f"{where_py}, `.ci/bench/python_compat.py` and `{command}`\n\n"
+                           f"{host_table(merged, python_rows)}")
     return out
 
 

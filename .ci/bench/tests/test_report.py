@@ -24,6 +24,7 @@ NSA = {
                 "roofline_us": 150.0}],
     "prefill": [],
     "indexer": [{"case": "decode b32 ctx16384", "us": 20.0, "gbps": 2500, "fraction_of_copy": 0.8, "tflops": 0}],
+    "host": [{"call": "nsa.topk", "shape": "1 x 131072 f32", "host_us": 3.5}],
 }
 PEERS = {"rows": [
     {"peer": "FlashMLA@9241ae3", "case": "decode b128 s_q1 h64", "us": 160.0},
@@ -36,6 +37,8 @@ PYTHON = [
     {"gpu": "NVIDIA H100 80GB HBM3", "torch": "2.11.0", "date": "2026-12-06"},
     {"family": "topk", "case": "fast_topk_v2 1x131072 f32", "nsa_us": 14.5, "nsa_host_us": 6.1,
      "peer": "sgl-kernel", "peer_us": 21.0, "ratio": 1.45, "peer_host_us": 4.0},
+    {"family": "host", "call": "nsa.topk", "case": "nsa.topk 1 x 131072 f32", "nsa_host_us": 9.25},
+    {"family": "host", "call": "torch.empty", "case": "torch.empty (1, 2048) int32", "nsa_host_us": 2.0},
 ]
 
 
@@ -51,6 +54,9 @@ def test_rows_meet_their_peers():
     assert "| decode b32 ctx16384 | 20.00 | 80% of copy | 25.00 | 1.25× |" in out["indexer"]
     assert "prefill" not in out
     assert "| fast_topk_v2 1x131072 f32 | 14.50 | 6.10 | sgl-kernel | 21.00 | 1.45× | 4.00 |" in out["python"]
+    assert "| nsa.topk 1 x 131072 f32 | 9.25 | 3.50 | +5.75 |" in out["host"]
+    assert "| torch.empty (1, 2048) int32 | 2.00 | — | — |" in out["host"]
+    assert "torch.empty" not in out["python"]
 
 
 def test_write_then_check(tmp_path):
@@ -60,13 +66,13 @@ def test_write_then_check(tmp_path):
         files[name].write_text(json.dumps(data))
     doc = tmp_path / "BENCH.md"
     blocks = "".join(f"## {f}\n\nprose\n\n<!-- report:{f} -->\nstale\n<!-- /report:{f} -->\n\n"
-                     for f in ("topk", "decode", "indexer", "python"))
+                     for f in ("topk", "decode", "indexer", "python", "host"))
     doc.write_text(blocks)
     args = ["--nsa", str(files["nsa.json"]), "--peers", str(files["peers.json"]), "--python", str(files["py.json"])]
     assert report.main(args + ["--check", str(doc)]) == 1
     assert report.main(args + ["--write", str(doc)]) == 0
     text = doc.read_text()
-    assert "stale" not in text and text.count("prose") == 4 and "| b128 × s_q1 × h64 |" in text
+    assert "stale" not in text and text.count("prose") == 5 and "| b128 × s_q1 × h64 |" in text
     assert report.main(args + ["--check", str(doc)]) == 0
     doc.write_text(text.replace("0.80×", "0.90×"))
     assert report.main(args + ["--check", str(doc)]) == 1

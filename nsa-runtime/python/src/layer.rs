@@ -9,8 +9,10 @@ use crate::error::IntoPy;
 use crate::plan::{ExtendHeldTryBuilder, GraphBuffers, GraphHeldTryBuilder, Held, Plan, Pools};
 use crate::tensor::{import, import_opt, same_device, DType, Tensor};
 use half::bf16;
+use nsa_runtime::foreign::ForeignBuffer;
 use nsa_runtime::kernels::layout::{
-    BF16_TOKEN_ELEMS, FP8_TOKEN_BYTES, INDEXER_HEAD_DIM, INDEXER_PAGE_BYTES, INDEXER_PAGE_TOKENS, KV_LORA_RANK, ROPE_DIM,
+    BF16_TOKEN_ELEMS, FP8_TOKEN_BYTES, INDEXER_HEAD_DIM, INDEXER_PAGE_BYTES, INDEXER_PAGE_TOKENS, KV_LORA_RANK,
+    ROPE_DIM,
 };
 use nsa_runtime::kernels::KvCacheFormat;
 use nsa_runtime::layer::{
@@ -23,7 +25,6 @@ use nsa_runtime::metadata::{
     PrefillBackend,
 };
 use nsa_runtime::ops::kv_cache::MlaCacheMut;
-use nsa_runtime::foreign::ForeignBuffer;
 use nsa_runtime::ops::Rows;
 use nsa_runtime::Runtime;
 use ouroboros::self_referencing;
@@ -226,7 +227,8 @@ impl Layer {
         positive("pool_slots", pool_slots, "slots in the KV pool, dummy page included")?;
         positive("max_bs", max_bs, "requests per step")?;
         positive("max_context_len", max_context_len, "the width of req_to_token")?;
-        let max_tokens = positive("max_tokens", max_tokens.unwrap_or(max_bs.max(8192)), "query tokens per extend step")?;
+        let max_tokens =
+            positive("max_tokens", max_tokens.unwrap_or(max_bs.max(8192)), "query tokens per extend step")?;
         let max_keys = positive("max_keys", max_keys.unwrap_or(max_bs * max_context_len), "KV tokens per extend step")?;
         let backend = self::prefill_backend(prefill_backend)?;
         let mut cfg = LayerConfig::new(model.clone()).py()?;
@@ -252,7 +254,8 @@ impl Layer {
             force_mla: true,
         };
         // Compiling a cold kernel set takes seconds: other Python threads run meanwhile.
-        let checked = py.detach(|| CheckedTryBuilder { rt, layer_builder: |rt| NsaLayer::new(rt, cfg) }.try_build()).py()?;
+        let checked =
+            py.detach(|| CheckedTryBuilder { rt, layer_builder: |rt| NsaLayer::new(rt, cfg) }.try_build()).py()?;
         Ok(Layer {
             checked,
             device,
@@ -294,6 +297,24 @@ impl Layer {
         stream: Option<usize>,
     ) -> PyResult<Plan> {
         let gm = graph_mode(mode)?;
+        let takes_extend = matches!(gm, None | Some(GraphMode::DraftExtend));
+        let given = (extend_lens.is_some_and(|e| !e.is_none()), extend_lens_cpu.is_some());
+        if given != (takes_extend, takes_extend) {
+            let what = if takes_extend {
+                "both (the query tokens of each request, on the device and on the host)"
+            } else {
+                "neither (the mode fixes the query tokens of each request)"
+            };
+            return Err(PyValueError::new_err(format!(
+                "`extend_lens`/`extend_lens_cpu`: {} given for mode {mode:?}, expected {what}",
+                match given {
+                    (true, true) => "both",
+                    (true, false) => "only extend_lens",
+                    (false, true) => "only extend_lens_cpu",
+                    (false, false) => "neither",
+                }
+            )));
+        }
         let bs = seq_lens_cpu.len();
         let t = Tables::import(req_to_token, req_pool_indices, seq_lens, extend_lens, Some(bs), stream)?;
         t.device(self.device)?;
@@ -388,7 +409,9 @@ impl Layer {
     #[pyo3(signature = (mode, bs, *, stream=None))]
     fn graph_plan(&self, mode: &str, bs: usize, stream: Option<usize>) -> PyResult<Plan> {
         let gm = graph_mode(mode)?.ok_or_else(|| {
-            PyValueError::new_err("`mode`: \"extend\", expected a decode-like mode (graphs serve decode, verify and draft-extend)")
+            PyValueError::new_err(
+                "`mode`: \"extend\", expected a decode-like mode (graphs serve decode, verify and draft-extend)",
+            )
         })?;
         let (_restore, rt) = self.enter(stream)?;
         let layer = self.on(&rt)?;
@@ -439,7 +462,9 @@ impl Layer {
             GraphMode::DraftExtendV2 => g.state.replay_draft_extend_v2(&rt, &reqs),
             GraphMode::DraftExtend => {
                 let e = t.extend.as_ref().ok_or_else(|| {
-                    PyValueError::new_err("`extend_lens`: None, expected the accepted lengths on the device (draft_extend)")
+                    PyValueError::new_err(
+                        "`extend_lens`: None, expected the accepted lengths on the device (draft_extend)",
+                    )
                 })?;
                 let eb = e.buffer::<i32>(&rt)?;
                 g.state.replay_draft_extend(&rt, &reqs, &eb.view())

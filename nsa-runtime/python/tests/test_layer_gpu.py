@@ -250,3 +250,12 @@ def test_layer_errors_name_the_argument():
     with pytest.raises(ValueError, match=r"`seq_lens`: shape \(2,\), expected \(1,\)"):
         srv.layer.plan("decode", srv.table, torch.zeros(1, dtype=torch.int32, device=DEV),
                        torch.zeros(2, dtype=torch.int32, device=DEV), seq)
+
+
+def test_extend_lengths_go_with_the_modes_that_take_them():
+    srv = Server(16, "bf16")
+    seq = [100]
+    with pytest.raises(ValueError, match=r"`extend_lens`/`extend_lens_cpu`: neither given for mode \"extend\""):
+        srv.layer.plan("extend", *tables(srv, [0], seq), seq)
+    with pytest.raises(ValueError, match=r"`extend_lens`/`extend_lens_cpu`: both given for mode \"decode\""):
+        plan(srv, "decode", [0], seq, [1])

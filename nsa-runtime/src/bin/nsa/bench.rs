@@ -77,7 +77,8 @@ pub struct BenchArgs {
           value_parser = clap::value_parser!(u64).range(crate::bench_prefill::TOPK as u64..=i32::MAX as u64))]
     pub prefill_s_kv: u64,
     /// Which benchmarks: kv (store/dequant + JIT), topk, metadata, plan (eager plans
-    /// and steps with host- or device-built metadata), decode, prefill, indexer, or all.
+    /// and steps with host- or device-built metadata), decode, prefill, indexer, host
+    /// (the host cost of one call of each op), or all.
     #[arg(long, value_enum, default_value_t = Suite::All)]
     pub suite: Suite,
 }
@@ -91,6 +92,7 @@ pub enum Suite {
     Decode,
     Prefill,
     Indexer,
+    Host,
     All,
 }
 
@@ -185,6 +187,7 @@ struct Report {
     metadata: Vec<MetadataRow>,
     plans: Vec<crate::bench_plan::PlanRow>,
     steps: Vec<crate::bench_plan::StepRow>,
+    host: Vec<crate::bench_host::HostRow>,
     bandwidth: Vec<BandwidthRow>,
     jit_cold: Vec<JitRow>,
     jit_disk_load_total_ms: f64,
@@ -712,6 +715,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let indexer = if want(Suite::Indexer) { crate::bench_indexer::indexer_bench(&rt, args.reps)? } else { vec![] };
     let metadata = if want(Suite::Metadata) { metadata_bench(&rt, args.reps)? } else { vec![] };
     let (plans, steps) = if want(Suite::Plan) { crate::bench_plan::plan_bench(&rt)? } else { (vec![], vec![]) };
+    let host = if want(Suite::Host) { crate::bench_host::host_bench(&rt)? } else { vec![] };
     let bandwidth = if want(Suite::Kv) { bandwidth(&rt, &args.tokens, args.reps)? } else { vec![] };
     let (jit_cold, disk_ms, kernels, hit_ns) = if want(Suite::Kv) { jit(&rt)? } else { (vec![], 0.0, 0, 0.0) };
     for r in &jit_cold {
@@ -736,6 +740,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         metadata,
         plans,
         steps,
+        host,
         bandwidth,
         jit_cold,
         jit_disk_load_total_ms: disk_ms,

@@ -2,6 +2,7 @@
 
 mod bench;
 mod bench_decode;
+mod bench_host;
 mod bench_indexer;
 mod bench_plan;
 mod bench_prefill;
