@@ -54,16 +54,16 @@ def fp8_paged_mqa_logits(q, kv_cache, weights, context_lens, block_table, schedu
         rows_table = block_table if next_n == 1 else block_table.repeat_interleave(next_n, 0)
         row_lens = context_lens.reshape(batch * next_n)
         _paged(rows_q, kv_cache, weights, row_lens, rows_table, logits, stream=current_stream(q))
-        last = row_lens - 1
     else:
         _paged(q, kv_cache, weights, context_lens, block_table, logits, stream=current_stream(q))
-        last = None
     logits = logits[:, :max_context_len]
     if clean_logits:
         import torch
 
         pos = torch.arange(max_context_len, device=logits.device)
-        if last is None:
+        if len(lens_shape) == 2:
+            last = context_lens.reshape(batch * next_n) - 1
+        else:
             steps = torch.arange(next_n, device=logits.device).repeat(batch)
             last = context_lens.repeat_interleave(next_n) - next_n + steps
         logits.masked_fill_(pos[None, :] > last[:, None], float("-inf"))
