@@ -47,6 +47,15 @@ def _device_stream(device):
     return index, torch._C._cuda_getCurrentRawStream(index)
 
 
+def _raw_stream_getter():
+    """torch's current-raw-stream function (None without torch)."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch._C._cuda_getCurrentRawStream
+
+
 class Layer:
     """One attention layer configuration on one CUDA device.
 
@@ -72,6 +81,8 @@ class Layer:
             prefill_backend=prefill_backend, device=index, stream=stream,
         )
         self.config = config
+        # The per-step calls read the current stream of a known device: no torch.device parsing there.
+        self._raw_stream = _raw_stream_getter()
 
     @property
     def device(self):
@@ -82,7 +93,7 @@ class Layer:
         return self._layer.heads
 
     def _stream(self):
-        return _device_stream(self._layer.device)[1]
+        return None if self._raw_stream is None else self._raw_stream(self._layer.device)
 
     def plan(self, mode, req_to_token, req_pool_indices, seq_lens, seq_lens_cpu, extend_lens=None, extend_lens_cpu=None):
         """The plan of an eager step in ``mode`` (one of ``MODES``). ``seq_lens``:
