@@ -17,7 +17,7 @@ echo "--- README example"
 awk '/^## Use it from PyTorch/{f=1} f&&/^```python/{p=1;next} p&&/^```/{exit} p' README.md > "$out/readme_example.py"
 timeout 300 python3 "$out/readme_example.py" && echo "README example: ok"
 echo "--- tests/test_gpu.py tests/test_layer_gpu.py"
-timeout "${TEST_TIMEOUT:-400}" python3 -m pytest -q -p no:cacheprovider nsa-runtime/python/tests/test_gpu.py nsa-runtime/python/tests/test_layer_gpu.py 2>&1 | tail -40
+timeout "${TEST_TIMEOUT:-400}" python3 -m pytest -q -p no:cacheprovider nsa-runtime/python/tests/test_gpu.py nsa-runtime/python/tests/test_layer_gpu.py 2>&1 | tee "$out/pytest.txt" | tail -40
 if [ -n "${PEERS:-}" ]; then
   echo "--- .ci/bench/python_compat.py"
   timeout "${BENCH_TIMEOUT:-300}" python3 .ci/bench/python_compat.py "$PEERS" | tee "$out/python_compat.txt" | tail -40

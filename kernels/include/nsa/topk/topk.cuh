@@ -170,6 +170,68 @@ NSA_DEVICE void for_each_key(bool cached, const u32* cache, const S* src, i32 n,
   }
 }
 
+// for_each_key in a fraction of the code, for the passes that rarely run (the
+// overflow path, and the histogram path kept as the split and cluster kernels'
+// fallback): a thread takes a group of 4 consecutive keys a step (one 16-byte f32
+// load, 8-byte bf16, where the group is whole and aligned; a cached row reads shared
+// memory), so f is expanded 4 times instead of once per key of an unrolled batch
+// (a load of the next group ahead spilled in the throughput kernels). Compiling the
+// unrolled form into these passes took half of a top-k kernel's NVRTC time.
+constexpr int kGroupKeys = 4;
+struct KeyGroup {
+  u32 key[kGroupKeys];
+  i32 first;  // position of key[0]
+  i32 count;  // keys of the group in the row (0 past its end)
+};
+// Group g of the row: group 0 is the scalar head up to the alignment of a whole
+// group, group g >= 1 the kGroupKeys keys from head + kGroupKeys * (g - 1).
+template <typename S>
+NSA_DEVICE KeyGroup load_group(bool cached, const u32* cache, const S* src, i32 n, i32 head, i32 g) {
+  struct alignas(kGroupKeys * sizeof(S)) Vec {
+    S v[kGroupKeys];
+  };
+  KeyGroup k;
+  k.first = g == 0 ? 0 : head + kGroupKeys * (g - 1);
+  const i32 end = g == 0 ? head : (k.first + kGroupKeys < n ? k.first + kGroupKeys : n);
+  k.count = end > k.first ? end - k.first : 0;
+  if (!cached && g != 0 && k.count == kGroupKeys) {
+    const Vec v = *reinterpret_cast<const Vec*>(src + k.first);
+#pragma unroll
+    for (int e = 0; e < kGroupKeys; ++e) k.key[e] = order_key(score_value(v.v[e]));
+  } else {
+#pragma unroll
+    for (int e = 0; e < kGroupKeys; ++e) {
+      const i32 i = k.first + e;
+      k.key[e] = e < k.count ? (cached ? cache[i] : order_key(score_value(src[i]))) : 0u;
+    }
+  }
+  return k;
+}
+template <int kBlockThreads, typename S, typename F>
+NSA_DEVICE void for_each_key_compact(bool cached, const u32* cache, const S* src, i32 n, F&& f) {
+  constexpr u32 kGroupBytes = kGroupKeys * sizeof(S);
+  const i32 to_align = (i32)(((kGroupBytes - ((u32)(u64)src & (kGroupBytes - 1u))) & (kGroupBytes - 1u)) / sizeof(S));
+  const i32 head = cached ? 0 : (to_align < n ? to_align : n);
+  const i32 groups = 1 + (n - head + kGroupKeys - 1) / kGroupKeys;
+  for (i32 g = (i32)thread_x(); g < groups; g += kBlockThreads) {
+    const KeyGroup k = load_group(cached, cache, src, n, head, g);
+#pragma unroll
+    for (int e = 0; e < kGroupKeys; ++e) {
+      if (e < k.count) f(k.first + e, k.key[e]);
+    }
+  }
+}
+
+// for_each_key, unrolled (kFast) or compact.
+template <int kBlockThreads, bool kFast, typename S, typename F>
+NSA_DEVICE void for_each_key_as(bool cached, const u32* cache, const S* src, i32 n, F&& f) {
+  if constexpr (kFast) {
+    for_each_key<kBlockThreads>(cached, cache, src, n, f);
+  } else {
+    for_each_key_compact<kBlockThreads>(cached, cache, src, n, f);
+  }
+}
+
 // Which page-table row serves score row `row` (-1: none).
 template <int kTransform>
 NSA_DEVICE i32 table_row_of(const Params& p, i32 row) {
@@ -288,7 +350,7 @@ NSA_DEVICE void overflow_select(const Params& p, i32 row, i32 trow, i32* out, bo
   const u32 tid = thread_x();
   for (int b = tid; b < kBins; b += kBlockThreads) hist[b] = 0u;
   sync_block();
-  for_each_key<kBlockThreads>(cached, cache, src, n, [&](i32 i, u32 key) {
+  for_each_key_compact<kBlockThreads>(cached, cache, src, n, [&](i32 i, u32 key) {
     const u32 bin = key >> round_shift(0);
     if (bin > bin0) {
       out[atomic_add_ret(&sm[kWinners], 1u)] = emit<kTransform>(p, row, trow, i);
@@ -304,7 +366,7 @@ NSA_DEVICE void overflow_select(const Params& p, i32 row, i32 trow, i32* out, bo
   const bool all_taken = in_bin1 == r;  // the whole round-1 bin wins
   const bool use_cands = in_bin1 <= (u32)kCandCap;
   sync_block();
-  for_each_key<kBlockThreads>(cached, cache, src, n, [&](i32 i, u32 key) {
+  for_each_key_compact<kBlockThreads>(cached, cache, src, n, [&](i32 i, u32 key) {
     if ((key >> round_shift(0)) != bin0) return;
     const u32 top = key >> round_shift(1);
     if (top > prefix1 || (all_taken && top == prefix1)) {
@@ -323,7 +385,7 @@ NSA_DEVICE void overflow_select(const Params& p, i32 row, i32 trow, i32* out, bo
   if (use_cands) {
     for (u32 c = tid; c < in_bin1; c += kBlockThreads) atomic_add_ret(&hist[cand_key[c] & round_mask(2)], 1u);
   } else {
-    for_each_key<kBlockThreads>(cached, cache, src, n, [&](i32, u32 key) {
+    for_each_key_compact<kBlockThreads>(cached, cache, src, n, [&](i32, u32 key) {
       if ((key >> round_shift(1)) == prefix1) atomic_add_ret(&hist[key & round_mask(2)], 1u);
     });
   }
@@ -336,7 +398,7 @@ NSA_DEVICE void overflow_select(const Params& p, i32 row, i32 trow, i32* out, bo
   if (use_cands) {
     for (u32 c = tid; c < in_bin1; c += kBlockThreads) place((i32)cand_idx[c], cand_key[c]);
   } else {
-    for_each_key<kBlockThreads>(cached, cache, src, n, [&](i32 i, u32 key) {
+    for_each_key_compact<kBlockThreads>(cached, cache, src, n, [&](i32 i, u32 key) {
       if ((key >> round_shift(1)) == prefix1) place(i, key);
     });
   }
@@ -810,7 +872,9 @@ NSA_DEVICE const S* row_scores(const Params& p, i32 row, i32 s0) {
 }
 
 // Top-k of row `row` by one block. kFilter: try the sample filter first (unordered
-// rows only); otherwise, or when it declines, the histogram path.
+// rows only); otherwise, or when it declines, the histogram path. Without kFilter
+// (the split and cluster kernels' fallback) the histogram path alone, its passes
+// compact.
 template <typename S, int K, int kTransform, bool kDeterministic, int kBlockThreads, int kCandCap, int kCacheCap,
           int kSmemWords, bool kFilter = true>
 NSA_DEVICE void select_row(const Params& p, u32* status, i32 row) {
@@ -864,7 +928,7 @@ NSA_DEVICE void select_row(const Params& p, u32* status, i32 row) {
     sm[kCands] = 0u;
   }
   sync_block();
-  scan_global<kBlockThreads>(src, n, [&](i32 i, u32 key) {
+  for_each_key_as<kBlockThreads, kFilter>(false, cache, src, n, [&](i32 i, u32 key) {
     atomic_add_ret(&hist[key >> round_shift(0)], 1u);
     if (cached) cache[i] = key;
   });
@@ -894,7 +958,7 @@ NSA_DEVICE void select_row(const Params& p, u32* status, i32 row) {
 
   // The bin's keys become candidates; without ordering, winners above it go out now.
   if (use_cands || !kDeterministic) {
-    for_each_key<kBlockThreads>(cached, cache, src, n, [&](i32 i, u32 key) {
+    for_each_key_as<kBlockThreads, kFilter>(cached, cache, src, n, [&](i32 i, u32 key) {
       const u32 bin = key >> round_shift(0);
       if (!kDeterministic && bin > bin0) {
         out[atomic_add_ret(&sm[kWinners], 1u)] = emit<kTransform>(p, row, trow, i);
@@ -930,7 +994,7 @@ NSA_DEVICE void select_row(const Params& p, u32* status, i32 row) {
         if ((key >> up) == prefix) atomic_add_ret(&hist[(key >> shift) & mask], 1u);
       }
     } else {
-      for_each_key<kBlockThreads>(cached, cache, src, n, [&](i32, u32 key) {
+      for_each_key_as<kBlockThreads, kFilter>(cached, cache, src, n, [&](i32, u32 key) {
         if ((key >> up) == prefix) atomic_add_ret(&hist[(key >> shift) & mask], 1u);
       });
     }
@@ -974,7 +1038,7 @@ NSA_DEVICE void select_row(const Params& p, u32* status, i32 row) {
   if (use_cands) {
     for (u32 c = tid; c < in_bin; c += kBlockThreads) place((i32)cand_idx[c], cand_key[c]);
   } else {
-    for_each_key<kBlockThreads>(cached, cache, src, n, [&](i32 i, u32 key) {
+    for_each_key_as<kBlockThreads, kFilter>(cached, cache, src, n, [&](i32 i, u32 key) {
       if ((key >> round_shift(0)) == bin0) place(i, key);
     });
   }
