@@ -5,7 +5,6 @@
 //! templates and headers as the GPU builds, compiled for the host against the
 //! emulated arch layer (`nsa/emu/arch.cuh`) in place of the target's own.
 
-use nsa_kernels::spec::TOPK_CLUSTER_SIZES;
 use nsa_kernels::{render, KernelFamily, KernelSpec, Target, TopkLayout, TopkScore, TopkTransform};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -46,7 +45,7 @@ fn emulated_families(target: Target) -> Vec<KernelFamily> {
 }
 
 /// One top-k variant on every path: one block (both layouts, deterministic or
-/// not), split, and clusters of every size where `target` has them.
+/// not), split, and the cluster kernel where `target` has clusters.
 fn every_path(families: &mut Vec<KernelFamily>, target: Target, k: u32, transform: TopkTransform, score: TopkScore) {
     for deterministic in [false, true] {
         for layout in [TopkLayout::Latency, TopkLayout::Throughput] {
@@ -55,9 +54,7 @@ fn every_path(families: &mut Vec<KernelFamily>, target: Target, k: u32, transfor
     }
     families.push(KernelFamily::TopkSplit { k, transform, score });
     if target.has_clusters() {
-        for cluster in TOPK_CLUSTER_SIZES {
-            families.push(KernelFamily::TopkCluster { k, transform, cluster, score });
-        }
+        families.push(KernelFamily::TopkCluster { k, transform, score });
     }
 }
 

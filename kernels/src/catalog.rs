@@ -2,9 +2,7 @@
 //! sparse MLA, metadata) add their specs here.
 
 use crate::config::{KvCacheFormat, NsaConfig};
-use crate::spec::{
-    IndexerLayout, KernelFamily, KernelSpec, MetadataMode, TopkLayout, TopkScore, TopkTransform, TOPK_CLUSTER_SIZES,
-};
+use crate::spec::{IndexerLayout, KernelFamily, KernelSpec, MetadataMode, TopkLayout, TopkScore, TopkTransform};
 use crate::target::Vendor;
 
 /// The kernel set of `cfg`, for every target it lists, sorted and without repeats.
@@ -49,11 +47,9 @@ pub fn kernel_set(cfg: &NsaConfig) -> Vec<KernelSpec> {
         sparse_mla.push(KernelFamily::SparseDecodeCombine { heads: cfg.num_q_heads });
     }
     // Few long top-k rows go over thread-block clusters where the target has them
-    // (`ops::topk::choose_plan`), at any size `cluster_size` may pick.
+    // (`ops::topk::choose_plan`); one kernel serves every cluster size.
     let clustered: Vec<KernelFamily> = topk_variants(cfg)
-        .flat_map(|(score, transform)| {
-            TOPK_CLUSTER_SIZES.map(|cluster| KernelFamily::TopkCluster { k: cfg.topk, transform, cluster, score })
-        })
+        .map(|(score, transform)| KernelFamily::TopkCluster { k: cfg.topk, transform, score })
         .collect();
     let mut specs: Vec<KernelSpec> = cfg
         .targets
@@ -146,13 +142,13 @@ mod tests {
     fn bf16_top_k_kernels_only_when_asked_for_on_every_plan() {
         assert!(bf16_ids(false).is_empty());
         let ids = bf16_ids(true);
-        // Per target (sm_90a, sm_100a): 4 transforms × (2 layouts + split + 3 cluster sizes).
-        assert_eq!(ids.len(), 2 * 4 * 6, "{ids:?}");
+        // Per target (sm_90a, sm_100a): 4 transforms × (2 layouts + split + cluster).
+        assert_eq!(ids.len(), 2 * 4 * 4, "{ids:?}");
         for id in ["topk.k2048.paged.bf16.tput.sm_90a", "topk_split.k2048.ragged.bf16.sm_100a"] {
             assert!(ids.iter().any(|i| i == id), "{id} missing from {ids:?}");
         }
-        assert!(ids.iter().any(|i| i == "topk_cluster.k2048.plain.bf16.c4.sm_90a"));
-        assert!(ids.iter().any(|i| i == "topk_cluster.k2048.pages64.bf16.c8.sm_90a"));
+        assert!(ids.iter().any(|i| i == "topk_cluster.k2048.plain.bf16.sm_90a"));
+        assert!(ids.iter().any(|i| i == "topk_cluster.k2048.pages64.bf16.sm_90a"));
         let gfx = NsaConfig {
             targets: vec![Target::Gfx942],
             topk_bf16_scores: true,
@@ -172,13 +168,11 @@ mod tests {
         };
         assert!(ids_of(1).is_empty(), "a page_table_1 is the table of pages of one token");
         let ids = ids_of(32);
-        // Per target: both layouts, split, three cluster sizes.
-        assert_eq!(ids.len(), 2 * 6, "{ids:?}");
-        for id in [
-            "topk.k2048.pages32.tput.sm_100a",
-            "topk_split.k2048.pages32.sm_90a",
-            "topk_cluster.k2048.pages32.c2.sm_90a",
-        ] {
+        // Per target: both layouts, split, cluster.
+        assert_eq!(ids.len(), 2 * 4, "{ids:?}");
+        for id in
+            ["topk.k2048.pages32.tput.sm_100a", "topk_split.k2048.pages32.sm_90a", "topk_cluster.k2048.pages32.sm_90a"]
+        {
             assert!(ids.iter().any(|i| i == id), "{id} missing from {ids:?}");
         }
     }

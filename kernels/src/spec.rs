@@ -60,13 +60,13 @@ pub enum KernelFamily {
         #[serde(default)]
         score: TopkScore,
     },
-    /// Exact top-k with each row spread over a thread-block cluster of `cluster`
-    /// CTAs (sm_90+ only): one launch, the row read once, histograms summed
-    /// through distributed shared memory.
+    /// Exact top-k with each row spread over a thread-block cluster (sm_90+ only):
+    /// one launch, the row read once, the CTAs' lists joined through distributed
+    /// shared memory. The cluster size is a launch attribute (one of
+    /// `TOPK_CLUSTER_SIZES`), so one kernel serves every size.
     TopkCluster {
         k: u32,
         transform: TopkTransform,
-        cluster: u32,
         #[serde(default)]
         score: TopkScore,
     },
@@ -243,8 +243,7 @@ mod tests {
             layout: TopkLayout::Latency,
             score: TopkScore::F32,
         };
-        let cluster =
-            KernelFamily::TopkCluster { k: 2048, transform: TopkTransform::Plain, cluster: 8, score: TopkScore::Bf16 };
+        let cluster = KernelFamily::TopkCluster { k: 2048, transform: TopkTransform::Plain, score: TopkScore::Bf16 };
         let split = KernelFamily::TopkSplit { k: 512, transform: TopkTransform::Ragged, score: TopkScore::F32 };
         let transform = KernelFamily::IndexTransform { k: 2048 };
         for family in [topk, cluster, split, transform] {

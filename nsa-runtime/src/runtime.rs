@@ -196,8 +196,23 @@ impl Runtime {
     pub(crate) fn launch_params(
         &self,
         kernel: &LoadedKernel,
+        params: KernelParams<'_>,
+        items: usize,
+        field: &'static str,
+        expected: &str,
+    ) -> Result<()> {
+        self.launch_params_clustered(kernel, params, items, 1, field, expected)
+    }
+
+    /// [`Runtime::launch_params`] with the blocks grouped into thread-block clusters
+    /// of `cluster` (1: none), set as a launch attribute: `items` must come to a
+    /// whole number of clusters.
+    pub(crate) fn launch_params_clustered(
+        &self,
+        kernel: &LoadedKernel,
         mut params: KernelParams<'_>,
         items: usize,
+        cluster: u32,
         field: &'static str,
         expected: &str,
     ) -> Result<()> {
@@ -207,11 +222,22 @@ impl Runtime {
             let guard = status.map(|s| s.device_ptr(stream));
             let status_ptr: u64 = guard.as_ref().map_or(0, |(ptr, _)| *ptr);
             params.append(&status_ptr as *const u64 as *mut c_void);
-            // SAFETY: a zeroed attribute is valid; the union field written is the one
-            // the attribute id selects.
-            let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-            attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-            attr.value.programmaticStreamSerializationAllowed = 1;
+            // SAFETY: zeroed attributes are valid; the union field written is the one
+            // each attribute id selects.
+            let mut attrs: [sys::CUlaunchAttribute; 2] = unsafe { std::mem::zeroed() };
+            let mut n_attrs = 0;
+            if pdl {
+                attrs[n_attrs].id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+                attrs[n_attrs].value.programmaticStreamSerializationAllowed = 1;
+                n_attrs += 1;
+            }
+            if cluster > 1 {
+                attrs[n_attrs].id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+                attrs[n_attrs].value.clusterDim.x = cluster;
+                attrs[n_attrs].value.clusterDim.y = 1;
+                attrs[n_attrs].value.clusterDim.z = 1;
+                n_attrs += 1;
+            }
             let config = sys::CUlaunchConfig {
                 gridDimX: cfg.grid_dim.0,
                 gridDimY: cfg.grid_dim.1,
@@ -221,8 +247,8 @@ impl Runtime {
                 blockDimZ: cfg.block_dim.2,
                 sharedMemBytes: cfg.shared_mem_bytes,
                 hStream: stream.cu_stream(),
-                attrs: if pdl { &mut attr } else { std::ptr::null_mut() },
-                numAttrs: pdl as u32,
+                attrs: if n_attrs > 0 { attrs.as_mut_ptr() } else { std::ptr::null_mut() },
+                numAttrs: n_attrs as u32,
             };
             stream.context().bind_to_thread()?;
             // SAFETY: `params` holds one pointer per kernel parameter, each to a live

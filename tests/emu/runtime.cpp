@@ -421,6 +421,7 @@ void worker(Launch& L, uint32_t group, uint32_t groups, uint32_t rank) {
 uint32_t thread_x() { return t_cta->cur->tid; }
 uint32_t block_x() { return t_cta->block; }
 uint32_t cluster_rank() { return t_cta->rank; }
+uint32_t cluster_size() { return t_cta->launch->spec.cluster; }
 
 void sync_block() {
   t_cta->cur->state = State::Block;

@@ -5,7 +5,7 @@
 //! GPU-only parts (the arch layer's PTX, memory ordering between real warps).
 
 use nsa_kernels::{KernelFamily, KernelSpec, Target, TopkScore};
-use nsa_runtime::verify::topk::{HostPageTable, TopkDevice, TopkInputs, CHECK_SPLIT_CHUNK};
+use nsa_runtime::verify::topk::{HostPageTable, TopkDevice, TopkInputs, TopkKernel, CHECK_SPLIT_CHUNK};
 use nsa_runtime::{Error, Result};
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::ptr;
@@ -199,7 +199,8 @@ impl TopkDevice for Emulator {
         emulated_sms(self.target)
     }
 
-    fn topk(&self, family: KernelFamily, inputs: &TopkInputs) -> Result<Vec<i32>> {
+    fn topk(&self, kernel: TopkKernel, inputs: &TopkInputs) -> Result<Vec<i32>> {
+        let family = kernel.family;
         let spec = KernelSpec::new(family, self.target);
         let id = spec.id();
         let rows = inputs.rows();
@@ -259,10 +260,7 @@ impl TopkDevice for Emulator {
                 }
             }
             KernelFamily::TopK { .. } | KernelFamily::TopkCluster { .. } => {
-                let cluster = match family {
-                    KernelFamily::TopkCluster { cluster, .. } => cluster,
-                    _ => 1,
-                };
+                let cluster = kernel.cluster;
                 let shape = self.shape(&spec, rows * cluster as usize, cluster)?;
                 Self::call(&id, |cid, err, len| {
                     // SAFETY: as above.

@@ -164,7 +164,7 @@ const TOPK_BLOCK_THREADS: u32 = 1024;
 /// staged top-k positions reuse) and 72 scalars (`kFixedWords` in topk.cuh;
 /// static_asserts there).
 const TOPK_FIXED_WORDS: u32 = 8192 + 72;
-/// Cluster sizes the cluster top-k kernel is built for (8: the portable maximum; a
+/// Cluster sizes the cluster top-k kernel is launched with (8: the portable maximum; a
 /// non-portable 16 measured slower at 1 × 128K on an H200, December 2026). Its CTAs
 /// are latency-layout blocks (1024 threads, one per SM, the same shared memory), so
 /// CTA 0 can fall back to that layout's histogram path.
@@ -287,10 +287,9 @@ impl FamilyRules for Topk {
                 score.id_knobs(&mut v);
                 v
             }
-            KernelFamily::TopkCluster { k, transform, cluster, score } => {
+            KernelFamily::TopkCluster { k, transform, score } => {
                 let mut v = vec![format!("k{k}"), transform.tag()];
                 score.id_knobs(&mut v);
-                v.push(format!("c{cluster}"));
                 v
             }
             KernelFamily::IndexTransform { k } => vec![format!("k{k}")],
@@ -326,8 +325,8 @@ impl FamilyRules for Topk {
         }
     }
 
-    /// One row per block (the cluster kernel: `cluster` CTAs per row, the launcher
-    /// passes rows × cluster); the transform: one element per thread.
+    /// One row per block (the cluster kernel: a cluster of CTAs per row, the
+    /// launcher passes rows × cluster size); the transform: one element per thread.
     fn tokens_per_block(&self, spec: &KernelSpec) -> u32 {
         match spec.family {
             KernelFamily::IndexTransform { .. } => self.block_threads(spec),
@@ -352,9 +351,8 @@ impl FamilyRules for Topk {
                 shared_context(spec, ctx, k, transform, score);
                 ctx.insert("list_capacity".into(), json!(split_list(spec.target)));
             }
-            KernelFamily::TopkCluster { k, transform, cluster, score } => {
+            KernelFamily::TopkCluster { k, transform, score } => {
                 shared_context(spec, ctx, k, transform, score);
-                ctx.insert("cluster".into(), json!(cluster));
                 ctx.insert("candidate_capacity".into(), json!(candidates(spec)));
                 ctx.insert("row_cache_capacity".into(), json!(row_cache(spec)));
             }
@@ -368,9 +366,9 @@ impl FamilyRules for Topk {
     /// k 512/1024/2048 with every transform, plus the deterministic and
     /// throughput k 2048 ones (f32 and bf16 scores); the index transform at 2048;
     /// the split path for every transform and score; PAGED over tables of pages
-    /// of 64 and 61 on every one-block path and the split path; on NVIDIA, every
-    /// cluster size for every k and transform (bf16 at k 2048 over 8 CTAs), and
-    /// over tables of pages of 64 and 61.
+    /// of 64 and 61 on every one-block path and the split path; on NVIDIA, the
+    /// cluster kernel for every k and transform (bf16 at k 2048), and over tables of
+    /// pages of 64 and 61.
     fn representatives(&self, target: Target) -> Vec<KernelFamily> {
         let mut families = Vec::new();
         for k in [512, 1024, 2048] {
@@ -407,20 +405,15 @@ impl FamilyRules for Topk {
         if target.vendor() == Vendor::Nvidia {
             for k in [512, 1024, 2048] {
                 for transform in TopkTransform::ALL {
-                    for cluster in TOPK_CLUSTER_SIZES {
-                        families.push(KernelFamily::TopkCluster { k, transform, cluster, score: TopkScore::F32 });
-                    }
+                    families.push(KernelFamily::TopkCluster { k, transform, score: TopkScore::F32 });
                     if k == 2048 {
-                        families.push(KernelFamily::TopkCluster { k, transform, cluster: 8, score: TopkScore::Bf16 });
+                        families.push(KernelFamily::TopkCluster { k, transform, score: TopkScore::Bf16 });
                     }
                 }
             }
-            for cluster in TOPK_CLUSTER_SIZES {
-                let transform = TopkTransform::Pages(64);
-                families.push(KernelFamily::TopkCluster { k: 2048, transform, cluster, score: TopkScore::F32 });
+            for transform in [TopkTransform::Pages(64), TopkTransform::Pages(61)] {
+                families.push(KernelFamily::TopkCluster { k: 2048, transform, score: TopkScore::F32 });
             }
-            let transform = TopkTransform::Pages(61);
-            families.push(KernelFamily::TopkCluster { k: 2048, transform, cluster: 8, score: TopkScore::F32 });
         }
         families
     }
@@ -437,10 +430,9 @@ impl FamilyRules for Topk {
                 score: score_of(flags),
             },
             ("index_transform", [k]) => KernelFamily::IndexTransform { k: number_after(k, 'k')? },
-            ("topk_cluster", [k, t, flags @ .., c]) => KernelFamily::TopkCluster {
+            ("topk_cluster", [k, t, flags @ ..]) => KernelFamily::TopkCluster {
                 k: number_after(k, 'k')?,
                 transform: TopkTransform::from_tag(t)?,
-                cluster: number_after(c, 'c')?,
                 score: score_of(flags),
             },
             ("topk_split", [k, t, flags @ ..]) => KernelFamily::TopkSplit {

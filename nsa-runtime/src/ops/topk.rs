@@ -193,7 +193,8 @@ pub enum TopkPlan {
     Single(TopkLayout),
     /// Few long rows: each row spread over `chunks` blocks of `chunk` scores, one launch.
     Split { chunk: usize, chunks: usize },
-    /// Few long rows: each row over a cluster of `size` CTAs (sm_90+), one launch.
+    /// Few long rows: each row over a cluster of `size` CTAs (sm_90+), one launch;
+    /// one kernel serves every size (a launch attribute).
     Cluster { size: u32 },
 }
 
@@ -204,7 +205,7 @@ impl TopkPlan {
         match self {
             TopkPlan::Single(layout) => KernelFamily::TopK { k, transform, deterministic, layout, score },
             TopkPlan::Split { .. } => KernelFamily::TopkSplit { k, transform, score },
-            TopkPlan::Cluster { size } => KernelFamily::TopkCluster { k, transform, cluster: size, score },
+            TopkPlan::Cluster { .. } => KernelFamily::TopkCluster { k, transform, score },
         }
     }
 }
@@ -424,7 +425,7 @@ fn launch_one<T: TopkScoreElem>(
     rt: &Runtime,
     k: u32,
     family: KernelFamily,
-    blocks_per_row: usize,
+    cluster: u32,
     scores: &TopkScores<'_, T>,
     output: &TopkOutput<'_>,
     out: &mut CudaViewMut<'_, i32>,
@@ -436,7 +437,7 @@ fn launch_one<T: TopkScoreElem>(
     let kernel = rt.kernel(family)?;
     with_params(rt, scores, output, out, |params| {
         let params = KernelParams::new().push(&params);
-        rt.launch_params(&kernel, params, rows * blocks_per_row, "lengths", ROW_EXPECTED)
+        rt.launch_params_clustered(&kernel, params, rows * cluster as usize, cluster, "lengths", ROW_EXPECTED)
     })
 }
 
@@ -461,7 +462,7 @@ pub fn topk_cluster<T: TopkScoreElem>(
         ));
     }
     let family = TopkPlan::Cluster { size: cluster }.family(k, output.transform(), false, T::SCORE);
-    launch_one(rt, k, family, cluster as usize, scores, output, out)
+    launch_one(rt, k, family, cluster, scores, output, out)
 }
 
 /// The split path: each row over `chunks` blocks of `chunk` scores, one launch.
@@ -687,7 +688,7 @@ mod tests {
         let split = TopkPlan::Split { chunk: 4096, chunks: 3 }.family(k, t, false, s);
         assert_eq!(split, KernelFamily::TopkSplit { k, transform: t, score: s });
         let cluster = TopkPlan::Cluster { size: 4 }.family(k, TopkTransform::Paged, false, TopkScore::F32);
-        let want = KernelFamily::TopkCluster { k, transform: TopkTransform::Paged, cluster: 4, score: TopkScore::F32 };
+        let want = KernelFamily::TopkCluster { k, transform: TopkTransform::Paged, score: TopkScore::F32 };
         assert_eq!(cluster, want);
     }
 

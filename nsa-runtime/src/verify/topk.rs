@@ -49,6 +49,25 @@ pub enum TopkPath {
     Cluster(u32),
 }
 
+/// A top-k kernel as a case launches it: its family, and the CTAs per row of the
+/// cluster kernel (a launch attribute; 1 for the other families).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TopkKernel {
+    pub family: KernelFamily,
+    pub cluster: u32,
+}
+
+impl TopkKernel {
+    /// The kernel's id on `target`, with the cluster size where it has one.
+    pub fn name(&self, target: Target) -> String {
+        let id = KernelSpec::new(self.family, target).id();
+        match self.family {
+            KernelFamily::TopkCluster { .. } => format!("{id} (clusters of {})", self.cluster),
+            _ => id,
+        }
+    }
+}
+
 /// Value outside every row's window: a kernel that reads past its window picks it.
 const POISON: f32 = 1e30;
 
@@ -58,10 +77,10 @@ pub trait TopkDevice {
     fn target(&self) -> Target;
     /// SMs the launch plans are made for.
     fn sm_count(&self) -> u32;
-    /// Runs `family` (a top-k family) over `inputs` and returns its `rows × k`
-    /// output. The split path runs twice on one workspace, which must come back
-    /// zeroed (the second run reads it).
-    fn topk(&self, family: KernelFamily, inputs: &TopkInputs) -> Result<Vec<i32>>;
+    /// Runs `kernel` (a top-k family and its cluster size) over `inputs` and
+    /// returns its `rows × k` output. The split path runs twice on one workspace,
+    /// which must come back zeroed (the second run reads it).
+    fn topk(&self, kernel: TopkKernel, inputs: &TopkInputs) -> Result<Vec<i32>>;
     /// The unfused page-table transform of `idx` (`rows × k`).
     fn page_table_transform(&self, k: u32, idx: &[i32], table: &HostPageTable) -> Result<Vec<i32>>;
 }
@@ -202,14 +221,14 @@ impl TopkInputs {
     }
 }
 
-/// The kernel family `case` runs on a device with `sm_count` SMs.
-pub fn case_family(case: &TopkCase, sm_count: u32) -> KernelFamily {
-    path_family(case.k, case.transform, case.deterministic, case.path, case.score, case.lengths.len(), sm_count)
+/// The kernel `case` runs on a device with `sm_count` SMs.
+pub fn case_kernel(case: &TopkCase, sm_count: u32) -> TopkKernel {
+    path_kernel(case.k, case.transform, case.deterministic, case.path, case.score, case.lengths.len(), sm_count)
 }
 
-/// The kernel family of `path` for `rows` rows (one-block rows take the layout
+/// The kernel of `path` for `rows` rows (one-block rows take the layout
 /// `choose_layout` picks unless the path names one).
-fn path_family(
+fn path_kernel(
     k: u32,
     transform: TopkTransform,
     deterministic: bool,
@@ -217,15 +236,16 @@ fn path_family(
     score: TopkScore,
     rows: usize,
     sm_count: u32,
-) -> KernelFamily {
-    match path {
+) -> TopkKernel {
+    let (family, cluster) = match path {
         TopkPath::Single(layout) => {
             let layout = layout.unwrap_or_else(|| topk::choose_layout(rows, sm_count).0);
-            KernelFamily::TopK { k, transform, deterministic, layout, score }
+            (KernelFamily::TopK { k, transform, deterministic, layout, score }, 1)
         }
-        TopkPath::Split => KernelFamily::TopkSplit { k, transform, score },
-        TopkPath::Cluster(cluster) => KernelFamily::TopkCluster { k, transform, cluster, score },
-    }
+        TopkPath::Split => (KernelFamily::TopkSplit { k, transform, score }, 1),
+        TopkPath::Cluster(size) => (KernelFamily::TopkCluster { k, transform, score }, size),
+    };
+    TopkKernel { family, cluster }
 }
 
 /// Chunk of the split path in these checks: rows of up to 1M keys span many blocks.
@@ -234,9 +254,9 @@ pub const CHECK_SPLIT_CHUNK: usize = 4096;
 /// Runs `case` on `dev` and checks every row against the CPU reference.
 pub fn run_on(dev: &impl TopkDevice, case: &TopkCase) -> Result<Check> {
     let inputs = TopkInputs::new(case);
-    let family = case_family(case, dev.sm_count());
-    let out = dev.topk(family, &inputs)?;
-    Ok(check_output(case, &inputs, &out, KernelSpec::new(family, dev.target()).id()))
+    let kernel = case_kernel(case, dev.sm_count());
+    let out = dev.topk(kernel, &inputs)?;
+    Ok(check_output(case, &inputs, &out, kernel.name(dev.target())))
 }
 
 /// Runs `case` on the GPU and checks every row against the CPU reference.
@@ -253,10 +273,10 @@ impl TopkDevice for Runtime {
         self.gpu().caps().sm_count
     }
 
-    fn topk(&self, family: KernelFamily, inputs: &TopkInputs) -> Result<Vec<i32>> {
+    fn topk(&self, kernel: TopkKernel, inputs: &TopkInputs) -> Result<Vec<i32>> {
         match inputs.score {
-            TopkScore::F32 => topk_on_gpu(self, family, inputs, &inputs.scores),
-            TopkScore::Bf16 => topk_on_gpu(self, family, inputs, &inputs.scores_bf16()),
+            TopkScore::F32 => topk_on_gpu(self, kernel, inputs, &inputs.scores),
+            TopkScore::Bf16 => topk_on_gpu(self, kernel, inputs, &inputs.scores_bf16()),
         }
     }
 
@@ -276,7 +296,7 @@ impl TopkDevice for Runtime {
 /// [`TopkDevice::topk`] on the GPU over `scores` (the inputs' scores as `T`).
 fn topk_on_gpu<T: TopkScoreElem>(
     rt: &Runtime,
-    family: KernelFamily,
+    kernel: TopkKernel,
     inputs: &TopkInputs,
     scores: &[T],
 ) -> Result<Vec<i32>> {
@@ -311,13 +331,13 @@ fn topk_on_gpu<T: TopkScoreElem>(
         TopkTransform::Paged | TopkTransform::Pages(_) => TopkOutput::Paged(t.view(&table_view, &cu_view)),
     };
     let mut out_view = d_out.slice_mut(0..rows * k);
-    let mut ws = match family {
+    let mut ws = match kernel.family {
         KernelFamily::TopkSplit { .. } => Some(topk::TopkWorkspace::new(rt, rows)?),
         _ => None,
     };
     // The split path twice: its second run reads the workspace the first left.
     for _ in 0..if ws.is_some() { 2 } else { 1 } {
-        launch_family(rt, family, inputs.k, &input, &output, &mut out_view, ws.as_mut())?;
+        launch_kernel(rt, kernel, inputs.k, &input, &output, &mut out_view, ws.as_mut())?;
     }
     download(stream, &d_out, rows * k)
 }
@@ -459,11 +479,11 @@ pub fn page_holes_on(dev: &impl TopkDevice, case: &TopkCase) -> Result<Check> {
     let page_size = case.transform.page_size().unwrap_or(0) as i32;
     assert!(page_size > 1 && !case.grouped, "page_holes_on takes a decode-form table of pages");
     let mut inputs = TopkInputs::new(case);
-    let family = case_family(case, dev.sm_count());
-    let whole = dev.topk(family, &inputs)?;
+    let kernel = case_kernel(case, dev.sm_count());
+    let whole = dev.topk(kernel, &inputs)?;
     let t = inputs.table.as_mut().expect("PAGED inputs carry a table");
     let holes: Vec<i32> = (0..t.rows).map(|r| std::mem::replace(&mut t.table[r * t.width + 1], -1)).collect();
-    let holed = dev.topk(family, &inputs)?;
+    let holed = dev.topk(kernel, &inputs)?;
     let k = case.k as usize;
     let (mut mismatches, mut first_mismatch, mut in_hole) = (0, None, 0);
     for (b, &hole) in holes.iter().enumerate() {
@@ -483,7 +503,7 @@ pub fn page_holes_on(dev: &impl TopkDevice, case: &TopkCase) -> Result<Check> {
         first_mismatch.get_or_insert_with(|| "no row chose a position in page 1: the case tests nothing".into());
     }
     Ok(Check {
-        kernel: KernelSpec::new(family, dev.target()).id(),
+        kernel: kernel.name(dev.target()),
         case: format!("page 1 missing, {in_hole} chosen positions in it"),
         items: holes.len(),
         mismatches,
@@ -491,20 +511,21 @@ pub fn page_holes_on(dev: &impl TopkDevice, case: &TopkCase) -> Result<Check> {
     })
 }
 
-/// Launches top-k family `family` on its plan; the split path (chunks of
+/// Launches top-k kernel `kernel` on its plan; the split path (chunks of
 /// CHECK_SPLIT_CHUNK) needs `ws`.
-fn launch_family<T: TopkScoreElem>(
+fn launch_kernel<T: TopkScoreElem>(
     rt: &Runtime,
-    family: KernelFamily,
+    kernel: TopkKernel,
     k: u32,
     input: &TopkScores<'_, T>,
     output: &TopkOutput<'_>,
     out: &mut CudaViewMut<'_, i32>,
     ws: Option<&mut topk::TopkWorkspace>,
 ) -> Result<()> {
+    let family = kernel.family;
     let (plan, deterministic) = match family {
         KernelFamily::TopK { layout, deterministic, .. } => (TopkPlan::Single(layout), deterministic),
-        KernelFamily::TopkCluster { cluster, .. } => (TopkPlan::Cluster { size: cluster }, false),
+        KernelFamily::TopkCluster { .. } => (TopkPlan::Cluster { size: kernel.cluster }, false),
         KernelFamily::TopkSplit { .. } => {
             let chunks = input.row_capacity.div_ceil(CHECK_SPLIT_CHUNK);
             (TopkPlan::Split { chunk: CHECK_SPLIT_CHUNK, chunks }, false)
@@ -605,7 +626,7 @@ pub fn transform_then_topk(rt: &Runtime, k: u32, rows: usize, n: usize, path: To
     let (table_view, cu_view) = (d_table.slice(0..), d_cu.slice(0..2));
     let pt =
         PageTable { table: &table_view, rows: 1, stride: width, width, page_size: 1, cu_seqlens_q: Some(&cu_view) };
-    let family = path_family(k, TopkTransform::Plain, false, path, TopkScore::F32, rows, rt.gpu().caps().sm_count);
+    let kernel = path_kernel(k, TopkTransform::Plain, false, path, TopkScore::F32, rows, rt.gpu().caps().sm_count);
     // Made before the transform: its zeroing copy must not sit between the launches.
     let mut ws = if path == TopkPath::Split { Some(topk::TopkWorkspace::new(rt, rows)?) } else { None };
     let mut mismatches = 0;
@@ -621,7 +642,7 @@ pub fn transform_then_topk(rt: &Runtime, k: u32, rows: usize, n: usize, path: To
         let (scores_view, lengths_view) = (d_scores.slice(0..), d_lengths.slice(entries - rows..entries));
         let input = packed_rows(&scores_view, n, &lengths_view);
         let mut out_view = d_out.slice_mut(0..rows * ku);
-        launch_family(rt, family, k, &input, &TopkOutput::Plain, &mut out_view, ws.as_mut())?;
+        launch_kernel(rt, kernel, k, &input, &TopkOutput::Plain, &mut out_view, ws.as_mut())?;
         let out = download(stream, &d_out, rows * ku)?;
         for b in 0..rows {
             let positions: Vec<Option<i32>> = out[b * ku..][..ku].iter().map(|&p| Some(p)).collect();
@@ -633,7 +654,7 @@ pub fn transform_then_topk(rt: &Runtime, k: u32, rows: usize, n: usize, path: To
     }
     let transform = KernelSpec::new(KernelFamily::IndexTransform { k }, rt.target()).id();
     Ok(Check {
-        kernel: format!("{transform} then {}", KernelSpec::new(family, rt.target()).id()),
+        kernel: format!("{transform} then {}", kernel.name(rt.target())),
         case: format!("rows={rows} n={n}{}", if rt.pdl() { " pdl" } else { "" }),
         items: 2 * rows,
         mismatches,

@@ -16,6 +16,13 @@ NSA_DEVICE u32 rank() {
   return r;
 }
 
+// CTAs in the cluster (the launch's cluster size).
+NSA_DEVICE u32 size() {
+  u32 n;
+  asm("mov.u32 %0, %%cluster_nctarank;" : "=r"(n));
+  return n;
+}
+
 // Every thread of every CTA of the cluster arrives; shared-memory writes before
 // it (local or remote) are visible to every CTA after it.
 NSA_DEVICE void sync() {

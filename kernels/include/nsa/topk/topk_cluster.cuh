@@ -1,9 +1,9 @@
-// Exact top-k with each row spread over a cluster of kCluster CTAs (sm_90+), one
-// launch: a threshold filter with the row's pass split over the CTAs, then a cut by one.
+// Exact top-k with each row spread over a cluster of CTAs (sm_90+; at most 8, the
+// size a launch attribute, so one kernel serves every size), one launch: a threshold filter with the row's pass split over the CTAs, then a cut by one.
 //
 // Slices of up to kSliceKeys keys a thread are listed from registers, with no
 // sample: each CTA histograms its slice (13-bit bins) and takes the floor of the bin
-// holding its ceil(K / kCluster)-th key as its bound, and every CTA lists its keys at
+// holding its ceil(K / cluster size)-th key as its bound, and every CTA lists its keys at
 // or above the lowest of the CTAs' bounds. Each CTA has that many keys at or above
 // its own bound, so the joined list holds at least K keys whenever every slice has
 // that many that are not NaN. Longer slices: every CTA draws the same sample (so
@@ -29,12 +29,11 @@ namespace topk {
 
 // Every CTA's list length, summed (sm[kJoined]) and summed over the lower-ranked
 // CTAs (sm[kBase]), read from each CTA's sm[kCands] by one warp.
-template <int kCluster>
-NSA_DEVICE void join_counts(u32* sm, u32 rank) {
-  static_assert(kCluster <= kWarpSize, "one lane per CTA");
+// One lane per CTA: clusters hold at most 8.
+NSA_DEVICE void join_counts(u32* sm, u32 rank, u32 ctas) {
   if (thread_x() >= kWarpSize) return;
   const u32 lane = lane_id();
-  const u32 count = lane < (u32)kCluster ? cluster::load(cluster::map(cluster::local_addr(&sm[kCands]), lane)) : 0u;
+  const u32 count = lane < ctas ? cluster::load(cluster::map(cluster::local_addr(&sm[kCands]), lane)) : 0u;
   const u32 incl = warp_inclusive_scan(count);
   const u32 total = __shfl_sync(0xffffffffu, incl, kWarpSize - 1);
   const u32 base = __shfl_sync(0xffffffffu, incl - count, rank);
@@ -51,8 +50,8 @@ constexpr int kSliceKeys = 16;
 // * kBlockThreads; sm[kCands] zero, hist free): the keys at or above the lowest of the
 // CTAs' local bounds, with their positions, complete on return. Ends past a cluster
 // barrier (the bounds' exchange) and a block barrier.
-template <typename S, int K, int kBlockThreads, int kCluster, int kCap>
-NSA_DEVICE void list_local(const S* src, i32 begin, i32 len, u32* hist, u32* sm, u32* fidx, u32* fkey) {
+template <typename S, int K, int kBlockThreads, int kCap>
+NSA_DEVICE void list_local(const S* src, i32 begin, i32 len, u32 ctas, u32* hist, u32* sm, u32* fidx, u32* fkey) {
   const u32 tid = thread_x();
   for (u32 b = tid; b < (u32)kBins; b += kBlockThreads) hist[b] = 0u;
   u32 key[kSliceKeys];  // 0 (NaN's key) past the slice: never listed
@@ -67,13 +66,13 @@ NSA_DEVICE void list_local(const S* src, i32 begin, i32 len, u32* hist, u32* sm,
   sync_block();
   // Padding counts in bin 0, so the rank is always found; a bound of bin 0 lists every
   // key but NaN.
-  find_threshold<kBlockThreads>(hist, kBins, (u32)((K + kCluster - 1) / kCluster), sm);
+  find_threshold<kBlockThreads>(hist, kBins, ((u32)K + ctas - 1u) / ctas, sm);
   const u32 bin_floor = sm[kThrBin] << round_shift(0);
   if (tid == 0) sm[kLast] = bin_floor > 1u ? bin_floor : 1u;
   cluster::sync();  // every CTA's bound is in its sm[kLast]
   if (tid < kWarpSize) {
     const u32 lane = lane_id();
-    u32 b = lane < (u32)kCluster ? cluster::load(cluster::map(cluster::local_addr(&sm[kLast]), lane)) : ~0u;
+    u32 b = lane < ctas ? cluster::load(cluster::map(cluster::local_addr(&sm[kLast]), lane)) : ~0u;
 #pragma unroll
     for (int m = kWarpSize / 2; m > 0; m /= 2) {
       const u32 o = f32_as_u32(shfl_xor(u32_as_f32(b), m));
@@ -98,8 +97,7 @@ NSA_DEVICE void list_local(const S* src, i32 begin, i32 len, u32* hist, u32* sm,
   sync_block();
 }
 
-template <typename S, int K, int kTransform, int kBlockThreads, int kCluster, int kCandCap, int kCacheCap,
-          int kSmemWords>
+template <typename S, int K, int kTransform, int kBlockThreads, int kCandCap, int kCacheCap, int kSmemWords>
 NSA_DEVICE void cluster_select(const Params& p, u32* status) {
   static_assert(kFixedWords + 2 * kCandCap + kCacheCap <= kSmemWords, "launch provides kSmemWords of shared memory");
   extern NSA_SHARED u32 smem[];
@@ -109,8 +107,9 @@ NSA_DEVICE void cluster_select(const Params& p, u32* status) {
   u32 *hist = l.hist, *sm = l.sm, *fidx = l.idx, *fkey = l.key;
 
   const u32 rank = cluster::rank();
+  const u32 ctas = cluster::size();
   const u32 tid = thread_x();
-  const i32 row = (i32)(block_x() / (u32)kCluster);
+  const i32 row = (i32)(block_x() / ctas);
   const RowExtent ext = row_extent<kTransform>(p, row);
   const i32 n = ext.n;
   auto whole_row = [&] {
@@ -125,13 +124,13 @@ NSA_DEVICE void cluster_select(const Params& p, u32* status) {
   NSA_TOPK_CLUSTER_MARK(0);
 
   // Slices are multiples of 4 long, so every slice of an aligned row is aligned.
-  const i32 slice = ((n + kCluster - 1) / kCluster + 3) & ~3;
+  const i32 slice = ((n + (i32)ctas - 1) / (i32)ctas + 3) & ~3;
   const i32 begin = (i32)rank * slice < n ? (i32)rank * slice : n;
   const i32 len = n - begin < slice ? n - begin : slice;
   const S* src = row_scores<S>(p, row, ext.s0);
   if (slice <= kSliceKeys * kBlockThreads) {
     if (tid == 0) sm[kCands] = 0u;  // read after list_local's barriers
-    list_local<S, K, kBlockThreads, kCluster, kCap>(src, begin, len, hist, sm, fidx, fkey);
+    list_local<S, K, kBlockThreads, kCap>(src, begin, len, ctas, hist, sm, fidx, fkey);
     NSA_TOPK_CLUSTER_MARK(2);
   } else {
     // keep_above_sample, with a mark between its halves.
@@ -150,7 +149,7 @@ NSA_DEVICE void cluster_select(const Params& p, u32* status) {
   }
   cluster::sync();  // every CTA's list and count are final
 
-  join_counts<kCluster>(sm, rank);
+  join_counts(sm, rank, ctas);
   sync_block();
   NSA_TOPK_CLUSTER_MARK(3);
   const u32 joined = sm[kJoined];

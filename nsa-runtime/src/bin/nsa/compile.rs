@@ -3,7 +3,7 @@
 use crate::config_args::ConfigArgs;
 use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
-use nsa_kernels::spec::MetadataMode;
+use nsa_kernels::spec::{MetadataMode, TOPK_CLUSTER_SIZES};
 use nsa_kernels::{
     deterministic_topk_set, kernel_set, KernelFamily, KernelSpec, NsaConfig, Target, TopkScore, TopkTransform,
 };
@@ -216,7 +216,7 @@ pub fn verify(args: VerifyArgs) -> Result<()> {
     for spec in kernel_set(&on_device) {
         for (i, &n) in args.sizes.iter().enumerate() {
             let seed = args.seed.wrapping_add(i as u64);
-            checks.push(match spec.family {
+            let check = match spec.family {
                 KernelFamily::KvStore { format } => verify::store_mla(&rt, format, n, seed)?,
                 KernelFamily::KvDequant => verify::dequant(&rt, n, seed, n > 1)?,
                 KernelFamily::IndexerKStore => verify::store_indexer(&rt, n, seed)?,
@@ -233,10 +233,18 @@ pub fn verify(args: VerifyArgs) -> Result<()> {
                     let case = TopkCase { path: TopkPath::Split, ..topk_case(k, transform, score, i, n, seed) };
                     vtopk::run(&rt, &case)?
                 }
-                KernelFamily::TopkCluster { k, transform, cluster, score } => {
-                    let case =
-                        TopkCase { path: TopkPath::Cluster(cluster), ..topk_case(k, transform, score, i, n, seed) };
-                    vtopk::run(&rt, &case)?
+                KernelFamily::TopkCluster { k, transform, score } => {
+                    // One kernel serves every cluster size the launcher may pick: each is checked.
+                    let run = |cluster| {
+                        let case =
+                            TopkCase { path: TopkPath::Cluster(cluster), ..topk_case(k, transform, score, i, n, seed) };
+                        vtopk::run(&rt, &case)
+                    };
+                    let (last, others) = TOPK_CLUSTER_SIZES.split_last().expect("cluster sizes are listed");
+                    for &cluster in others {
+                        checks.push(run(cluster)?);
+                    }
+                    run(*last)?
                 }
                 // Random captures and replays against the host graph state, once per kernel.
                 KernelFamily::MetadataReplay { page_size, mode: MetadataMode::Extend } if i == 0 => {
@@ -296,7 +304,8 @@ pub fn verify(args: VerifyArgs) -> Result<()> {
                     }
                     vprefill::run(&rt, &case)?
                 }
-            });
+            };
+            checks.push(check);
         }
     }
     // The whole layer (stores → indexer → top-k → sparse MLA) in a decode-like and

@@ -14,7 +14,6 @@
 #define NSA_NOINLINE __attribute__((noinline))
 #define NSA_LAUNCH_BOUNDS(n)
 #define NSA_LAUNCH_BOUNDS_MIN(n, m)
-#define __cluster_dims__(x, y, z)
 // Each CTA runs on its own OS thread, so a thread_local array is per-CTA shared memory.
 #define NSA_SHARED thread_local
 #define __restrict__ __restrict

@@ -12,6 +12,8 @@ constexpr u32 kRankShift = 24;  // shared memory stays below 16 MiB
 
 NSA_DEVICE u32 rank() { return nsa_emu::cluster_rank(); }
 
+NSA_DEVICE u32 size() { return nsa_emu::cluster_size(); }
+
 NSA_DEVICE void sync() {
   nsa_emu::cluster_arrive();
   nsa_emu::cluster_wait();

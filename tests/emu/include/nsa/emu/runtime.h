@@ -24,6 +24,7 @@ using Resolver = void (*)(WarpGroup&);
 uint32_t thread_x();
 uint32_t block_x();
 uint32_t cluster_rank();
+uint32_t cluster_size();
 
 // Blocks until every thread of the CTA has arrived.
 void sync_block();
