@@ -1,10 +1,11 @@
 // Exact top-k with each row spread over a cluster of CTAs (sm_90+; at most 8, the
-// size a launch attribute, so one kernel serves every size), one launch: a threshold filter with the row's pass split over the CTAs, then a cut by one.
+// size a launch attribute, so one kernel serves every size), one launch: a
+// threshold filter with the row's pass split over the CTAs, then a cut by one.
 //
 // Slices of up to kSliceKeys keys a thread are listed from registers, with no
 // sample: each CTA histograms its slice (13-bit bins) and takes the floor of the bin
-// holding its ceil(K / cluster size)-th key as its bound, and every CTA lists its keys at
-// or above the lowest of the CTAs' bounds. Each CTA has that many keys at or above
+// holding its ceil(K / cluster size)-th key as its bound, and every CTA lists its
+// keys at or above the lowest of the CTAs' bounds. Each CTA has that many keys at or above
 // its own bound, so the joined list holds at least K keys whenever every slice has
 // that many that are not NaN. Longer slices: every CTA draws the same sample (so
 // finds the same threshold) and lists the keys of its slice at or above it. Either
