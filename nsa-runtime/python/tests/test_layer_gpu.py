@@ -93,9 +93,11 @@ class Server:
         for t in picks:
             r, vis = rows[t]
             slots = self.table[r, :vis].long()
+            lse_lo = lse_hi = None
             if vis > TOPK:
                 qi, w = acts["index_q"][t].float(), acts["index_weights"][t]
                 logits = (torch.relu(qi @ ik[slots].T) * w[:, None]).sum(0)
+                lse_lo, lse_hi = self.boundary_lse_bounds(acts["q"][t].float(), kv[slots], logits)
                 slots = slots[torch.topk(logits, TOPK).indices]
             k = kv[slots]
             s = acts["q"][t].float() @ k.T * SM_SCALE
@@ -103,7 +105,30 @@ class Server:
             want = torch.softmax(s, dim=1) @ k[:, :512]
             err = (out[t].float() - want).abs().max().item()
             assert err < 3e-2, f"row {t} (request row {r}, {vis} keys): out differs by {err}"
-            assert (lse[t] - want_lse).abs().max().item() < 1e-2, f"row {t}: lse"
+            if lse_lo is None:
+                assert (lse[t] - want_lse).abs().max().item() < 1e-2, f"row {t}: lse"
+            else:
+                assert ((lse[t] >= lse_lo - 1e-2) & (lse[t] <= lse_hi + 1e-2)).all(), (
+                    f"row {t}: lse {lse[t].tolist()} outside [{lse_lo.tolist()}, {lse_hi.tolist()}]")
+
+    @staticmethod
+    def boundary_lse_bounds(q, k, logits):
+        """Per head, the lowest and highest lse any correct top-k can give. The
+        indexer's FP8 tensor cores truncate their accumulators (logits come out about
+        0.1% low), so keys whose logits lie within 0.3% of the scale from the k-th
+        largest may be chosen either way: the sure keys are always in, and the rest of
+        the k come from those boundary keys, the ones with the lowest or the highest
+        attention scores at the extremes."""
+        thr = torch.topk(logits, TOPK).values[-1]
+        margin = 3e-3 * logits.abs().max()
+        sure = logits > thr + margin
+        boundary = (logits - thr).abs() <= margin
+        left = TOPK - int(sure.sum())
+        s = q @ k.T * SM_SCALE
+        s_sure, s_edge = s[:, sure], torch.sort(s[:, boundary], dim=1).values
+        lo = torch.logsumexp(torch.cat([s_sure, s_edge[:, :left]], dim=1), dim=1)
+        hi = torch.logsumexp(torch.cat([s_sure, s_edge[:, s_edge.shape[1] - left:]], dim=1), dim=1)
+        return lo, hi
 
 
 def i32(values):

@@ -201,8 +201,8 @@ template <int kPage>
 NSA_DEVICE void prefetch_record(const Params& p, i32 slot, u32 part) {
   if (slot < 0) return;
   const u8* rec = record<kPage>(p, slot);
-  mma::prefetch_l2(rec + part * kNopePerPart);
-  if (part < 2) mma::prefetch_l2(rec + kScalesOffset + part * 128);  // scales and rope: bytes 512..655
+  prefetch_l2(rec + part * kNopePerPart);
+  if (part < 2) prefetch_l2(rec + kScalesOffset + part * 128);  // scales and rope: bytes 512..655
 }
 
 // Producer warps (the threads after kConsumerThreads): kShares (1 or 2) token

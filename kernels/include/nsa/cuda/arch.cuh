@@ -92,6 +92,9 @@ NSA_DEVICE void async_copy_u32(u32* dst, const u32* src) {
 }
 NSA_DEVICE void wait_async_copies() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
+// Starts pulling the 128-byte line at `p` into L2 (no register, no completion).
+NSA_DEVICE void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+
 // Slot for each lane with `hit` among the lanes executing together: one atomic add
 // of the hit count to `*counter` per warp (lanes' slots follow lane order).
 NSA_DEVICE u32 warp_append(u32* counter, bool hit) {

@@ -94,9 +94,6 @@ NSA_DEVICE i32 ldg_nc_s32_or(const i32* p, bool pred, i32 fallback) {
   return v;
 }
 
-// Starts pulling the 128-byte line at `p` into L2 (no register, no completion).
-NSA_DEVICE void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
-
 // 16 bytes global -> shared without a register round trip; `src_bytes` 0 reads
 // nothing and fills the 16 bytes with zeros (a masked row). L2::256B prefetches the
 // neighbouring chunks of the same gathered row.

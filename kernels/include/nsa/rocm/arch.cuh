@@ -83,6 +83,8 @@ NSA_DEVICE int clz_u32(u32 v) { return v == 0u ? 32 : __builtin_clz(v); }
 // The CUDA header's asynchronous copy, done synchronously here.
 NSA_DEVICE void async_copy_u32(u32* dst, const u32* src) { *dst = *src; }
 NSA_DEVICE void wait_async_copies() {}
+// No L2 prefetch: a hint the CUDA header gives, nothing to emulate.
+NSA_DEVICE void prefetch_l2(const void*) {}
 
 // Slot for each lane with `hit` among the lanes executing together: one atomic add
 // of the hit count to `*counter` per wavefront (lanes' slots follow lane order).

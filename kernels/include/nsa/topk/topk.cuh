@@ -213,7 +213,16 @@ NSA_DEVICE void for_each_key_compact(bool cached, const u32* cache, const S* src
   const i32 to_align = (i32)(((kGroupBytes - ((u32)(u64)src & (kGroupBytes - 1u))) & (kGroupBytes - 1u)) / sizeof(S));
   const i32 head = cached ? 0 : (to_align < n ? to_align : n);
   const i32 groups = 1 + (n - head + kGroupKeys - 1) / kGroupKeys;
+  // Groups kAhead steps ahead are prefetched into L2, so a thread has as many bytes
+  // in flight as the unrolled passes without holding them in registers (without it,
+  // passes over uncached 512K-key rows ran 1.4-1.6x slower on an H100).
+  constexpr i32 kAhead = 4;
+  auto prefetch = [&](i32 g) {
+    if (!cached && g >= 1 && g < groups) prefetch_l2(src + head + kGroupKeys * (g - 1));
+  };
+  for (i32 a = 1; a < kAhead; ++a) prefetch((i32)thread_x() + a * kBlockThreads);
   for (i32 g = (i32)thread_x(); g < groups; g += kBlockThreads) {
+    prefetch(g + kAhead * kBlockThreads);
     const KeyGroup k = load_group(cached, cache, src, n, head, g);
 #pragma unroll
     for (int e = 0; e < kGroupKeys; ++e) {

@@ -125,6 +125,8 @@ NSA_DEVICE int clz_u32(u32 v) { return v == 0u ? 32 : __builtin_clz(v); }
 
 NSA_DEVICE void async_copy_u32(u32* dst, const u32* src) { nsa_emu::async_copy(dst, *src); }
 NSA_DEVICE void wait_async_copies() { nsa_emu::async_wait(); }
+// A cache hint only: nothing to emulate.
+NSA_DEVICE void prefetch_l2(const void*) {}
 
 NSA_DEVICE u32 warp_append(u32* counter, bool hit, NSA_EMU_SITE) {
   return (u32)nsa_emu::warp_collective(emu_ops::append, hit ? 1u : 0u, reinterpret_cast<u64>(counter), 0u,
