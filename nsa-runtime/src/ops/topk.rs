@@ -240,6 +240,14 @@ pub fn choose_plan(
         let size = cluster_size(rows, sm_count);
         return (TopkPlan::Cluster { size }, "few long rows: each row over a cluster of CTAs, one launch");
     }
+    // Rows past the one-block filter's reach fall back to its histogram path (several
+    // passes over the row); a cluster's joined list still takes them. Measured on an
+    // H100 (2026-12-06), 64 × 512K at k 2048: clusters of 2 88.7 µs, one block per
+    // row 180.3 µs. Only while every cluster of 2 runs at once.
+    if clusters && !deterministic && row_capacity > ONE_BLOCK_FILTER_MAX_ROW && 2 * rows <= sms {
+        let size = cluster_size(rows, sm_count);
+        return (TopkPlan::Cluster { size }, "rows too long for one block's filter: each row over a cluster of CTAs");
+    }
     if few_long && workspace {
         return (
             split_plan(rows, row_capacity, sm_count),
@@ -259,6 +267,11 @@ pub fn split_plan(rows: usize, row_capacity: usize, sm_count: u32) -> TopkPlan {
     let chunks = row_capacity.div_ceil(chunk);
     TopkPlan::Split { chunk, chunks }
 }
+
+/// Rows longer than this are past the one-block (latency) kernel's sample filter at
+/// k 2048 (`sample_expected_kept` over its 8192-key list above 3/4 of it; a test pins
+/// it): they run its histogram path.
+pub const ONE_BLOCK_FILTER_MAX_ROW: usize = 262_144;
 
 /// Rows shorter than this stay in one block (spreading a row over a cluster or split
 /// blocks: the per-block sample would cost more than the row).
@@ -730,6 +743,26 @@ mod tests {
         assert_eq!(with(1, 8192, false), TopkPlan::Single(TopkLayout::Latency), "short rows stay in one block");
         assert_eq!(with(1, 131_072, true), TopkPlan::Single(TopkLayout::Latency), "deterministic");
         assert_eq!(with(2048, 32_768, false), TopkPlan::Single(TopkLayout::Throughput));
+        // Rows past the one-block filter's reach take clusters while clusters of 2 all fit.
+        assert_eq!(with(64, 524_288, false), TopkPlan::Cluster { size: 2 });
+        assert_eq!(with(66, 262_145, false), TopkPlan::Cluster { size: 2 });
+        assert_eq!(with(64, 262_144, false), TopkPlan::Single(TopkLayout::Latency));
+        assert_eq!(with(67, 524_288, false), TopkPlan::Single(TopkLayout::Latency));
+        assert_eq!(with(64, 524_288, true), TopkPlan::Single(TopkLayout::Latency), "deterministic");
+    }
+
+    /// Past the constant (and the 42 lengths right after it, where the sample's
+    /// rounding still fits), the latency kernel's filter never takes a k-2048 row: its
+    /// sample keeps more than 3/4 of its 8192-key list. From 202,984 keys on it
+    /// already declines some lengths.
+    #[test]
+    fn one_block_filter_reach() {
+        let (list, k) = (8192, 2048);
+        assert!(sample_expected_kept(list, k, ONE_BLOCK_FILTER_MAX_ROW) <= list * 3 / 4);
+        assert!(sample_expected_kept(list, k, 202_984) > list * 3 / 4);
+        for n in (ONE_BLOCK_FILTER_MAX_ROW + 43..=1 << 20).step_by(97) {
+            assert!(sample_expected_kept(list, k, n) > list * 3 / 4, "{n}");
+        }
     }
 
     #[test]
