@@ -180,7 +180,9 @@ def tables(nsa_reports, peers, python_rows, command):
         rows = [r for r in python_rows if r.get("family") != "host"]
         out["python"] = f"{where_py}, `.ci/bench/python_compat.py`\n\n{python_table(rows)}"
         if any(r.get("family") == "host" for r in python_rows):
-            out["host"] = (f"{where_py}, `.ci/bench/python_compat.py` and `{command}`\n\n"
+            # The Rust column comes from `nsa bench --suite host`: named only when given.
+            rust = f" and `{command}`" if merged.get("host") else ""
+            out["host"] = (f"{where_py}, `.ci/bench/python_compat.py`{rust}\n\n"
                            f"{host_table(merged, python_rows)}")
     return out
 

@@ -100,16 +100,22 @@ class Server:
                 lse_lo, lse_hi = self.boundary_lse_bounds(acts["q"][t].float(), kv[slots], logits)
                 slots = slots[torch.topk(logits, TOPK).indices]
             k = kv[slots]
-            s = acts["q"][t].float() @ k.T * SM_SCALE
+            q = acts["q"][t].float()
+            s = q @ k.T * SM_SCALE
             want_lse = torch.logsumexp(s, dim=1)
             want = torch.softmax(s, dim=1) @ k[:, :512]
             err = (out[t].float() - want).abs().max().item()
             assert err < 3e-2, f"row {t} (request row {r}, {vis} keys): out differs by {err}"
+            # lse moves by at most the largest score error. An FP8 cache's kernels may
+            # round each dequantized value (and its scale) to bf16: 2^-8 of each product.
+            tol = 1e-2
+            if self.fp8:
+                tol = tol + 2.0**-8 * SM_SCALE * (q[:, :512].abs() @ k[:, :512].abs().T).amax(dim=1)
             if lse_lo is None:
-                assert (lse[t] - want_lse).abs().max().item() < 1e-2, f"row {t}: lse"
+                assert ((lse[t] - want_lse).abs() <= tol).all(), f"row {t}: lse {lse[t] - want_lse} over {tol}"
             else:
-                assert ((lse[t] >= lse_lo - 1e-2) & (lse[t] <= lse_hi + 1e-2)).all(), (
-                    f"row {t}: lse {lse[t].tolist()} outside [{lse_lo.tolist()}, {lse_hi.tolist()}]")
+                assert ((lse[t] >= lse_lo - tol) & (lse[t] <= lse_hi + tol)).all(), (
+                    f"row {t}: lse {lse[t].tolist()} outside [{lse_lo.tolist()}, {lse_hi.tolist()}] ± {tol}")
 
     @staticmethod
     def boundary_lse_bounds(q, k, logits):
