@@ -107,11 +107,12 @@ struct alignas(16) ScoreVec {
   S v[kScoreLanes<S>];
 };
 
-// Scores from 16-byte alignment on: the scalar head before it (at most one vector's
-// worth), and the whole vectors after it.
-template <typename S>
+// Scores from kBytes alignment on (16: one vector load): the scalar head before it
+// (at most one aligned load's worth), and the whole aligned loads after it.
+template <u32 kBytes = 16, typename S>
 NSA_DEVICE i32 unaligned_head(const S* src, i32 n) {
-  const i32 to_align = (i32)(((16u - ((u32)(u64)src & 15u)) & 15u) / (u32)sizeof(S));
+  static_assert((kBytes & (kBytes - 1u)) == 0, "a power of two");
+  const i32 to_align = (i32)(((kBytes - ((u32)(u64)src & (kBytes - 1u))) & (kBytes - 1u)) / (u32)sizeof(S));
   return to_align < n ? to_align : n;
 }
 
@@ -209,9 +210,7 @@ NSA_DEVICE KeyGroup load_group(bool cached, const u32* cache, const S* src, i32 
 }
 template <int kBlockThreads, typename S, typename F>
 NSA_DEVICE void for_each_key_compact(bool cached, const u32* cache, const S* src, i32 n, F&& f) {
-  constexpr u32 kGroupBytes = kGroupKeys * sizeof(S);
-  const i32 to_align = (i32)(((kGroupBytes - ((u32)(u64)src & (kGroupBytes - 1u))) & (kGroupBytes - 1u)) / sizeof(S));
-  const i32 head = cached ? 0 : (to_align < n ? to_align : n);
+  const i32 head = cached ? 0 : unaligned_head<kGroupKeys * sizeof(S)>(src, n);
   const i32 groups = 1 + (n - head + kGroupKeys - 1) / kGroupKeys;
   // Groups kAhead steps ahead are prefetched into L2, so a thread has as many bytes
   // in flight as the unrolled passes without holding them in registers (without it,
