@@ -3,7 +3,9 @@
 //! row over blocks or a cluster only where the tables say it pays.
 
 use nsa_kernels::{kernel_set, KernelSpec, NsaConfig, Target, TopkScore, TopkTransform};
-use nsa_runtime::ops::topk::{choose_layout, choose_plan, TopkPlan, SPLIT_MIN_CHUNK, SPREAD_MIN_ROW};
+use nsa_runtime::ops::topk::{
+    choose_layout, choose_plan, TopkPlan, ONE_BLOCK_FILTER_MAX_ROW, SPLIT_MIN_CHUNK, SPREAD_MIN_ROW,
+};
 use proptest::prelude::*;
 
 proptest! {
@@ -19,15 +21,20 @@ proptest! {
         let (plan, why) = choose_plan(rows, cap, sms, deterministic, workspace, clusters);
         prop_assert!(!why.is_empty());
         let few_long = !deterministic && rows > 0 && 8 * rows <= sms as usize && cap >= SPREAD_MIN_ROW;
+        // Rows past the one-block filter take clusters while every cluster of 2 fits.
+        let past_one_block = !deterministic && rows > 0 && cap > ONE_BLOCK_FILTER_MAX_ROW && 2 * rows <= sms as usize;
         match plan {
             TopkPlan::Single(layout) => {
                 prop_assert!(!few_long || (!clusters && !workspace), "few long rows left in one block");
+                prop_assert!(!(past_one_block && clusters), "rows past the one-block filter left in one block");
                 prop_assert_eq!(layout, choose_layout(rows, sms).0);
             }
             TopkPlan::Cluster { size } => {
-                prop_assert!(few_long && clusters);
-                // Every cluster of the batch runs at once, one CTA per SM.
-                prop_assert_eq!(size, 8);
+                prop_assert!((few_long || past_one_block) && clusters);
+                // Every cluster of the batch runs at once, one CTA per SM (few long rows: 8 CTAs).
+                if few_long {
+                    prop_assert_eq!(size, 8);
+                }
                 prop_assert!(rows * size as usize <= sms as usize);
             }
             TopkPlan::Split { chunk, chunks } => {

@@ -244,7 +244,7 @@ pub fn choose_plan(
     // passes over the row); a cluster's joined list still takes them. Measured on an
     // H100 (2026-12-06), 64 × 512K at k 2048: clusters of 2 88.7 µs, one block per
     // row 180.3 µs. Only while every cluster of 2 runs at once.
-    if clusters && !deterministic && row_capacity > ONE_BLOCK_FILTER_MAX_ROW && 2 * rows <= sms {
+    if clusters && !deterministic && rows > 0 && row_capacity > ONE_BLOCK_FILTER_MAX_ROW && 2 * rows <= sms {
         let size = cluster_size(rows, sm_count);
         return (TopkPlan::Cluster { size }, "rows too long for one block's filter: each row over a cluster of CTAs");
     }
