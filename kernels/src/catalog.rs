@@ -76,11 +76,14 @@ fn topk_scores(cfg: &NsaConfig) -> &'static [TopkScore] {
     }
 }
 
-/// Every (score type, transform) pair of `cfg`'s top-k kernels: the three
-/// transforms, and PAGED over the table of pages where pages hold more than one token.
+/// Every (score type, transform) pair of `cfg`'s top-k kernels: plain (which
+/// serves RAGGED too), PAGED from a page_table_1, and PAGED over the table of pages
+/// where pages hold more than one token.
 fn topk_variants(cfg: &NsaConfig) -> impl Iterator<Item = (TopkScore, TopkTransform)> {
     let pages = (cfg.page_size > 1).then_some(TopkTransform::Pages(cfg.page_size));
-    topk_scores(cfg).iter().flat_map(move |&score| TopkTransform::ALL.into_iter().chain(pages).map(move |t| (score, t)))
+    topk_scores(cfg)
+        .iter()
+        .flat_map(move |&score| TopkTransform::KERNELS.into_iter().chain(pages).map(move |t| (score, t)))
 }
 
 /// The one-block top-k kernels of `cfg`: every score type, transform and layout.
@@ -129,8 +132,8 @@ mod tests {
     fn deterministic_set_is_every_transform_and_layout_and_apart_from_the_kernel_set() {
         let cfg = NsaConfig::preset("deepseek-v3.2").unwrap();
         let det = deterministic_topk_set(&cfg);
-        // Plain, PAGED (page_table_1 and pages of 64), RAGGED; two layouts.
-        assert_eq!(det.len(), cfg.targets.len() * 4 * 2);
+        // Plain (RAGGED too), PAGED (page_table_1 and pages of 64); two layouts.
+        assert_eq!(det.len(), cfg.targets.len() * 3 * 2);
         assert!(det.iter().all(|s| matches!(s.family, KernelFamily::TopK { deterministic: true, .. })));
         let set = kernel_set(&cfg);
         assert!(det.iter().all(|s| !set.contains(s)), "the deterministic kernels are a run-time choice");
@@ -142,9 +145,9 @@ mod tests {
     fn bf16_top_k_kernels_only_when_asked_for_on_every_plan() {
         assert!(bf16_ids(false).is_empty());
         let ids = bf16_ids(true);
-        // Per target (sm_90a, sm_100a): 4 transforms × (2 layouts + split + cluster).
-        assert_eq!(ids.len(), 2 * 4 * 4, "{ids:?}");
-        for id in ["topk.k2048.paged.bf16.tput.sm_90a", "topk_split.k2048.ragged.bf16.sm_100a"] {
+        // Per target (sm_90a, sm_100a): 3 kernel transforms × (2 layouts + split + cluster).
+        assert_eq!(ids.len(), 2 * 3 * 4, "{ids:?}");
+        for id in ["topk.k2048.paged.bf16.tput.sm_90a", "topk_split.k2048.plain.bf16.sm_100a"] {
             assert!(ids.iter().any(|i| i == id), "{id} missing from {ids:?}");
         }
         assert!(ids.iter().any(|i| i == "topk_cluster.k2048.plain.bf16.sm_90a"));

@@ -244,7 +244,7 @@ mod tests {
             score: TopkScore::F32,
         };
         let cluster = KernelFamily::TopkCluster { k: 2048, transform: TopkTransform::Plain, score: TopkScore::Bf16 };
-        let split = KernelFamily::TopkSplit { k: 512, transform: TopkTransform::Ragged, score: TopkScore::F32 };
+        let split = KernelFamily::TopkSplit { k: 512, transform: TopkTransform::Plain, score: TopkScore::F32 };
         let transform = KernelFamily::IndexTransform { k: 2048 };
         for family in [topk, cluster, split, transform] {
             for target in Target::NVIDIA {

@@ -97,9 +97,23 @@ pub enum TopkTransform {
 pub const TOPK_PAGE_SIZES: std::ops::RangeInclusive<u32> = 2..=65536;
 
 impl TopkTransform {
-    /// The transforms of every kernel set; [`TopkTransform::Pages`] joins them at the
-    /// config's page size.
+    /// The transforms a top-k call may ask for; [`TopkTransform::Pages`] joins them at
+    /// the config's page size.
     pub const ALL: [TopkTransform; 3] = [TopkTransform::Plain, TopkTransform::Paged, TopkTransform::Ragged];
+
+    /// The transforms of the kernels: RAGGED runs the plain kernel (see
+    /// [`TopkTransform::kernel`]).
+    pub const KERNELS: [TopkTransform; 2] = [TopkTransform::Plain, TopkTransform::Paged];
+
+    /// The transform of the kernel that computes this one: RAGGED is the plain
+    /// kernel given an offsets array (without one it writes plain positions), so
+    /// the two share one compiled kernel; the others are their own.
+    pub fn kernel(self) -> TopkTransform {
+        match self {
+            TopkTransform::Ragged => TopkTransform::Plain,
+            t => t,
+        }
+    }
 
     /// PAGED from a table with `page_size` positions per entry: 1 is a page_table_1.
     pub fn paged(page_size: u32) -> TopkTransform {
@@ -134,12 +148,21 @@ impl TopkTransform {
         }
     }
 
-    /// The transform a [`TopkTransform::tag`] names.
-    pub fn from_tag(tag: &str) -> Option<TopkTransform> {
+    /// The call transforms this kernel transform computes: itself, and RAGGED for
+    /// the plain kernel.
+    pub fn calls(self) -> Vec<TopkTransform> {
+        match self {
+            TopkTransform::Plain => vec![TopkTransform::Plain, TopkTransform::Ragged],
+            t => vec![t],
+        }
+    }
+
+    /// The kernel transform a [`TopkTransform::tag`] names in a kernel id (`ragged`
+    /// names none: it runs the plain kernel).
+    pub fn from_kernel_tag(tag: &str) -> Option<TopkTransform> {
         match tag {
             "plain" => Some(TopkTransform::Plain),
             "paged" => Some(TopkTransform::Paged),
-            "ragged" => Some(TopkTransform::Ragged),
             _ => {
                 let p = tag.strip_prefix("pages")?.parse::<u32>().ok()?;
                 TOPK_PAGE_SIZES.contains(&p).then_some(TopkTransform::Pages(p))
@@ -147,12 +170,12 @@ impl TopkTransform {
         }
     }
 
+    /// The device transform of this one's kernel.
     pub(crate) fn device_enum(self) -> String {
-        match self {
-            TopkTransform::Plain => "kPlain".into(),
+        match self.kernel() {
             TopkTransform::Paged => "kPaged".into(),
-            TopkTransform::Ragged => "kRagged".into(),
             TopkTransform::Pages(p) => format!("kPagesOf<{p}>"),
+            _ => "kPlain".into(),
         }
     }
 }
@@ -253,7 +276,7 @@ fn shared_context(spec: &KernelSpec, ctx: &mut Map<String, Value>, k: u32, trans
     ctx.insert("k".into(), json!(k));
     ctx.insert("score".into(), json!(score.tag()));
     ctx.insert("score_type".into(), json!(score.device_type()));
-    ctx.insert("transform".into(), json!(transform.tag()));
+    ctx.insert("transform".into(), json!(transform.kernel().tag()));
     ctx.insert("transform_enum".into(), json!(transform.device_enum()));
     ctx.insert("smem_words".into(), json!(smem_words(spec)));
     ctx.insert("min_blocks_per_sm".into(), json!(min_blocks_per_sm(spec)));
@@ -272,7 +295,7 @@ impl FamilyRules for Topk {
     fn knobs(&self, spec: &KernelSpec) -> Vec<String> {
         match spec.family {
             KernelFamily::TopK { k, transform, deterministic, layout, score } => {
-                let mut v = vec![format!("k{k}"), transform.tag()];
+                let mut v = vec![format!("k{k}"), transform.kernel().tag()];
                 score.id_knobs(&mut v);
                 if deterministic {
                     v.push("det".into());
@@ -283,12 +306,12 @@ impl FamilyRules for Topk {
                 v
             }
             KernelFamily::TopkSplit { k, transform, score } => {
-                let mut v = vec![format!("k{k}"), transform.tag()];
+                let mut v = vec![format!("k{k}"), transform.kernel().tag()];
                 score.id_knobs(&mut v);
                 v
             }
             KernelFamily::TopkCluster { k, transform, score } => {
-                let mut v = vec![format!("k{k}"), transform.tag()];
+                let mut v = vec![format!("k{k}"), transform.kernel().tag()];
                 score.id_knobs(&mut v);
                 v
             }
@@ -372,7 +395,7 @@ impl FamilyRules for Topk {
     fn representatives(&self, target: Target) -> Vec<KernelFamily> {
         let mut families = Vec::new();
         for k in [512, 1024, 2048] {
-            for transform in TopkTransform::ALL {
+            for transform in TopkTransform::KERNELS {
                 let topk =
                     |deterministic, layout, score| KernelFamily::TopK { k, transform, deterministic, layout, score };
                 families.push(topk(false, TopkLayout::Latency, TopkScore::F32));
@@ -387,7 +410,7 @@ impl FamilyRules for Topk {
             }
         }
         families.push(KernelFamily::IndexTransform { k: 2048 });
-        for transform in TopkTransform::ALL {
+        for transform in TopkTransform::KERNELS {
             for score in TopkScore::ALL {
                 families.push(KernelFamily::TopkSplit { k: 2048, transform, score });
             }
@@ -404,7 +427,7 @@ impl FamilyRules for Topk {
         }
         if target.vendor() == Vendor::Nvidia {
             for k in [512, 1024, 2048] {
-                for transform in TopkTransform::ALL {
+                for transform in TopkTransform::KERNELS {
                     families.push(KernelFamily::TopkCluster { k, transform, score: TopkScore::F32 });
                     if k == 2048 {
                         families.push(KernelFamily::TopkCluster { k, transform, score: TopkScore::Bf16 });
@@ -424,7 +447,7 @@ impl FamilyRules for Topk {
         Some(match (name, knobs) {
             ("topk", [k, t, flags @ ..]) => KernelFamily::TopK {
                 k: number_after(k, 'k')?,
-                transform: TopkTransform::from_tag(t)?,
+                transform: TopkTransform::from_kernel_tag(t)?,
                 deterministic: flags.contains(&"det"),
                 layout: if flags.contains(&"tput") { TopkLayout::Throughput } else { TopkLayout::Latency },
                 score: score_of(flags),
@@ -432,12 +455,12 @@ impl FamilyRules for Topk {
             ("index_transform", [k]) => KernelFamily::IndexTransform { k: number_after(k, 'k')? },
             ("topk_cluster", [k, t, flags @ ..]) => KernelFamily::TopkCluster {
                 k: number_after(k, 'k')?,
-                transform: TopkTransform::from_tag(t)?,
+                transform: TopkTransform::from_kernel_tag(t)?,
                 score: score_of(flags),
             },
             ("topk_split", [k, t, flags @ ..]) => KernelFamily::TopkSplit {
                 k: number_after(k, 'k')?,
-                transform: TopkTransform::from_tag(t)?,
+                transform: TopkTransform::from_kernel_tag(t)?,
                 score: score_of(flags),
             },
             _ => return None,
@@ -460,5 +483,19 @@ mod tests {
             assert_eq!(t.page_size(), None);
             assert!(!t.is_paged());
         }
+    }
+
+    #[test]
+    fn every_call_transform_runs_a_kernel_transform_that_computes_it() {
+        for t in TopkTransform::ALL.into_iter().chain([TopkTransform::Pages(64)]) {
+            let kernel = t.kernel();
+            assert!(kernel.calls().contains(&t), "{t:?}");
+            assert_eq!(TopkTransform::from_kernel_tag(&kernel.tag()), Some(kernel), "{t:?}");
+        }
+        for kernel in TopkTransform::KERNELS {
+            assert_eq!(kernel.kernel(), kernel);
+            assert!(kernel.calls().iter().all(|c| c.kernel() == kernel), "{kernel:?}");
+        }
+        assert_eq!(TopkTransform::from_kernel_tag("ragged"), None, "ragged runs the plain kernel");
     }
 }

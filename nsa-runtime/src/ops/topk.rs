@@ -200,8 +200,10 @@ pub enum TopkPlan {
 
 impl TopkPlan {
     /// The kernel this plan launches for top-`k` of `score`s with `transform`
-    /// (`deterministic` applies to one block per row only).
+    /// (`deterministic` applies to one block per row only; RAGGED runs the plain
+    /// kernel, given the offsets).
     pub fn family(self, k: u32, transform: TopkTransform, deterministic: bool, score: TopkScore) -> KernelFamily {
+        let transform = transform.kernel();
         match self {
             TopkPlan::Single(layout) => KernelFamily::TopK { k, transform, deterministic, layout, score },
             TopkPlan::Split { .. } => KernelFamily::TopkSplit { k, transform, score },
@@ -693,12 +695,13 @@ mod tests {
 
     #[test]
     fn each_plan_launches_its_own_family_with_every_knob() {
-        let (k, t, s) = (1024, TopkTransform::Ragged, TopkScore::Bf16);
-        let single = TopkPlan::Single(TopkLayout::Throughput).family(k, t, true, s);
+        // RAGGED launches the plain kernel.
+        let (k, t, s) = (1024, TopkTransform::Plain, TopkScore::Bf16);
+        let single = TopkPlan::Single(TopkLayout::Throughput).family(k, TopkTransform::Ragged, true, s);
         let want =
             KernelFamily::TopK { k, transform: t, deterministic: true, layout: TopkLayout::Throughput, score: s };
         assert_eq!(single, want);
-        let split = TopkPlan::Split { chunk: 4096, chunks: 3 }.family(k, t, false, s);
+        let split = TopkPlan::Split { chunk: 4096, chunks: 3 }.family(k, TopkTransform::Ragged, false, s);
         assert_eq!(split, KernelFamily::TopkSplit { k, transform: t, score: s });
         let cluster = TopkPlan::Cluster { size: 4 }.family(k, TopkTransform::Paged, false, TopkScore::F32);
         let want = KernelFamily::TopkCluster { k, transform: TopkTransform::Paged, score: TopkScore::F32 };

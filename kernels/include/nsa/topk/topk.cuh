@@ -29,7 +29,10 @@
 namespace nsa {
 namespace topk {
 
-enum Transform { kPlain = 0, kPaged = 1, kRagged = 2 };
+// kPlain writes positions, plus offsets[row] when the offsets array is given (the
+// RAGGED transform: one kernel serves both). kRaw, internal, writes positions as
+// they are: entries translated before or after they are placed.
+enum Transform { kPlain = 0, kPaged = 1, kRaw = 2 };
 
 // PAGED over a table of pages of P >= 2 positions (spec §2.2: slot = table[p / P] · P
 // + p % P, the page_table_1 slot of p) is the transform kPagesOf<P>: the page size is
@@ -52,7 +55,7 @@ struct Params {
   const i32* row_starts;    // [rows] or null (all 0)
   const i32* page_table;    // PAGED: [table_rows, table_stride] slots, or page ids (pages)
   const i32* cu_seqlens_q;  // PAGED prefill: [table_rows + 1], row r uses table row i with cu[i] <= r < cu[i+1]; null: row r
-  const i32* offsets;       // RAGGED: [rows]
+  const i32* offsets;       // [rows]: kPlain adds offsets[row] (RAGGED); null: it does not
   i32* out;                 // [rows, K]
   i64 row_stride;           // elements between score rows
   i64 table_stride;         // elements between page-table rows
@@ -246,15 +249,15 @@ NSA_DEVICE i32 table_row_of(const Params& p, i32 row) {
   return kIsPaged<kTransform> ? segment_of(p.cu_seqlens_q, p.table_rows, row) : 0;
 }
 
-// PAGED entries that are translated afterwards pass through as they are (kPlain);
+// PAGED entries that are translated afterwards pass through as they are (kRaw);
 // the other transforms are unchanged.
 template <int kTransform>
-constexpr int kUnpaged = kIsPaged<kTransform> ? kPlain : kTransform;
+constexpr int kUnpaged = kIsPaged<kTransform> ? kRaw : kTransform;
 // Entries of a list whose page_table_1 slots were looked up where it was built
 // (translate_listed) pass through as they are; a table of pages is read when they
 // are placed.
 template <int kTransform>
-constexpr int kListed = kTransform == kPaged ? kPlain : kTransform;
+constexpr int kListed = kTransform == kPaged ? kRaw : kTransform;
 
 // Page-table row `trow` as words, for the asynchronous slot lookups.
 NSA_DEVICE const u32* table_row_slots(const Params& p, i32 trow) {
@@ -263,7 +266,7 @@ NSA_DEVICE const u32* table_row_slots(const Params& p, i32 trow) {
 
 template <int kTransform>
 NSA_DEVICE i32 emit(const Params& p, i32 row, i32 trow, i32 pos) {
-  if (kTransform == kRagged) return pos + p.offsets[row];
+  if (kTransform == kPlain) return p.offsets != nullptr ? pos + p.offsets[row] : pos;
   if (kTransform == kPaged) return p.page_table[(i64)trow * p.table_stride + pos];
   if (kTransform > kPages) {  // pos >= 0: unsigned, so a power-of-two P is a shift and a mask
     constexpr u32 P = (u32)kPageSizeOf<kTransform>;
@@ -862,8 +865,8 @@ struct RowExtent {
 };
 template <int kTransform>
 NSA_DEVICE RowExtent row_extent(const Params& p, i32 row) {
-  static_assert(kTransform == kPlain || kTransform == kPaged || kTransform == kRagged || kTransform >= kPagesOf<2>,
-                "a transform of topk.cuh; tables of pages hold at least 2 positions a page");
+  static_assert(kTransform == kPlain || kTransform == kPaged || kTransform >= kPagesOf<2>,
+                "a kernel transform of topk.cuh; tables of pages hold at least 2 positions a page");
   RowExtent e;
   e.s0 = p.row_starts != nullptr ? p.row_starts[row] : 0;
   e.n = p.lengths[row] > 0 ? p.lengths[row] : 0;

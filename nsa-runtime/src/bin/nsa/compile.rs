@@ -221,24 +221,31 @@ pub fn verify(args: VerifyArgs) -> Result<()> {
                 KernelFamily::KvDequant => verify::dequant(&rt, n, seed, n > 1)?,
                 KernelFamily::IndexerKStore => verify::store_indexer(&rt, n, seed)?,
                 KernelFamily::IndexerKGather => verify::gather_indexer(&rt, n, seed, n > 1)?,
+                // Each top-k kernel is checked on every call transform it serves (the
+                // plain one serves RAGGED too) and, a cluster kernel, every size the
+                // launcher may pick.
                 KernelFamily::TopK { k, transform, deterministic, layout, score } => {
-                    let case = TopkCase {
-                        deterministic,
-                        path: TopkPath::Single(Some(layout)),
-                        ..topk_case(k, transform, score, i, n, seed)
-                    };
-                    vtopk::run(&rt, &case)?
+                    for call in transform.calls() {
+                        let path = TopkPath::Single(Some(layout));
+                        let case = TopkCase { deterministic, path, ..topk_case(k, call, score, i, n, seed) };
+                        checks.push(vtopk::run(&rt, &case)?);
+                    }
+                    continue;
                 }
                 KernelFamily::TopkSplit { k, transform, score } => {
-                    let case = TopkCase { path: TopkPath::Split, ..topk_case(k, transform, score, i, n, seed) };
-                    vtopk::run(&rt, &case)?
+                    for call in transform.calls() {
+                        let case = TopkCase { path: TopkPath::Split, ..topk_case(k, call, score, i, n, seed) };
+                        checks.push(vtopk::run(&rt, &case)?);
+                    }
+                    continue;
                 }
                 KernelFamily::TopkCluster { k, transform, score } => {
-                    // One kernel serves every cluster size the launcher may pick: each is checked.
-                    for cluster in TOPK_CLUSTER_SIZES {
-                        let case =
-                            TopkCase { path: TopkPath::Cluster(cluster), ..topk_case(k, transform, score, i, n, seed) };
-                        checks.push(vtopk::run(&rt, &case)?);
+                    for call in transform.calls() {
+                        for cluster in TOPK_CLUSTER_SIZES {
+                            let path = TopkPath::Cluster(cluster);
+                            let case = TopkCase { path, ..topk_case(k, call, score, i, n, seed) };
+                            checks.push(vtopk::run(&rt, &case)?);
+                        }
                     }
                     continue;
                 }

@@ -45,6 +45,8 @@ class FlashMLASchedMeta:
     tile_scheduler_metadata: Optional[DecodePlan] = None
     num_splits: Optional[object] = None
     workspace: Optional[object] = None
+    # The shapes and flags of the last call that passed every check.
+    _key: Optional[tuple] = dataclasses.field(default=None, repr=False, compare=False)
 
 
 def get_mla_metadata(*args, **kwargs) -> Tuple[FlashMLASchedMeta, None]:
@@ -57,6 +59,53 @@ def _unsupported(**given):
     for name, value in given.items():
         if value is not None:
             raise NotImplementedError(f"`{name}`: nsa's sparse MLA does not take it (pass None)")
+
+
+def _check_decode_args(q, k_cache, indices, head_dim_v, meta, num_splits, causal, is_fp8_kvcache, attn_sink,
+                       extra_k_cache, extra_indices_in_kvcache, extra_topk_length):
+    """Every argument check of ``flash_mla_with_kvcache``; sets the schedule up on
+    its first call."""
+    if indices is None:
+        raise NotImplementedError("`indices`: None asks for dense decode; nsa implements the sparse path (pass indices)")
+    _unsupported(
+        attn_sink=attn_sink,
+        extra_k_cache=extra_k_cache,
+        extra_indices_in_kvcache=extra_indices_in_kvcache,
+        extra_topk_length=extra_topk_length,
+    )
+    if not isinstance(meta, FlashMLASchedMeta):
+        raise TypeError(
+            f"`tile_scheduler_metadata`: {type(meta).__name__}, expected the FlashMLASchedMeta "
+            "of nsa.compat.flash_mla.get_mla_metadata()"
+        )
+    if num_splits is not None:
+        raise ValueError("`num_splits`: expected None (the schedule lives in tile_scheduler_metadata)")
+    if head_dim_v != V_DIM:
+        raise ValueError(f"`head_dim_v`: {head_dim_v}, expected {V_DIM}")
+    if causal:
+        raise ValueError("`causal`: True, expected False with sparse attention (indices choose the keys)")
+    if not is_fp8_kvcache:
+        raise ValueError("`is_fp8_kvcache`: False, expected True (sparse decode reads the 656-byte FP8 records)")
+    if len(q.shape) != 4 or len(k_cache.shape) != 4 or len(indices.shape) != 3:
+        raise ValueError(
+            f"`q`, `k_cache`, `indices`: shapes {tuple(q.shape)}, {tuple(k_cache.shape)}, {tuple(indices.shape)}, "
+            "expected (batch, s_q, heads, 576), (pages, page_size, 1, 656), (batch, s_q, topk)"
+        )
+    b, s_q, h_q = q.shape[0], q.shape[1], q.shape[2]
+    topk = indices.shape[-1]
+    config = FlashMLASchedMeta.Config(b, s_q, h_q, k_cache.shape[1], k_cache.shape[2], causal, is_fp8_kvcache, topk)
+    if not meta.have_initialized:
+        plan = DecodePlan(b, s_q, h_q, topk, k_cache.shape[1], device_of(q, "q"))
+        meta.tile_scheduler_metadata = plan
+        meta.num_splits = plan.splits
+        meta.workspace = empty(q, (max(plan.workspace_floats, 1),), "float32", "q")
+        meta.config = config
+        meta.have_initialized = True
+    elif meta.config != config:
+        raise ValueError(
+            f"`tile_scheduler_metadata`: made for {meta.config}, used for {config}; take a new get_mla_metadata() "
+            "for each batch shape"
+        )
 
 
 def flash_mla_with_kvcache(
@@ -83,48 +132,25 @@ def flash_mla_with_kvcache(
     keeps only the first entries of each row. Returns ``out`` ``(batch, s_q,
     heads, 512)`` bf16 and ``softmax_lse`` ``(batch, heads, s_q)`` f32 (natural
     log; a transposed view of nsa's ``(batch, s_q, heads)``)."""
-    if indices is None:
-        raise NotImplementedError("`indices`: None asks for dense decode; nsa implements the sparse path (pass indices)")
-    _unsupported(
-        attn_sink=attn_sink,
-        extra_k_cache=extra_k_cache,
-        extra_indices_in_kvcache=extra_indices_in_kvcache,
-        extra_topk_length=extra_topk_length,
-    )
-    if not isinstance(tile_scheduler_metadata, FlashMLASchedMeta):
-        raise TypeError(
-            f"`tile_scheduler_metadata`: {type(tile_scheduler_metadata).__name__}, expected the FlashMLASchedMeta "
-            "of nsa.compat.flash_mla.get_mla_metadata()"
-        )
-    if num_splits is not None:
-        raise ValueError("`num_splits`: expected None (the schedule lives in tile_scheduler_metadata)")
-    if head_dim_v != V_DIM:
-        raise ValueError(f"`head_dim_v`: {head_dim_v}, expected {V_DIM}")
-    if causal:
-        raise ValueError("`causal`: True, expected False with sparse attention (indices choose the keys)")
-    if not is_fp8_kvcache:
-        raise ValueError("`is_fp8_kvcache`: False, expected True (sparse decode reads the 656-byte FP8 records)")
-    if len(q.shape) != 4 or len(k_cache.shape) != 4 or len(indices.shape) != 3:
-        raise ValueError(
-            f"`q`, `k_cache`, `indices`: shapes {tuple(q.shape)}, {tuple(k_cache.shape)}, {tuple(indices.shape)}, "
-            "expected (batch, s_q, heads, 576), (pages, page_size, 1, 656), (batch, s_q, topk)"
-        )
-    b, s_q, h_q = q.shape[0], q.shape[1], q.shape[2]
-    topk = indices.shape[-1]
-    config = FlashMLASchedMeta.Config(b, s_q, h_q, k_cache.shape[1], k_cache.shape[2], causal, is_fp8_kvcache, topk)
     meta = tile_scheduler_metadata
-    if not meta.have_initialized:
-        plan = DecodePlan(b, s_q, h_q, topk, k_cache.shape[1], device_of(q, "q"))
-        meta.tile_scheduler_metadata = plan
-        meta.num_splits = plan.splits
-        meta.workspace = empty(q, (max(plan.workspace_floats, 1),), "float32", "q")
-        meta.config = config
-        meta.have_initialized = True
-    elif meta.config != config:
-        raise ValueError(
-            f"`tile_scheduler_metadata`: made for {meta.config}, used for {config}; take a new get_mla_metadata() "
-            "for each batch shape"
-        )
+    # A schedule that is set up was made for one shape and these flags: a step of
+    # that shape skips the argument checks below (its shapes are one tuple compare).
+    q_shape = q.shape
+    key = (q_shape, k_cache.shape[1:3], indices.shape[-1] if indices is not None else None, head_dim_v, causal, is_fp8_kvcache)
+    if not (
+        type(meta) is FlashMLASchedMeta
+        and meta.have_initialized
+        and meta._key == key
+        and num_splits is None
+        and attn_sink is None
+        and extra_k_cache is None
+        and extra_indices_in_kvcache is None
+        and extra_topk_length is None
+    ):
+        _check_decode_args(q, k_cache, indices, head_dim_v, meta, num_splits, causal, is_fp8_kvcache, attn_sink,
+                           extra_k_cache, extra_indices_in_kvcache, extra_topk_length)
+        meta._key = key
+    b, s_q, h_q = q_shape[0], q_shape[1], q_shape[2]
     if softmax_scale is None:
         softmax_scale = q.shape[-1] ** -0.5
     if topk_length is not None and s_q > 1:
