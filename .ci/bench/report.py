@@ -18,7 +18,7 @@ import json
 import re
 import sys
 
-FAMILIES = ["topk", "decode", "prefill", "indexer", "python", "host"]
+FAMILIES = ["kv", "topk", "decode", "prefill", "indexer", "plan", "metadata", "python", "host"]
 
 
 def load(path):
@@ -133,6 +133,38 @@ def topk_table(nsa, times, names):
     return with_peers(rows, times, names, peer_cases)
 
 
+def kv_table(nsa):
+    """The KV-cache kernels beside the device-to-device copy of the same bytes
+    (the practical roof), measured in the same run."""
+    rows = [[r["kernel"], str(r["tokens"]), f"{r['bytes'] / 1e6:.1f} MB", fmt_us(r["us"]), f"{r['gbps']:.0f}",
+             fmt_us(r["copy_us"]), f"{r['copy_gbps']:.0f}", f"{100 * r['fraction_of_copy']:.0f}%"]
+            for r in nsa.get("bandwidth", [])]
+    return table(["kernel", "tokens", "bytes moved", "nsa µs", "nsa GB/s", "copy µs", "copy GB/s", "nsa, share of copy"],
+                 rows)
+
+
+def plan_table(nsa):
+    """Eager decode plans and whole steps with metadata built on the host or on
+    the device, side by side per shape (the host path is the baseline)."""
+    plans = {(r["metadata"], r["bs"], r["context"]): r for r in nsa.get("plans", [])}
+    steps = {(r["metadata"], r["bs"], r["context"]): r["step_us"] for r in nsa.get("steps", [])}
+    shapes = sorted({k[1:] for k in list(plans) + list(steps)}, key=lambda k: (k[1], k[0]))
+    out = []
+    for bs, ctx in shapes:
+        h, d = plans.get(("host", bs, ctx), {}), plans.get(("device", bs, ctx), {})
+        hs, ds = steps.get(("host", bs, ctx)), steps.get(("device", bs, ctx))
+        out.append([str(bs), f"{ctx // 1024}K", fmt_us(h.get("host_us")), fmt_us(d.get("host_us")),
+                    fmt_us(d.get("gpu_us")), ratio(h.get("host_us"), d.get("host_us")), fmt_us(hs), fmt_us(ds),
+                    ratio(hs, ds)])
+    return table(["bs", "context", "host metadata: plan host µs", "device metadata: plan host µs",
+                  "device metadata: plan device µs", "plan host-time ratio", "step µs, host metadata",
+                  "step µs, device metadata", "step ratio"], out)
+
+
+def metadata_table(nsa):
+    return table(["what", "µs"], [[r["what"], fmt_us(r["us"])] for r in nsa.get("metadata", [])])
+
+
 def python_table(rows):
     out = []
     for r in rows:
@@ -164,8 +196,9 @@ def python_device(rows):
 def tables(nsa_reports, peers, python_rows, command):
     times, names = peer_index(peers) if peers is not None else ({}, [])
     merged = {}
+    # Rows of every report together; the host table reads the last host rows per call.
     for rep in nsa_reports:
-        for fam in ("topk", "decode", "prefill", "indexer", "host"):
+        for fam in ("topk", "decode", "prefill", "indexer", "host", "bandwidth", "plans", "steps", "metadata"):
             merged.setdefault(fam, []).extend(rep.get(fam, []))
     first = nsa_reports[0] if nsa_reports else {}
     where = f"{first.get('device', '?')}, {first.get('date_utc', '?')[:10]}, `{command}`"
@@ -174,6 +207,11 @@ def tables(nsa_reports, peers, python_rows, command):
                       ("indexer", indexer_table)):
         if merged.get(fam):
             out[fam] = f"{where}\n\n{make(merged, times, names)}"
+    # Families without a peer library: the copy rate or nsa's own baseline path.
+    for fam, source, make in (("kv", "bandwidth", kv_table), ("plan", "plans", plan_table),
+                              ("metadata", "metadata", metadata_table)):
+        if merged.get(source):
+            out[fam] = f"{where}\n\n{make(merged)}"
     if python_rows:
         dev = python_device(python_rows)
         where_py = f"{dev.get('gpu', '?')}, {dev.get('date', '?')}, torch {dev.get('torch', '?')}"
@@ -181,7 +219,7 @@ def tables(nsa_reports, peers, python_rows, command):
         out["python"] = f"{where_py}, `.ci/bench/python_compat.py`\n\n{python_table(rows)}"
         if any(r.get("family") == "host" for r in python_rows):
             # The Rust column comes from `nsa bench --suite host`: named only when given.
-            rust = f" and `{command}`" if merged.get("host") else ""
+            rust = " and `nsa bench --suite host`" if merged.get("host") else ""
             out["host"] = (f"{where_py}, `.ci/bench/python_compat.py`{rust}\n\n"
                            f"{host_table(merged, python_rows)}")
     return out

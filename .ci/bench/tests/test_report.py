@@ -25,6 +25,13 @@ NSA = {
     "prefill": [],
     "indexer": [{"case": "decode b32 ctx16384", "us": 20.0, "gbps": 2500, "fraction_of_copy": 0.8, "tflops": 0}],
     "host": [{"call": "nsa.topk", "shape": "1 x 131072 f32", "host_us": 3.5}],
+    "bandwidth": [{"kernel": "kv_store.fp8_656", "tokens": 65536, "bytes": 118_800_000, "us": 40.0, "gbps": 2970.0,
+                   "copy_us": 36.0, "copy_gbps": 3300.0, "fraction_of_copy": 0.9}],
+    "plans": [{"metadata": "host", "bs": 32, "context": 16384, "host_us": 900.0, "gpu_us": 900.0},
+              {"metadata": "device", "bs": 32, "context": 16384, "host_us": 4.5, "gpu_us": 6.0}],
+    "steps": [{"metadata": "host", "bs": 32, "context": 16384, "step_us": 1200.0},
+              {"metadata": "device", "bs": 32, "context": 16384, "step_us": 300.0}],
+    "metadata": [{"what": "host decode bs=32", "us": 359.0}],
 }
 PEERS = {"rows": [
     {"peer": "FlashMLA@9241ae3", "case": "decode b128 s_q1 h64", "us": 160.0},
@@ -57,6 +64,9 @@ def test_rows_meet_their_peers():
     assert "| nsa.topk 1 x 131072 f32 | 9.25 | 3.50 | +5.75 |" in out["host"]
     assert "| torch.empty (1, 2048) int32 | 2.00 | — | — |" in out["host"]
     assert "torch.empty" not in out["python"]
+    assert "| kv_store.fp8_656 | 65536 | 118.8 MB | 40.00 | 2970 | 36.00 | 3300 | 90% |" in out["kv"]
+    assert "| 32 | 16K | 900.0 | 4.50 | 6.00 | 200.00× | 1200.0 | 300.0 | 4.00× |" in out["plan"]
+    assert "| host decode bs=32 | 359.0 |" in out["metadata"]
 
 
 def test_write_then_check(tmp_path):
@@ -66,13 +76,13 @@ def test_write_then_check(tmp_path):
         files[name].write_text(json.dumps(data))
     doc = tmp_path / "BENCH.md"
     blocks = "".join(f"## {f}\n\nprose\n\n<!-- report:{f} -->\nstale\n<!-- /report:{f} -->\n\n"
-                     for f in ("topk", "decode", "indexer", "python", "host"))
+                     for f in ("kv", "topk", "decode", "indexer", "plan", "metadata", "python", "host"))
     doc.write_text(blocks)
     args = ["--nsa", str(files["nsa.json"]), "--peers", str(files["peers.json"]), "--python", str(files["py.json"])]
     assert report.main(args + ["--check", str(doc)]) == 1
     assert report.main(args + ["--write", str(doc)]) == 0
     text = doc.read_text()
-    assert "stale" not in text and text.count("prose") == 5 and "| b128 × s_q1 × h64 |" in text
+    assert "stale" not in text and text.count("prose") == 8 and "| b128 × s_q1 × h64 |" in text
     assert report.main(args + ["--check", str(doc)]) == 0
     doc.write_text(text.replace("0.80×", "0.90×"))
     assert report.main(args + ["--check", str(doc)]) == 1
