@@ -18,6 +18,8 @@ mod indexer;
 mod layer;
 #[path = "gpu/metadata.rs"]
 mod metadata;
+#[path = "gpu/python_parity.rs"]
+mod python_parity;
 #[path = "gpu/serving.rs"]
 mod serving;
 #[path = "gpu/sparse_decode.rs"]
