@@ -5,7 +5,7 @@
 //! templates and headers as the GPU builds, compiled for the host against the
 //! emulated arch layer (`nsa/emu/arch.cuh`) in place of the target's own.
 
-use nsa_kernels::{render, KernelFamily, KernelSpec, Target, TopkLayout, TopkScore, TopkTransform};
+use nsa_kernels::{render, KernelFamily, KernelSpec, Target, TopkLayout, TopkScore};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
@@ -28,38 +28,27 @@ fn emulated_families(target: Target) -> Vec<KernelFamily> {
         // bf16 scores for the k the bf16 cases use (topk_cases::bf16_scores_every_path).
         let scores: &[TopkScore] = if k == 1024 { &[TopkScore::F32] } else { &TopkScore::ALL };
         for &score in scores {
-            for transform in TopkTransform::KERNELS {
-                every_path(&mut families, target, k, transform, score);
-            }
+            every_path(&mut families, target, k, score);
         }
         families.push(KernelFamily::IndexTransform { k });
     }
-    // PAGED over tables of pages (topk_cases::paged_tables_of_pages_every_path): a
-    // power of two, a prime and the smallest page, on every path at k = 2048; bf16
-    // scores at the prime.
-    for page_size in PAGE_SIZES {
-        every_path(&mut families, target, 2048, TopkTransform::Pages(page_size), TopkScore::F32);
-    }
-    every_path(&mut families, target, 2048, TopkTransform::Pages(61), TopkScore::Bf16);
     families
 }
 
-/// One top-k variant on every path: one block (both layouts, deterministic or
-/// not), split, and the cluster kernel where `target` has clusters.
-fn every_path(families: &mut Vec<KernelFamily>, target: Target, k: u32, transform: TopkTransform, score: TopkScore) {
+/// One top-k variant on every path (each serves every transform): one block (both
+/// layouts, deterministic or not), split, and the cluster kernel where `target` has
+/// clusters.
+fn every_path(families: &mut Vec<KernelFamily>, target: Target, k: u32, score: TopkScore) {
     for deterministic in [false, true] {
         for layout in [TopkLayout::Latency, TopkLayout::Throughput] {
-            families.push(KernelFamily::TopK { k, transform, deterministic, layout, score });
+            families.push(KernelFamily::TopK { k, deterministic, layout, score });
         }
     }
-    families.push(KernelFamily::TopkSplit { k, transform, score });
+    families.push(KernelFamily::TopkSplit { k, score });
     if target.has_clusters() {
-        families.push(KernelFamily::TopkCluster { k, transform, score });
+        families.push(KernelFamily::TopkCluster { k, score });
     }
 }
-
-/// Page sizes of the emulated PAGED-over-pages kernels.
-const PAGE_SIZES: [u32; 3] = [64, 61, 2];
 
 /// One emulated build: a target's kernels, compiled against the emulated arch layer
 /// with that target's warp width.

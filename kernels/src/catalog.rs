@@ -2,7 +2,7 @@
 //! sparse MLA, metadata) add their specs here.
 
 use crate::config::{KvCacheFormat, NsaConfig};
-use crate::spec::{IndexerLayout, KernelFamily, KernelSpec, MetadataMode, TopkLayout, TopkScore, TopkTransform};
+use crate::spec::{IndexerLayout, KernelFamily, KernelSpec, MetadataMode, TopkLayout, TopkScore};
 use crate::target::Vendor;
 
 /// The kernel set of `cfg`, for every target it lists, sorted and without repeats.
@@ -11,12 +11,13 @@ pub fn kernel_set(cfg: &NsaConfig) -> Vec<KernelSpec> {
     // Every model has an indexer: its K store, and the gather feeding the ragged logits.
     let mut families =
         vec![KernelFamily::KvStore { format: cfg.kv_cache }, KernelFamily::IndexerKStore, KernelFamily::IndexerKGather];
-    // Top-k: fused PAGED (decode/verify/draft-extend, extend without prefix; from a
-    // page_table_1, and from the table of pages at the config's page size) and RAGGED
-    // (extend with prefix), plus the unfused path (plain + transform).
+    // Top-k: one kernel per plan and score type serves every fused transform (PAGED
+    // for decode/verify/draft-extend and extend without prefix, from a page_table_1
+    // or from the table of pages; RAGGED for extend with prefix; plain), plus the
+    // unfused page-table transform.
     families.extend(one_block_topk(cfg, false));
-    for (score, transform) in topk_variants(cfg) {
-        families.push(KernelFamily::TopkSplit { k: cfg.topk, transform, score });
+    for &score in topk_scores(cfg) {
+        families.push(KernelFamily::TopkSplit { k: cfg.topk, score });
     }
     families.push(KernelFamily::IndexTransform { k: cfg.topk });
     if cfg.kv_cache == KvCacheFormat::Fp8 {
@@ -48,9 +49,8 @@ pub fn kernel_set(cfg: &NsaConfig) -> Vec<KernelSpec> {
     }
     // Few long top-k rows go over thread-block clusters where the target has them
     // (`ops::topk::choose_plan`); one kernel serves every cluster size.
-    let clustered: Vec<KernelFamily> = topk_variants(cfg)
-        .map(|(score, transform)| KernelFamily::TopkCluster { k: cfg.topk, transform, score })
-        .collect();
+    let clustered: Vec<KernelFamily> =
+        topk_scores(cfg).iter().map(|&score| KernelFamily::TopkCluster { k: cfg.topk, score }).collect();
     let mut specs: Vec<KernelSpec> = cfg
         .targets
         .iter()
@@ -76,22 +76,11 @@ fn topk_scores(cfg: &NsaConfig) -> &'static [TopkScore] {
     }
 }
 
-/// Every (score type, transform) pair of `cfg`'s top-k kernels: plain (which
-/// serves RAGGED too), PAGED from a page_table_1, and PAGED over the table of pages
-/// where pages hold more than one token.
-fn topk_variants(cfg: &NsaConfig) -> impl Iterator<Item = (TopkScore, TopkTransform)> {
-    let pages = (cfg.page_size > 1).then_some(TopkTransform::Pages(cfg.page_size));
-    topk_scores(cfg)
-        .iter()
-        .flat_map(move |&score| TopkTransform::KERNELS.into_iter().chain(pages).map(move |t| (score, t)))
-}
-
-/// The one-block top-k kernels of `cfg`: every score type, transform and layout.
+/// The one-block top-k kernels of `cfg`: every score type and layout.
 fn one_block_topk(cfg: &NsaConfig, deterministic: bool) -> impl Iterator<Item = KernelFamily> + '_ {
-    topk_variants(cfg).flat_map(move |(score, transform)| {
+    topk_scores(cfg).iter().flat_map(move |&score| {
         [TopkLayout::Latency, TopkLayout::Throughput].map(|layout| KernelFamily::TopK {
             k: cfg.topk,
-            transform,
             deterministic,
             layout,
             score,
@@ -129,11 +118,11 @@ mod tests {
     }
 
     #[test]
-    fn deterministic_set_is_every_transform_and_layout_and_apart_from_the_kernel_set() {
+    fn deterministic_set_is_every_layout_and_apart_from_the_kernel_set() {
         let cfg = NsaConfig::preset("deepseek-v3.2").unwrap();
         let det = deterministic_topk_set(&cfg);
-        // Plain (RAGGED too), PAGED (page_table_1 and pages of 64); two layouts.
-        assert_eq!(det.len(), cfg.targets.len() * 3 * 2);
+        // Two layouts per target; each kernel serves every transform.
+        assert_eq!(det.len(), cfg.targets.len() * 2);
         assert!(det.iter().all(|s| matches!(s.family, KernelFamily::TopK { deterministic: true, .. })));
         let set = kernel_set(&cfg);
         assert!(det.iter().all(|s| !set.contains(s)), "the deterministic kernels are a run-time choice");
@@ -145,13 +134,11 @@ mod tests {
     fn bf16_top_k_kernels_only_when_asked_for_on_every_plan() {
         assert!(bf16_ids(false).is_empty());
         let ids = bf16_ids(true);
-        // Per target (sm_90a, sm_100a): 3 kernel transforms × (2 layouts + split + cluster).
-        assert_eq!(ids.len(), 2 * 3 * 4, "{ids:?}");
-        for id in ["topk.k2048.paged.bf16.tput.sm_90a", "topk_split.k2048.plain.bf16.sm_100a"] {
+        // Per target (sm_90a, sm_100a): 2 layouts + split + cluster.
+        assert_eq!(ids.len(), 2 * 4, "{ids:?}");
+        for id in ["topk.k2048.bf16.tput.sm_90a", "topk_split.k2048.bf16.sm_100a", "topk_cluster.k2048.bf16.sm_90a"] {
             assert!(ids.iter().any(|i| i == id), "{id} missing from {ids:?}");
         }
-        assert!(ids.iter().any(|i| i == "topk_cluster.k2048.plain.bf16.sm_90a"));
-        assert!(ids.iter().any(|i| i == "topk_cluster.k2048.pages64.bf16.sm_90a"));
         let gfx = NsaConfig {
             targets: vec![Target::Gfx942],
             topk_bf16_scores: true,
@@ -164,19 +151,12 @@ mod tests {
     }
 
     #[test]
-    fn paged_over_the_table_of_pages_on_every_plan_at_the_config_page_size() {
-        let ids_of = |page_size| {
+    fn the_top_k_kernels_do_not_depend_on_the_page_size() {
+        let topk_ids = |page_size| {
             let cfg = NsaConfig { page_size, ..NsaConfig::preset("deepseek-v3.2").unwrap() };
-            kernel_set(&cfg).into_iter().map(|s| s.id()).filter(|id| id.contains(".pages")).collect::<Vec<_>>()
+            kernel_set(&cfg).into_iter().map(|s| s.id()).filter(|id| id.starts_with("topk")).collect::<Vec<_>>()
         };
-        assert!(ids_of(1).is_empty(), "a page_table_1 is the table of pages of one token");
-        let ids = ids_of(32);
-        // Per target: both layouts, split, cluster.
-        assert_eq!(ids.len(), 2 * 4, "{ids:?}");
-        for id in
-            ["topk.k2048.pages32.tput.sm_100a", "topk_split.k2048.pages32.sm_90a", "topk_cluster.k2048.pages32.sm_90a"]
-        {
-            assert!(ids.iter().any(|i| i == id), "{id} missing from {ids:?}");
-        }
+        assert_eq!(topk_ids(1), topk_ids(64));
+        assert_eq!(topk_ids(61), topk_ids(64));
     }
 }

@@ -35,10 +35,11 @@ pub enum KernelFamily {
     IndexerKStore,
     /// Gather indexer keys and scales by slot into ragged rows (spec §6.3 "Gather K").
     IndexerKGather,
-    /// Exact top-k of f32 or bf16 scores per row, with the output transform fused in.
+    /// Exact top-k of f32 or bf16 scores per row, with the output transform fused in
+    /// (plain, RAGGED or PAGED: the launch parameters name it, so one kernel serves
+    /// every transform).
     TopK {
         k: u32,
-        transform: TopkTransform,
         deterministic: bool,
         layout: TopkLayout,
         #[serde(default)]
@@ -56,7 +57,6 @@ pub enum KernelFamily {
     /// row's last block cuts the top k from the keys its blocks kept.
     TopkSplit {
         k: u32,
-        transform: TopkTransform,
         #[serde(default)]
         score: TopkScore,
     },
@@ -66,7 +66,6 @@ pub enum KernelFamily {
     /// `TOPK_CLUSTER_SIZES`), so one kernel serves every size.
     TopkCluster {
         k: u32,
-        transform: TopkTransform,
         #[serde(default)]
         score: TopkScore,
     },
@@ -236,15 +235,10 @@ mod tests {
     /// only where the target has it.
     #[test]
     fn pdl_only_for_kernels_that_wait_and_only_on_nvidia() {
-        let topk = KernelFamily::TopK {
-            k: 2048,
-            transform: TopkTransform::Paged,
-            deterministic: false,
-            layout: TopkLayout::Latency,
-            score: TopkScore::F32,
-        };
-        let cluster = KernelFamily::TopkCluster { k: 2048, transform: TopkTransform::Plain, score: TopkScore::Bf16 };
-        let split = KernelFamily::TopkSplit { k: 512, transform: TopkTransform::Plain, score: TopkScore::F32 };
+        let topk =
+            KernelFamily::TopK { k: 2048, deterministic: false, layout: TopkLayout::Latency, score: TopkScore::F32 };
+        let cluster = KernelFamily::TopkCluster { k: 2048, score: TopkScore::Bf16 };
+        let split = KernelFamily::TopkSplit { k: 512, score: TopkScore::F32 };
         let transform = KernelFamily::IndexTransform { k: 2048 };
         for family in [topk, cluster, split, transform] {
             for target in Target::NVIDIA {

@@ -35,8 +35,10 @@ struct TopkParams {
     row_capacity: i32,
     table_rows: i32,
     table_width: i32,
+    page_size: i32,
+    pad: i32,
 }
-const _: () = assert!(size_of::<TopkParams>() == 88);
+const _: () = assert!(size_of::<TopkParams>() == 96);
 
 /// `nsa::topk::Split`.
 #[repr(C)]
@@ -227,6 +229,8 @@ impl TopkDevice for Emulator {
             row_capacity: inputs.row_capacity as i32,
             table_rows: table.map_or(0, |t| t.rows as i32),
             table_width: table.map_or(0, |t| t.width as i32),
+            page_size: table.map_or(0, |t| t.page_size as i32),
+            pad: 0,
         };
         match family {
             KernelFamily::TopkSplit { .. } => {

@@ -339,15 +339,14 @@ fn is_c_identifier(s: &str) -> bool {
 #[test]
 fn ids_and_symbols_are_unique_and_round_trip() {
     let specs = all_specs();
-    // 4 store kernels + 1 indexer gather + 6 top-k (3 k × plain and PAGED; plain serves RAGGED)
-    // + 2 deterministic + 2 throughput top-k + 1 index transform + 4 metadata modes × 2 page
-    // sizes + 2 split top-k transforms per target, and bf16 scores for 2 top-k + 2 deterministic
-    // + 2 throughput + 2 split, and PAGED over pages of 64 and 61 for top-k, deterministic,
-    // throughput and split (8); on NVIDIA also 9 sparse decode variants, 5 combines, 7 sparse
-    // prefill variants and 2 indexer logits layouts, 6 cluster top-k (3 k × 2 transforms; the
-    // cluster size is a launch attribute), 2 bf16 cluster top-k and 2 over pages (64 and 61).
+    // 4 store kernels + 1 indexer gather + 3 top-k (k 512, 1024, 2048) + 1 deterministic
+    // + 1 throughput top-k + 1 index transform + 4 metadata modes × 2 page sizes + 1 split
+    // top-k per target, and bf16 scores for top-k, deterministic, throughput and split
+    // (4); every top-k kernel serves every output transform. On NVIDIA also 9 sparse
+    // decode variants, 5 combines, 7 sparse prefill variants, 2 indexer logits layouts,
+    // 3 cluster top-k (the cluster size is a launch attribute) and 1 bf16 cluster top-k.
     let nvidia = Target::ALL.iter().filter(|t| t.vendor() == nsa_kernels::Vendor::Nvidia).count();
-    assert_eq!(specs.len(), 42 * Target::ALL.len() + 33 * nvidia);
+    assert_eq!(specs.len(), 24 * Target::ALL.len() + 27 * nvidia);
     let mut ids = BTreeMap::new();
     let mut symbols = BTreeMap::new();
     let mut sources = BTreeSet::new();

@@ -89,7 +89,7 @@ pub enum TopkTransform {
     /// `table[row of b, p / P] · P + p % P`, the same slot as [`TopkTransform::Paged`]
     /// reads from the page_table_1 that table expands to, from a table P times
     /// smaller; an entry < 0 (no page) gives −1, as its page_table_1 entries would.
-    /// The page size is a kernel constant.
+    /// The page size is a launch parameter.
     Pages(u32),
 }
 
@@ -98,22 +98,9 @@ pub const TOPK_PAGE_SIZES: std::ops::RangeInclusive<u32> = 2..=65536;
 
 impl TopkTransform {
     /// The transforms a top-k call may ask for; [`TopkTransform::Pages`] joins them at
-    /// the config's page size.
+    /// the config's page size. One kernel computes every one of them: the launch
+    /// parameters name the transform.
     pub const ALL: [TopkTransform; 3] = [TopkTransform::Plain, TopkTransform::Paged, TopkTransform::Ragged];
-
-    /// The transforms of the kernels: RAGGED runs the plain kernel (see
-    /// [`TopkTransform::kernel`]).
-    pub const KERNELS: [TopkTransform; 2] = [TopkTransform::Plain, TopkTransform::Paged];
-
-    /// The transform of the kernel that computes this one: RAGGED is the plain
-    /// kernel given an offsets array (without one it writes plain positions), so
-    /// the two share one compiled kernel; the others are their own.
-    pub fn kernel(self) -> TopkTransform {
-        match self {
-            TopkTransform::Ragged => TopkTransform::Plain,
-            t => t,
-        }
-    }
 
     /// PAGED from a table with `page_size` positions per entry: 1 is a page_table_1.
     pub fn paged(page_size: u32) -> TopkTransform {
@@ -145,37 +132,6 @@ impl TopkTransform {
             TopkTransform::Paged => "paged".into(),
             TopkTransform::Ragged => "ragged".into(),
             TopkTransform::Pages(p) => format!("pages{p}"),
-        }
-    }
-
-    /// The call transforms this kernel transform computes: itself, and RAGGED for
-    /// the plain kernel.
-    pub fn calls(self) -> Vec<TopkTransform> {
-        match self {
-            TopkTransform::Plain => vec![TopkTransform::Plain, TopkTransform::Ragged],
-            t => vec![t],
-        }
-    }
-
-    /// The kernel transform a [`TopkTransform::tag`] names in a kernel id (`ragged`
-    /// names none: it runs the plain kernel).
-    pub fn from_kernel_tag(tag: &str) -> Option<TopkTransform> {
-        match tag {
-            "plain" => Some(TopkTransform::Plain),
-            "paged" => Some(TopkTransform::Paged),
-            _ => {
-                let p = tag.strip_prefix("pages")?.parse::<u32>().ok()?;
-                TOPK_PAGE_SIZES.contains(&p).then_some(TopkTransform::Pages(p))
-            }
-        }
-    }
-
-    /// The device transform of this one's kernel.
-    pub(crate) fn device_enum(self) -> String {
-        match self.kernel() {
-            TopkTransform::Paged => "kPaged".into(),
-            TopkTransform::Pages(p) => format!("kPagesOf<{p}>"),
-            _ => "kPlain".into(),
         }
     }
 }
@@ -272,12 +228,10 @@ pub fn candidates(spec: &KernelSpec) -> u32 {
 }
 
 /// Context shared by the top-k families (one block per row, split, cluster).
-fn shared_context(spec: &KernelSpec, ctx: &mut Map<String, Value>, k: u32, transform: TopkTransform, score: TopkScore) {
+fn shared_context(spec: &KernelSpec, ctx: &mut Map<String, Value>, k: u32, score: TopkScore) {
     ctx.insert("k".into(), json!(k));
     ctx.insert("score".into(), json!(score.tag()));
     ctx.insert("score_type".into(), json!(score.device_type()));
-    ctx.insert("transform".into(), json!(transform.kernel().tag()));
-    ctx.insert("transform_enum".into(), json!(transform.device_enum()));
     ctx.insert("smem_words".into(), json!(smem_words(spec)));
     ctx.insert("min_blocks_per_sm".into(), json!(min_blocks_per_sm(spec)));
 }
@@ -294,8 +248,8 @@ impl FamilyRules for Topk {
 
     fn knobs(&self, spec: &KernelSpec) -> Vec<String> {
         match spec.family {
-            KernelFamily::TopK { k, transform, deterministic, layout, score } => {
-                let mut v = vec![format!("k{k}"), transform.kernel().tag()];
+            KernelFamily::TopK { k, deterministic, layout, score } => {
+                let mut v = vec![format!("k{k}")];
                 score.id_knobs(&mut v);
                 if deterministic {
                     v.push("det".into());
@@ -305,13 +259,8 @@ impl FamilyRules for Topk {
                 }
                 v
             }
-            KernelFamily::TopkSplit { k, transform, score } => {
-                let mut v = vec![format!("k{k}"), transform.kernel().tag()];
-                score.id_knobs(&mut v);
-                v
-            }
-            KernelFamily::TopkCluster { k, transform, score } => {
-                let mut v = vec![format!("k{k}"), transform.kernel().tag()];
+            KernelFamily::TopkSplit { k, score } | KernelFamily::TopkCluster { k, score } => {
+                let mut v = vec![format!("k{k}")];
                 score.id_knobs(&mut v);
                 v
             }
@@ -364,18 +313,18 @@ impl FamilyRules for Topk {
 
     fn context(&self, spec: &KernelSpec, ctx: &mut Map<String, Value>) {
         match spec.family {
-            KernelFamily::TopK { k, transform, deterministic, score, .. } => {
-                shared_context(spec, ctx, k, transform, score);
+            KernelFamily::TopK { k, deterministic, score, .. } => {
+                shared_context(spec, ctx, k, score);
                 ctx.insert("deterministic".into(), json!(deterministic));
                 ctx.insert("candidate_capacity".into(), json!(candidates(spec)));
                 ctx.insert("row_cache_capacity".into(), json!(row_cache(spec)));
             }
-            KernelFamily::TopkSplit { k, transform, score } => {
-                shared_context(spec, ctx, k, transform, score);
+            KernelFamily::TopkSplit { k, score } => {
+                shared_context(spec, ctx, k, score);
                 ctx.insert("list_capacity".into(), json!(split_list(spec.target)));
             }
-            KernelFamily::TopkCluster { k, transform, score } => {
-                shared_context(spec, ctx, k, transform, score);
+            KernelFamily::TopkCluster { k, score } => {
+                shared_context(spec, ctx, k, score);
                 ctx.insert("candidate_capacity".into(), json!(candidates(spec)));
                 ctx.insert("row_cache_capacity".into(), json!(row_cache(spec)));
             }
@@ -386,57 +335,33 @@ impl FamilyRules for Topk {
         }
     }
 
-    /// k 512/1024/2048 with every transform, plus the deterministic and
-    /// throughput k 2048 ones (f32 and bf16 scores); the index transform at 2048;
-    /// the split path for every transform and score; PAGED over tables of pages
-    /// of 64 and 61 on every one-block path and the split path; on NVIDIA, the
-    /// cluster kernel for every k and transform (bf16 at k 2048), and over tables of
-    /// pages of 64 and 61.
+    /// k 512/1024/2048, plus the deterministic and throughput k 2048 ones (f32 and
+    /// bf16 scores); the index transform at 2048; the split path for both scores;
+    /// on NVIDIA, the cluster kernel for every k (bf16 at k 2048). Each serves every
+    /// transform.
     fn representatives(&self, target: Target) -> Vec<KernelFamily> {
         let mut families = Vec::new();
         for k in [512, 1024, 2048] {
-            for transform in TopkTransform::KERNELS {
-                let topk =
-                    |deterministic, layout, score| KernelFamily::TopK { k, transform, deterministic, layout, score };
-                families.push(topk(false, TopkLayout::Latency, TopkScore::F32));
-                if k == 2048 {
-                    // bf16 scores: every load path (both layouts, deterministic, split and cluster below).
-                    for score in TopkScore::ALL {
-                        families.push(topk(true, TopkLayout::Latency, score));
-                        families.push(topk(false, TopkLayout::Throughput, score));
-                    }
-                    families.push(topk(false, TopkLayout::Latency, TopkScore::Bf16));
+            let topk = |deterministic, layout, score| KernelFamily::TopK { k, deterministic, layout, score };
+            families.push(topk(false, TopkLayout::Latency, TopkScore::F32));
+            if k == 2048 {
+                // bf16 scores: every load path (both layouts, deterministic, split and cluster below).
+                for score in TopkScore::ALL {
+                    families.push(topk(true, TopkLayout::Latency, score));
+                    families.push(topk(false, TopkLayout::Throughput, score));
                 }
+                families.push(topk(false, TopkLayout::Latency, TopkScore::Bf16));
             }
         }
         families.push(KernelFamily::IndexTransform { k: 2048 });
-        for transform in TopkTransform::KERNELS {
-            for score in TopkScore::ALL {
-                families.push(KernelFamily::TopkSplit { k: 2048, transform, score });
-            }
-        }
-        // PAGED over tables of pages: DeepSeek's 64 (a shift) and 61 (a division), on
-        // every one-block path and the split path; clusters below.
-        for transform in [TopkTransform::Pages(64), TopkTransform::Pages(61)] {
-            for (deterministic, layout) in
-                [(false, TopkLayout::Latency), (true, TopkLayout::Latency), (false, TopkLayout::Throughput)]
-            {
-                families.push(KernelFamily::TopK { k: 2048, transform, deterministic, layout, score: TopkScore::F32 });
-            }
-            families.push(KernelFamily::TopkSplit { k: 2048, transform, score: TopkScore::F32 });
+        for score in TopkScore::ALL {
+            families.push(KernelFamily::TopkSplit { k: 2048, score });
         }
         if target.vendor() == Vendor::Nvidia {
             for k in [512, 1024, 2048] {
-                for transform in TopkTransform::KERNELS {
-                    families.push(KernelFamily::TopkCluster { k, transform, score: TopkScore::F32 });
-                    if k == 2048 {
-                        families.push(KernelFamily::TopkCluster { k, transform, score: TopkScore::Bf16 });
-                    }
-                }
+                families.push(KernelFamily::TopkCluster { k, score: TopkScore::F32 });
             }
-            for transform in [TopkTransform::Pages(64), TopkTransform::Pages(61)] {
-                families.push(KernelFamily::TopkCluster { k: 2048, transform, score: TopkScore::F32 });
-            }
+            families.push(KernelFamily::TopkCluster { k: 2048, score: TopkScore::Bf16 });
         }
         families
     }
@@ -445,24 +370,19 @@ impl FamilyRules for Topk {
         // Unknown flags parse to a family whose id differs, rejected by the caller.
         let score_of = |flags: &[&str]| if flags.contains(&"bf16") { TopkScore::Bf16 } else { TopkScore::F32 };
         Some(match (name, knobs) {
-            ("topk", [k, t, flags @ ..]) => KernelFamily::TopK {
+            ("topk", [k, flags @ ..]) => KernelFamily::TopK {
                 k: number_after(k, 'k')?,
-                transform: TopkTransform::from_kernel_tag(t)?,
                 deterministic: flags.contains(&"det"),
                 layout: if flags.contains(&"tput") { TopkLayout::Throughput } else { TopkLayout::Latency },
                 score: score_of(flags),
             },
             ("index_transform", [k]) => KernelFamily::IndexTransform { k: number_after(k, 'k')? },
-            ("topk_cluster", [k, t, flags @ ..]) => KernelFamily::TopkCluster {
-                k: number_after(k, 'k')?,
-                transform: TopkTransform::from_kernel_tag(t)?,
-                score: score_of(flags),
-            },
-            ("topk_split", [k, t, flags @ ..]) => KernelFamily::TopkSplit {
-                k: number_after(k, 'k')?,
-                transform: TopkTransform::from_kernel_tag(t)?,
-                score: score_of(flags),
-            },
+            ("topk_cluster", [k, flags @ ..]) => {
+                KernelFamily::TopkCluster { k: number_after(k, 'k')?, score: score_of(flags) }
+            }
+            ("topk_split", [k, flags @ ..]) => {
+                KernelFamily::TopkSplit { k: number_after(k, 'k')?, score: score_of(flags) }
+            }
             _ => return None,
         })
     }
@@ -483,19 +403,5 @@ mod tests {
             assert_eq!(t.page_size(), None);
             assert!(!t.is_paged());
         }
-    }
-
-    #[test]
-    fn every_call_transform_runs_a_kernel_transform_that_computes_it() {
-        for t in TopkTransform::ALL.into_iter().chain([TopkTransform::Pages(64)]) {
-            let kernel = t.kernel();
-            assert!(kernel.calls().contains(&t), "{t:?}");
-            assert_eq!(TopkTransform::from_kernel_tag(&kernel.tag()), Some(kernel), "{t:?}");
-        }
-        for kernel in TopkTransform::KERNELS {
-            assert_eq!(kernel.kernel(), kernel);
-            assert!(kernel.calls().iter().all(|c| c.kernel() == kernel), "{kernel:?}");
-        }
-        assert_eq!(TopkTransform::from_kernel_tag("ragged"), None, "ragged runs the plain kernel");
     }
 }

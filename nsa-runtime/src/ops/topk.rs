@@ -51,7 +51,7 @@ pub struct PageTable<'a> {
     /// from a table P times smaller; an entry < 0 (no page) gives −1, as its
     /// page_table_1 entries would. Slots are i32: every `entry · P + P − 1` must fit.
     /// Rows of more than `width · page_size` keys are rejected. The page size is a
-    /// kernel constant: each one is its own kernel.
+    /// launch parameter: one kernel serves every page size.
     pub page_size: usize,
     /// `Some(cu)` (`rows + 1` entries): score/token row b uses table row i with
     /// `cu[i] <= b < cu[i+1]` (prefill). `None`: row b uses table row b (decode).
@@ -97,6 +97,8 @@ struct TopkParams {
     row_capacity: i32,
     table_rows: i32,
     table_width: i32,
+    page_size: i32,
+    _pad: i32,
 }
 // SAFETY: plain old data with the C layout the kernel declares.
 unsafe impl DeviceRepr for TopkParams {}
@@ -158,7 +160,7 @@ impl TopkWorkspace {
 
 /// Keys per row of the split path's list on `target`.
 fn split_list(target: Target) -> usize {
-    let split = KernelFamily::TopkSplit { k: 1, transform: TopkTransform::Plain, score: TopkScore::F32 };
+    let split = KernelFamily::TopkSplit { k: 1, score: TopkScore::F32 };
     KernelSpec::new(split, target).topk_split_list() as usize
 }
 
@@ -199,15 +201,13 @@ pub enum TopkPlan {
 }
 
 impl TopkPlan {
-    /// The kernel this plan launches for top-`k` of `score`s with `transform`
-    /// (`deterministic` applies to one block per row only; RAGGED runs the plain
-    /// kernel, given the offsets).
-    pub fn family(self, k: u32, transform: TopkTransform, deterministic: bool, score: TopkScore) -> KernelFamily {
-        let transform = transform.kernel();
+    /// The kernel this plan launches for top-`k` of `score`s (`deterministic`
+    /// applies to one block per row only); it serves every output transform.
+    pub fn family(self, k: u32, deterministic: bool, score: TopkScore) -> KernelFamily {
         match self {
-            TopkPlan::Single(layout) => KernelFamily::TopK { k, transform, deterministic, layout, score },
-            TopkPlan::Split { .. } => KernelFamily::TopkSplit { k, transform, score },
-            TopkPlan::Cluster { .. } => KernelFamily::TopkCluster { k, transform, score },
+            TopkPlan::Single(layout) => KernelFamily::TopK { k, deterministic, layout, score },
+            TopkPlan::Split { .. } => KernelFamily::TopkSplit { k, score },
+            TopkPlan::Cluster { .. } => KernelFamily::TopkCluster { k, score },
         }
     }
 }
@@ -430,7 +430,7 @@ pub fn topk_with_layout<T: TopkScoreElem>(
     output: &TopkOutput<'_>,
     out: &mut CudaViewMut<'_, i32>,
 ) -> Result<()> {
-    let family = TopkPlan::Single(layout).family(k, output.transform(), deterministic, T::SCORE);
+    let family = TopkPlan::Single(layout).family(k, deterministic, T::SCORE);
     launch_one(rt, k, family, 1, scores, output, out)
 }
 
@@ -476,7 +476,7 @@ pub fn topk_cluster<T: TopkScoreElem>(
             "an NVIDIA target (thread-block clusters need sm_90+); use topk_with_layout",
         ));
     }
-    let family = TopkPlan::Cluster { size: cluster }.family(k, output.transform(), false, T::SCORE);
+    let family = TopkPlan::Cluster { size: cluster }.family(k, false, T::SCORE);
     launch_one(rt, k, family, cluster, scores, output, out)
 }
 
@@ -510,7 +510,7 @@ pub fn topk_split<T: TopkScoreElem>(
     if rows == 0 {
         return Ok(());
     }
-    let kernel = rt.kernel(TopkPlan::Split { chunk, chunks }.family(k, output.transform(), false, T::SCORE))?;
+    let kernel = rt.kernel(TopkPlan::Split { chunk, chunks }.family(k, false, T::SCORE))?;
     let stream = rt.gpu().stream();
     let (st, _s1) = workspace.state.device_ptr_mut(stream);
     let (ci, _s2) = workspace.cand_idx.device_ptr_mut(stream);
@@ -580,9 +580,9 @@ fn with_params<T: TopkScoreElem>(
     launch: impl FnOnce(TopkParams) -> Result<()>,
 ) -> Result<()> {
     let rows = scores.lengths.len();
-    let (table_stride, table_rows, table_width) = match output {
-        TopkOutput::Paged(t) => (t.stride as i64, t.rows as i32, t.width as i32),
-        _ => (0, 0, 0),
+    let (table_stride, table_rows, table_width, page_size) = match output {
+        TopkOutput::Paged(t) => (t.stride as i64, t.rows as i32, t.width as i32, t.page_size as i32),
+        _ => (0, 0, 0, 0),
     };
     let stream = rt.gpu().stream();
     let (scores_ptr, _s1) = scores.scores.device_ptr(stream);
@@ -621,6 +621,8 @@ fn with_params<T: TopkScoreElem>(
         row_capacity: scores.row_capacity as i32,
         table_rows,
         table_width,
+        page_size,
+        _pad: 0,
     };
     launch(params)
 }
@@ -695,17 +697,13 @@ mod tests {
 
     #[test]
     fn each_plan_launches_its_own_family_with_every_knob() {
-        // RAGGED launches the plain kernel.
-        let (k, t, s) = (1024, TopkTransform::Plain, TopkScore::Bf16);
-        let single = TopkPlan::Single(TopkLayout::Throughput).family(k, TopkTransform::Ragged, true, s);
-        let want =
-            KernelFamily::TopK { k, transform: t, deterministic: true, layout: TopkLayout::Throughput, score: s };
-        assert_eq!(single, want);
-        let split = TopkPlan::Split { chunk: 4096, chunks: 3 }.family(k, TopkTransform::Ragged, false, s);
-        assert_eq!(split, KernelFamily::TopkSplit { k, transform: t, score: s });
-        let cluster = TopkPlan::Cluster { size: 4 }.family(k, TopkTransform::Paged, false, TopkScore::F32);
-        let want = KernelFamily::TopkCluster { k, transform: TopkTransform::Paged, score: TopkScore::F32 };
-        assert_eq!(cluster, want);
+        let (k, s) = (1024, TopkScore::Bf16);
+        let single = TopkPlan::Single(TopkLayout::Throughput).family(k, true, s);
+        assert_eq!(single, KernelFamily::TopK { k, deterministic: true, layout: TopkLayout::Throughput, score: s });
+        let split = TopkPlan::Split { chunk: 4096, chunks: 3 }.family(k, false, s);
+        assert_eq!(split, KernelFamily::TopkSplit { k, score: s });
+        let cluster = TopkPlan::Cluster { size: 4 }.family(k, false, TopkScore::F32);
+        assert_eq!(cluster, KernelFamily::TopkCluster { k, score: TopkScore::F32 });
     }
 
     #[test]

@@ -223,14 +223,13 @@ impl TopkInputs {
 
 /// The kernel `case` runs on a device with `sm_count` SMs.
 pub fn case_kernel(case: &TopkCase, sm_count: u32) -> TopkKernel {
-    path_kernel(case.k, case.transform, case.deterministic, case.path, case.score, case.lengths.len(), sm_count)
+    path_kernel(case.k, case.deterministic, case.path, case.score, case.lengths.len(), sm_count)
 }
 
 /// The kernel of `path` for `rows` rows (one-block rows take the layout
-/// `choose_layout` picks unless the path names one).
+/// `choose_layout` picks unless the path names one). It serves every transform.
 fn path_kernel(
     k: u32,
-    transform: TopkTransform,
     deterministic: bool,
     path: TopkPath,
     score: TopkScore,
@@ -240,10 +239,10 @@ fn path_kernel(
     let (family, cluster) = match path {
         TopkPath::Single(layout) => {
             let layout = layout.unwrap_or_else(|| topk::choose_layout(rows, sm_count).0);
-            (KernelFamily::TopK { k, transform, deterministic, layout, score }, 1)
+            (KernelFamily::TopK { k, deterministic, layout, score }, 1)
         }
-        TopkPath::Split => (KernelFamily::TopkSplit { k, transform, score }, 1),
-        TopkPath::Cluster(size) => (KernelFamily::TopkCluster { k, transform, score }, size),
+        TopkPath::Split => (KernelFamily::TopkSplit { k, score }, 1),
+        TopkPath::Cluster(size) => (KernelFamily::TopkCluster { k, score }, size),
     };
     TopkKernel { family, cluster }
 }
@@ -533,7 +532,7 @@ fn launch_kernel<T: TopkScoreElem>(
         other => unreachable!("{other:?} is not a top-k family"),
     };
     // The launcher picks the kernel from the inputs: it must be the one asked for.
-    let launched = plan.family(k, output.transform(), deterministic, T::SCORE);
+    let launched = plan.family(k, deterministic, T::SCORE);
     if launched != family {
         let expected = format!("{launched:?}, the kernel of these scores and this output");
         return Err(crate::error::invalid("family", format!("{family:?}"), expected));
@@ -626,7 +625,7 @@ pub fn transform_then_topk(rt: &Runtime, k: u32, rows: usize, n: usize, path: To
     let (table_view, cu_view) = (d_table.slice(0..), d_cu.slice(0..2));
     let pt =
         PageTable { table: &table_view, rows: 1, stride: width, width, page_size: 1, cu_seqlens_q: Some(&cu_view) };
-    let kernel = path_kernel(k, TopkTransform::Plain, false, path, TopkScore::F32, rows, rt.gpu().caps().sm_count);
+    let kernel = path_kernel(k, false, path, TopkScore::F32, rows, rt.gpu().caps().sm_count);
     // Made before the transform: its zeroing copy must not sit between the launches.
     let mut ws = if path == TopkPath::Split { Some(topk::TopkWorkspace::new(rt, rows)?) } else { None };
     let mut mismatches = 0;

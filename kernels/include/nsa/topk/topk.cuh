@@ -30,9 +30,12 @@ namespace nsa {
 namespace topk {
 
 // kPlain writes positions, plus offsets[row] when the offsets array is given (the
-// RAGGED transform: one kernel serves both). kRaw, internal, writes positions as
-// they are: entries translated before or after they are placed.
-enum Transform { kPlain = 0, kPaged = 1, kRaw = 2 };
+// RAGGED transform). kAny is the transform the parameters name at run time: PAGED
+// when a page table is given (page_size positions an entry; 1: a page_table_1),
+// otherwise kPlain's; one kernel then serves every transform, and its row passes
+// write positions that one pass translates after. kRaw, internal, writes positions
+// as they are: entries translated before or after they are placed.
+enum Transform { kPlain = 0, kPaged = 1, kRaw = 2, kAny = 3 };
 
 // PAGED over a table of pages of P >= 2 positions (spec §2.2: slot = table[p / P] · P
 // + p % P, the page_table_1 slot of p) is the transform kPagesOf<P>: the page size is
@@ -62,8 +65,32 @@ struct Params {
   i32 rows;
   i32 row_capacity;         // readable elements per score row: row_starts[r] + lengths[r] must fit
   i32 table_rows;
-  i32 table_width;          // PAGED: lengths[r] must be <= this
+  i32 table_width;          // PAGED: lengths[r] must be <= this * page_size
+  i32 page_size;            // kAny PAGED: positions per page-table entry (1: a page_table_1)
+  i32 pad;
 };
+
+// The run-time forms, which kAny reads from the parameters: PAGED at all; PAGED
+// from a page_table_1 (slot lookups a listed key); its positions per entry; any
+// entry other than the position itself.
+template <int kTransform>
+NSA_DEVICE bool is_paged(const Params& p) {
+  return kTransform == kAny ? p.page_table != nullptr : kIsPaged<kTransform>;
+}
+template <int kTransform>
+NSA_DEVICE bool reads_table_1(const Params& p) {
+  return kTransform == kAny ? p.page_table != nullptr && p.page_size == 1 : kTransform == kPaged;
+}
+template <int kTransform>
+NSA_DEVICE i64 page_size_of(const Params& p) {
+  return kTransform == kAny ? (i64)p.page_size : (i64)kPageSizeOf<kTransform>;
+}
+template <int kTransform>
+NSA_DEVICE bool translates(const Params& p) {
+  return kTransform == kRaw ? false
+         : kTransform == kPlain || kTransform == kAny ? p.page_table != nullptr || p.offsets != nullptr
+                                                       : true;
+}
 
 // Workspace of the split path (few long rows, each over many blocks): zero on
 // entry, and left zero again by each row's last block.
@@ -246,16 +273,16 @@ NSA_DEVICE void for_each_key_as(bool cached, const u32* cache, const S* src, i32
 // Which page-table row serves score row `row` (-1: none).
 template <int kTransform>
 NSA_DEVICE i32 table_row_of(const Params& p, i32 row) {
-  return kIsPaged<kTransform> ? segment_of(p.cu_seqlens_q, p.table_rows, row) : 0;
+  return is_paged<kTransform>(p) ? segment_of(p.cu_seqlens_q, p.table_rows, row) : 0;
 }
 
-// PAGED entries that are translated afterwards pass through as they are (kRaw);
-// the other transforms are unchanged.
+// PAGED entries that are translated afterwards pass through as they are (kRaw), as
+// do kAny's; the other transforms are unchanged.
 template <int kTransform>
-constexpr int kUnpaged = kIsPaged<kTransform> ? kRaw : kTransform;
+constexpr int kUnpaged = kIsPaged<kTransform> || kTransform == kAny ? kRaw : kTransform;
 // Entries of a list whose page_table_1 slots were looked up where it was built
 // (translate_listed) pass through as they are; a table of pages is read when they
-// are placed.
+// are placed (kAny decides at run time: cut_and_place's `listed`).
 template <int kTransform>
 constexpr int kListed = kTransform == kPaged ? kRaw : kTransform;
 
@@ -264,8 +291,20 @@ NSA_DEVICE const u32* table_row_slots(const Params& p, i32 trow) {
   return reinterpret_cast<const u32*>(p.page_table + (i64)trow * p.table_stride);
 }
 
+// Tables of pages of a run-time size P >= 2 (kAny).
+NSA_DEVICE i32 page_slot(const i32* table_row, u32 P, i32 pos) {
+  const u32 page = (u32)pos / P;
+  const i32 entry = table_row[page];
+  return entry < 0 ? -1 : (i32)((u32)entry * P + ((u32)pos - page * P));
+}
+
 template <int kTransform>
 NSA_DEVICE i32 emit(const Params& p, i32 row, i32 trow, i32 pos) {
+  if (kTransform == kAny) {
+    if (p.page_table == nullptr) return p.offsets != nullptr ? pos + p.offsets[row] : pos;
+    const i32* table_row = p.page_table + (i64)trow * p.table_stride;
+    return p.page_size == 1 ? table_row[pos] : page_slot(table_row, (u32)p.page_size, pos);
+  }
   if (kTransform == kPlain) return p.offsets != nullptr ? pos + p.offsets[row] : pos;
   if (kTransform == kPaged) return p.page_table[(i64)trow * p.table_stride + pos];
   if (kTransform > kPages) {  // pos >= 0: unsigned, so a power-of-two P is a shift and a mask
@@ -439,7 +478,9 @@ NSA_NOINLINE void overflow_select_apart(const Params& p, i32 row, i32 trow, i32*
                                         u32* cand_key) {
   overflow_select<K, kUnpaged<kTransform>, kBlockThreads, kCandCap>(p, row, trow, out, cached, cache, src, n, bin0, r,
                                                                      hist, sm, cand_idx, cand_key);
-  if constexpr (kIsPaged<kTransform>) translate_placed<K, kTransform, kBlockThreads>(p, row, trow, out);
+  if (kUnpaged<kTransform> != kTransform && translates<kTransform>(p)) {
+    translate_placed<K, kTransform, kBlockThreads>(p, row, trow, out);
+  }
 }
 
 // Shared-memory words the kernel needs beyond the candidate list and row cache.
@@ -754,11 +795,11 @@ NSA_NOINLINE void keep_above_sample_apart(const S* src, i32 n, i32 begin, i32 le
 // (K words of shared memory, free once every thread has passed the scan), and one
 // coalesced pass writes them out: the stores are whole lines and a PAGED row's
 // page-table reads are all issued together (measured faster on an H200).
-// kTranslated: the listed entries that can be placed already hold their PAGED slots
-// (cut_and_place), so none is looked up here.
-template <int K, int kTransform, int kBlockThreads, bool kTranslated>
+// translated: the listed entries that can be placed already hold their PAGED slots
+// (cut_and_place), so none is looked up here (a constant but for kAny).
+template <int K, int kTransform, int kBlockThreads>
 NSA_DEVICE void place_listed(const Params& p, i32 row, i32 trow, i32* out, const u32* fidx, const u32* fkey, u32 kept,
-                             i64 thr, u32 ties, u32* stage, u32* sm) {
+                             i64 thr, u32 ties, u32* stage, u32* sm, bool translated) {
   const u32 tid = thread_x();
   u32 counts = 0;  // winners | ties << 16
   for (u32 c = tid; c < kept; c += kBlockThreads) {
@@ -769,7 +810,7 @@ NSA_DEVICE void place_listed(const Params& p, i32 row, i32 trow, i32* out, const
   const u32 before = block_exclusive_scan<kBlockThreads>(counts, sm, total);
   u32 w = before & 0xffffu;
   u32 t = before >> 16;
-  if (kTranslated) wait_async_copies();  // this thread's own entries, read below
+  if (translated) wait_async_copies();  // this thread's own entries, read below
   for (u32 c = tid; c < kept; c += kBlockThreads) {
     const i64 key = fkey[c];
     if (key > thr) {
@@ -785,7 +826,7 @@ NSA_DEVICE void place_listed(const Params& p, i32 row, i32 trow, i32* out, const
 #pragma unroll
   for (u32 j = 0; j < kPer; ++j) {
     const u32 k = tid + j * kBlockThreads;
-    v[j] = k >= (u32)K ? 0 : kTranslated ? (i32)stage[k] : emit<kTransform>(p, row, trow, (i32)stage[k]);
+    v[j] = k >= (u32)K ? 0 : translated ? (i32)stage[k] : emit<kTransform>(p, row, trow, (i32)stage[k]);
   }
 #pragma unroll
   for (u32 j = 0; j < kPer; ++j) {
@@ -821,20 +862,20 @@ NSA_DEVICE void translate_listed(const Params& p, i32 trow, u32* fidx, u32 liste
 // overlap the cut's later rounds instead of following it. A table of pages (a few KB
 // a row) is read as the chosen entries are placed: measured faster than prefetching
 // it into L2 or copying it to shared memory after round 0 (H200, December 2026).
+// `listed`: the list was joined from many blocks, which looked up their own
+// page_table_1 slots (translate_listed).
 template <int K, int kTransform, int kBlockThreads>
 NSA_DEVICE void cut_and_place(const Params& p, i32 row, i32 trow, i32* out, u32* fidx, const u32* fkey, u32 kept,
-                              u32* hist, u32* sm) {
+                              u32* hist, u32* sm, bool listed) {
   static_assert(K <= kBins, "the chosen positions fit the histogram words");
+  const bool table_1 = reads_table_1<kTransform>(p);
   i64 thr;
   u32 ties;
   auto after_round0 = [&](int shift, u64 bin) {
-    if constexpr (kTransform == kPaged) {
-      look_up_slots<kBlockThreads>(table_row_slots(p, trow), fidx, fkey, kept, shift, bin);
-    }
+    if (table_1 && !listed) look_up_slots<kBlockThreads>(table_row_slots(p, trow), fidx, fkey, kept, shift, bin);
   };
   list_cut<kBlockThreads>(fkey, kept, (u32)K, hist, sm, thr, ties, after_round0);
-  place_listed<K, kTransform, kBlockThreads, kTransform == kPaged>(p, row, trow, out, fidx, fkey, kept, thr, ties,
-                                                                    hist, sm);
+  place_listed<K, kTransform, kBlockThreads>(p, row, trow, out, fidx, fkey, kept, thr, ties, hist, sm, table_1);
 }
 
 // The sample filter over one block's row (non-deterministic rows of n > K). Returns
@@ -850,7 +891,7 @@ NSA_DEVICE bool filter_select(const Params& p, i32 row, i32 trow, i32* out, cons
   const u32 kept = sm[kCands];
   sync_block();  // every thread has read kCands before anyone resets it
   if (kept < (u32)K || kept > (u32)kCap) return false;  // fewer than K, or some dropped
-  cut_and_place<K, kTransform, kBlockThreads>(p, row, trow, out, fidx, fkey, kept, hist, sm);
+  cut_and_place<K, kTransform, kBlockThreads>(p, row, trow, out, fidx, fkey, kept, hist, sm, false);
   return true;
 }
 
@@ -865,14 +906,14 @@ struct RowExtent {
 };
 template <int kTransform>
 NSA_DEVICE RowExtent row_extent(const Params& p, i32 row) {
-  static_assert(kTransform == kPlain || kTransform == kPaged || kTransform >= kPagesOf<2>,
+  static_assert(kTransform == kPlain || kTransform == kPaged || kTransform == kAny || kTransform >= kPagesOf<2>,
                 "a kernel transform of topk.cuh; tables of pages hold at least 2 positions a page");
   RowExtent e;
   e.s0 = p.row_starts != nullptr ? p.row_starts[row] : 0;
   e.n = p.lengths[row] > 0 ? p.lengths[row] : 0;
   e.trow = table_row_of<kTransform>(p, row);
   e.ok = e.n == 0 || (e.s0 >= 0 && (i64)e.s0 + e.n <= p.row_capacity && e.trow >= 0 &&
-                      (!kIsPaged<kTransform> || (i64)e.n <= (i64)p.table_width * kPageSizeOf<kTransform>));
+                      (!is_paged<kTransform>(p) || (i64)e.n <= (i64)p.table_width * page_size_of<kTransform>(p)));
   return e;
 }
 
@@ -899,6 +940,16 @@ NSA_DEVICE void select_row(const Params& p, u32* status, i32 row) {
   i32* out = p.out + (i64)row * K;
   const RowExtent ext = row_extent<kTransform>(p, row);
   const i32 s0 = ext.s0, n = ext.n, trow = ext.trow;
+  // kAny's passes over the row write positions; translate_after turns the K placed
+  // ones into the transform's entries (after a barrier), keeping the table reads
+  // and the run-time choice out of the passes.
+  constexpr int kScan = kTransform == kAny ? kRaw : kTransform;
+  auto translate_after = [&] {
+    if (kScan != kTransform && translates<kTransform>(p)) {
+      sync_block();
+      translate_placed<K, kTransform, kBlockThreads>(p, row, trow, out);
+    }
+  };
   if (!ext.ok) {
     if (tid == 0) report_bad_entry(status, row);
     for (int k = tid; k < K; k += kBlockThreads) out[k] = -1;
@@ -953,10 +1004,10 @@ NSA_DEVICE void select_row(const Params& p, u32* status, i32 row) {
   sync_block();
   if (!kDeterministic && !use_cands) {
     // The round-0 bin is too big for the candidate list (coarse bins: 4 per octave).
-    if constexpr (kFilter && kPagesByDivision<kTransform>) {
+    if constexpr (kFilter && (kPagesByDivision<kTransform> || kTransform == kAny)) {
       overflow_select<K, kUnpaged<kTransform>, kBlockThreads, kCandCap>(p, row, trow, out, cached, cache, src, n, bin0,
                                                                          r, hist, sm, cand_idx, cand_key);
-      translate_placed<K, kTransform, kBlockThreads>(p, row, trow, out);
+      if (translates<kTransform>(p)) translate_placed<K, kTransform, kBlockThreads>(p, row, trow, out);
     } else if constexpr (kFilter) {
       overflow_select<K, kTransform, kBlockThreads, kCandCap>(p, row, trow, out, cached, cache, src, n, bin0, r, hist,
                                                              sm, cand_idx, cand_key);
@@ -972,7 +1023,7 @@ NSA_DEVICE void select_row(const Params& p, u32* status, i32 row) {
     for_each_key_as<kBlockThreads, kFilter>(cached, cache, src, n, [&](i32 i, u32 key) {
       const u32 bin = key >> round_shift(0);
       if (!kDeterministic && bin > bin0) {
-        out[atomic_add_ret(&sm[kWinners], 1u)] = emit<kTransform>(p, row, trow, i);
+        out[atomic_add_ret(&sm[kWinners], 1u)] = emit<kScan>(p, row, trow, i);
       } else if (bin == bin0 && use_cands) {
         const u32 c = atomic_add_ret(&sm[kCands], 1u);
         cand_idx[c] = (u32)i;
@@ -1038,14 +1089,15 @@ NSA_DEVICE void select_row(const Params& p, u32* status, i32 row) {
       const u32 before = block_exclusive_scan<kBlockThreads>(w | (t << 16), sm, total);
       const u32 tb = tie_run + (before >> 16);
       const u32 pos = win_run + (before & 0xffffu) + (tb < r ? tb : r);
-      if (w || (t && tb < r)) out[pos] = emit<kTransform>(p, row, trow, i);
+      if (w || (t && tb < r)) out[pos] = emit<kScan>(p, row, trow, i);
       win_run += total & 0xffffu;
       tie_run += total >> 16;
     }
+    translate_after();
     return;
   }
   // Non-deterministic: the round-0 bin's winners and ties (any r of the ties).
-  const Placer<K, kTransform> place{p, row, trow, out, sm, thr, r};
+  const Placer<K, kScan> place{p, row, trow, out, sm, thr, r};
   if (use_cands) {
     for (u32 c = tid; c < in_bin; c += kBlockThreads) place((i32)cand_idx[c], cand_key[c]);
   } else {
@@ -1053,6 +1105,7 @@ NSA_DEVICE void select_row(const Params& p, u32* status, i32 row) {
       if ((key >> round_shift(0)) == bin0) place(i, key);
     });
   }
+  translate_after();
 }
 
 // One block per row (the sample filter first, for unordered rows) over scores of type S.
@@ -1110,13 +1163,12 @@ NSA_DEVICE void split_select(const Params& p, const Split& split, u32* status) {
   u32* gidx = split.cand_idx + (i64)row * split.cand_cap;
   u32* gkey = split.cand_key + (i64)row * split.cand_cap;
   const u32 mine = sm[kCands];
-  if constexpr (kTransform == kPaged) {
-    translate_listed<kBlockThreads>(p, ext.trow, fidx, mine < (u32)kCap ? mine : (u32)kCap);
-  }
+  const bool table_1 = reads_table_1<kTransform>(p);
+  if (table_1) translate_listed<kBlockThreads>(p, ext.trow, fidx, mine < (u32)kCap ? mine : (u32)kCap);
   if (tid == 0) sm[kBase] = atomic_add_ret(&state[kStateCands], mine);
   sync_block();
   const u32 base = sm[kBase];
-  if constexpr (kTransform == kPaged) wait_async_copies();  // this thread's entries, copied below
+  if (table_1) wait_async_copies();  // this thread's entries, copied below
   for (u32 c = tid; c < mine && c < (u32)kCap && base + c < (u32)kCap; c += kBlockThreads) {
     gidx[base + c] = fidx[c];
     gkey[base + c] = fkey[c];
@@ -1155,7 +1207,7 @@ NSA_DEVICE void split_select(const Params& p, const Split& split, u32* status) {
     }
     sync_block();
     cut_and_place<K, kListed<kTransform>, kBlockThreads>(p, row, ext.trow, p.out + (i64)row * K, fidx, fkey, kept,
-                                                               hist, sm);
+                                                               hist, sm, true);
   } else {
     whole_row();
   }

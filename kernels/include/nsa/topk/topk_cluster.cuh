@@ -145,9 +145,8 @@ NSA_DEVICE void cluster_select(const Params& p, u32* status) {
   // the lookups spread over the cluster and overlap the join instead of CTA 0 issuing
   // about K of them during its cut; the joined list then carries slots, and CTA 0
   // places them as is. Over a table of pages CTA 0 looks up winners at placement.
-  if constexpr (kTransform == kPaged) {
-    translate_listed<kBlockThreads>(p, ext.trow, fidx, mine < (u32)kCap ? mine : (u32)kCap);
-  }
+  const bool table_1 = reads_table_1<kTransform>(p);
+  if (table_1) translate_listed<kBlockThreads>(p, ext.trow, fidx, mine < (u32)kCap ? mine : (u32)kCap);
   cluster::sync();  // every CTA's list and count are final
 
   join_counts(sm, rank, ctas);
@@ -157,7 +156,7 @@ NSA_DEVICE void cluster_select(const Params& p, u32* status) {
   const u32 base = sm[kBase];
   // At least K keys and none dropped (no CTA's list can then have overflowed).
   const bool fits = joined >= (u32)K && joined <= (u32)kCap;
-  if constexpr (kTransform == kPaged) wait_async_copies();  // this thread's entries, pushed or cut below
+  if (table_1) wait_async_copies();  // this thread's entries, pushed or cut below
   if (fits && rank != 0) {  // CTA 0's own entries are already in place
     const u32 idx0 = cluster::map(cluster::local_addr(fidx), 0);
     const u32 key0 = cluster::map(cluster::local_addr(fkey), 0);
@@ -171,7 +170,7 @@ NSA_DEVICE void cluster_select(const Params& p, u32* status) {
   if (rank != 0) return;
   if (fits) {
     cut_and_place<K, kListed<kTransform>, kBlockThreads>(p, row, ext.trow, p.out + (i64)row * K, fidx, fkey, joined,
-                                                               hist, sm);
+                                                               hist, sm, true);
     NSA_TOPK_CLUSTER_MARK(5);
   } else {
     whole_row();

@@ -213,6 +213,10 @@ pub fn verify(args: VerifyArgs) -> Result<()> {
     let mut checks: Vec<Check> = Vec::new();
     let mut on_device = cfg.clone();
     on_device.targets = vec![rt.target()];
+    let topk_transforms: Vec<TopkTransform> = TopkTransform::ALL
+        .into_iter()
+        .chain((cfg.page_size > 1).then_some(TopkTransform::Pages(cfg.page_size)))
+        .collect();
     for spec in kernel_set(&on_device) {
         for (i, &n) in args.sizes.iter().enumerate() {
             let seed = args.seed.wrapping_add(i as u64);
@@ -221,26 +225,26 @@ pub fn verify(args: VerifyArgs) -> Result<()> {
                 KernelFamily::KvDequant => verify::dequant(&rt, n, seed, n > 1)?,
                 KernelFamily::IndexerKStore => verify::store_indexer(&rt, n, seed)?,
                 KernelFamily::IndexerKGather => verify::gather_indexer(&rt, n, seed, n > 1)?,
-                // Each top-k kernel is checked on every call transform it serves (the
-                // plain one serves RAGGED too) and, a cluster kernel, every size the
-                // launcher may pick.
-                KernelFamily::TopK { k, transform, deterministic, layout, score } => {
-                    for call in transform.calls() {
+                // Each top-k kernel is checked on every transform it serves (plain,
+                // RAGGED, PAGED from a page_table_1 and from the config's table of
+                // pages) and, a cluster kernel, every size the launcher may pick.
+                KernelFamily::TopK { k, deterministic, layout, score } => {
+                    for call in topk_transforms.iter().copied() {
                         let path = TopkPath::Single(Some(layout));
                         let case = TopkCase { deterministic, path, ..topk_case(k, call, score, i, n, seed) };
                         checks.push(vtopk::run(&rt, &case)?);
                     }
                     continue;
                 }
-                KernelFamily::TopkSplit { k, transform, score } => {
-                    for call in transform.calls() {
+                KernelFamily::TopkSplit { k, score } => {
+                    for call in topk_transforms.iter().copied() {
                         let case = TopkCase { path: TopkPath::Split, ..topk_case(k, call, score, i, n, seed) };
                         checks.push(vtopk::run(&rt, &case)?);
                     }
                     continue;
                 }
-                KernelFamily::TopkCluster { k, transform, score } => {
-                    for call in transform.calls() {
+                KernelFamily::TopkCluster { k, score } => {
+                    for call in topk_transforms.iter().copied() {
                         for cluster in TOPK_CLUSTER_SIZES {
                             let path = TopkPath::Cluster(cluster);
                             let case = TopkCase { path, ..topk_case(k, call, score, i, n, seed) };
