@@ -52,7 +52,7 @@ fn overrides_apply_before_validation_so_the_suggested_values_fix_a_file() {
     let out = nsa(&["list", "--config", &file, "--topk", "1984", "--arch", "sm_90a"], &[]);
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(stdout(&out).lines().all(|l| l.ends_with(".sm_90a")), "{}", stdout(&out));
-    assert!(stdout(&out).contains("topk.k1984.plain.sm_90a"), "{}", stdout(&out));
+    assert!(stdout(&out).contains("topk.k1984.sm_90a"), "{}", stdout(&out));
 }
 
 #[test]
@@ -87,8 +87,8 @@ fn environment_flags_are_checked_on_every_subcommand() {
 
 #[test]
 fn inspect_suggests_close_ids_and_refuses_impossible_requests_before_printing() {
-    let out = nsa(&["inspect", "topk.k2048.plain.sm90a"], &[]);
-    fails_with(&out, &["the closest are topk.k2048.plain.sm_90a"]);
+    let out = nsa(&["inspect", "topk.k2048.sm90a"], &[]);
+    fails_with(&out, &["the closest are topk.k2048.sm_90a"]);
     assert!(stderr(&out).len() < 1000, "{} bytes: not every id", stderr(&out).len());
     let out = nsa(&["inspect", "kv_store.fp8_656.gfx942", "--ptx"], &[]);
     fails_with(&out, &["--ptx", "gfx942"]);

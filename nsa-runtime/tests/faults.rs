@@ -110,7 +110,7 @@ fn processes_sharing_an_empty_cache_compile_each_kernel_once() {
 fn a_killed_lock_holder_is_taken_over_and_leaves_nothing_behind() {
     let _serial = serial();
     let cache = tempfile::tempdir().unwrap();
-    let slow = "topk.k2048.plain.sm_90a";
+    let slow = "topk.k2048.sm_90a";
     let one = |cache: &Path| nsa(cache, &["compile", "--arch", "sm_90a", "--only", slow, "--verify", "no"]);
     let mut holder = one(cache.path()).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
     // Kill it mid-compile: once it holds the key's lock.

@@ -900,12 +900,12 @@ fn a_staging_directory_whose_writer_is_gone_is_removed_by_the_next_process() {
     let name = entry.file_name().unwrap().to_string_lossy().into_owned();
     // What a compile killed mid-write leaves, for this key and for one never published.
     let dead = schema.join(format!(".tmp-{name}-AbC123"));
-    let orphan_entry = "topk.k64.plain.sm_90a-0123456789abcdef0123456789abcdef";
+    let orphan_entry = "topk.k64.sm_90a-0123456789abcdef0123456789abcdef";
     let orphan = schema.join(format!(".tmp-{orphan_entry}-Zz9"));
     fs::write(schema.join(format!("{orphan_entry}{LOCK_SUFFIX}")), b"").unwrap();
     // One with no lock file (a writer on a filesystem without locks), an hour old.
-    let lockless = schema.join(".tmp-topk.k128.plain.sm_90a-00000000000000000000000000000000-Yy8");
-    let recent_lockless = schema.join(".tmp-topk.k192.plain.sm_90a-00000000000000000000000000000000-Xx7");
+    let lockless = schema.join(".tmp-topk.k128.sm_90a-00000000000000000000000000000000-Yy8");
+    let recent_lockless = schema.join(".tmp-topk.k192.sm_90a-00000000000000000000000000000000-Xx7");
     for d in [&dead, &orphan, &lockless, &recent_lockless] {
         fs::create_dir_all(d).unwrap();
         fs::write(d.join(IMAGE_FILE), b"partial").unwrap();
