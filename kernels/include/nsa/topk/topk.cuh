@@ -29,27 +29,14 @@
 namespace nsa {
 namespace topk {
 
-// kPlain writes positions, plus offsets[row] when the offsets array is given (the
-// RAGGED transform). kAny is the transform the parameters name at run time: PAGED
-// when a page table is given (page_size positions an entry; 1: a page_table_1),
-// otherwise kPlain's; one kernel then serves every transform, and its row passes
-// write positions that one pass translates after. kRaw, internal, writes positions
-// as they are: entries translated before or after they are placed.
-enum Transform { kPlain = 0, kPaged = 1, kRaw = 2, kAny = 3 };
-
-// PAGED over a table of pages of P >= 2 positions (spec §2.2: slot = table[p / P] · P
-// + p % P, the page_table_1 slot of p) is the transform kPagesOf<P>: the page size is
-// a compile-time constant, so the slot costs a shift and a mask for powers of two.
-// (Variable templates, not functions: host-side constants too, which clang's HIP
-// mode refuses to compute with device functions.)
-constexpr int kPages = 1 << 16;
-template <int P>
-constexpr int kPagesOf = kPages + P;
-template <int kTransform>
-constexpr int kPageSizeOf = kTransform > kPages ? kTransform - kPages : 1;
-// Either PAGED form: the output is page-table slots.
-template <int kTransform>
-constexpr bool kIsPaged = kTransform == kPaged || kTransform > kPages;
+// The output transform. kAny, every kernel's: the one the launch parameters name,
+// PAGED when a page table is given (page_size positions an entry; 1: a
+// page_table_1; a page entry < 0 gives the slot -1, spec §2.2), otherwise the
+// position plus offsets[row] when offsets is given (RAGGED), otherwise the position
+// (plain). kRaw, internal: the position as it is, for the passes over the row,
+// whose entries are translated after they are placed (or before, for lists whose
+// page_table_1 slots were looked up where they were built).
+enum Transform { kRaw = 0, kAny = 1 };
 
 // Kernel parameters; the host mirrors this layout field for field.
 struct Params {
@@ -58,7 +45,7 @@ struct Params {
   const i32* row_starts;    // [rows] or null (all 0)
   const i32* page_table;    // PAGED: [table_rows, table_stride] slots, or page ids (pages)
   const i32* cu_seqlens_q;  // PAGED prefill: [table_rows + 1], row r uses table row i with cu[i] <= r < cu[i+1]; null: row r
-  const i32* offsets;       // [rows]: kPlain adds offsets[row] (RAGGED); null: it does not
+  const i32* offsets;       // RAGGED: [rows], added to the positions; null: none
   i32* out;                 // [rows, K]
   i64 row_stride;           // elements between score rows
   i64 table_stride;         // elements between page-table rows
@@ -66,31 +53,15 @@ struct Params {
   i32 row_capacity;         // readable elements per score row: row_starts[r] + lengths[r] must fit
   i32 table_rows;
   i32 table_width;          // PAGED: lengths[r] must be <= this * page_size
-  i32 page_size;            // kAny PAGED: positions per page-table entry (1: a page_table_1)
+  i32 page_size;            // PAGED: positions per page-table entry (1: a page_table_1)
   i32 pad;
 };
 
-// The run-time forms, which kAny reads from the parameters: PAGED at all; PAGED
-// from a page_table_1 (slot lookups a listed key); its positions per entry; any
-// entry other than the position itself.
-template <int kTransform>
-NSA_DEVICE bool is_paged(const Params& p) {
-  return kTransform == kAny ? p.page_table != nullptr : kIsPaged<kTransform>;
-}
-template <int kTransform>
-NSA_DEVICE bool reads_table_1(const Params& p) {
-  return kTransform == kAny ? p.page_table != nullptr && p.page_size == 1 : kTransform == kPaged;
-}
-template <int kTransform>
-NSA_DEVICE i64 page_size_of(const Params& p) {
-  return kTransform == kAny ? (i64)p.page_size : (i64)kPageSizeOf<kTransform>;
-}
-template <int kTransform>
-NSA_DEVICE bool translates(const Params& p) {
-  return kTransform == kRaw ? false
-         : kTransform == kPlain || kTransform == kAny ? p.page_table != nullptr || p.offsets != nullptr
-                                                       : true;
-}
+// What the parameters ask of kAny: PAGED at all; PAGED from a page_table_1 (a slot
+// lookup per listed key); any entry other than the position itself.
+NSA_DEVICE bool is_paged(const Params& p) { return p.page_table != nullptr; }
+NSA_DEVICE bool reads_table_1(const Params& p) { return p.page_table != nullptr && p.page_size == 1; }
+NSA_DEVICE bool translates(const Params& p) { return p.page_table != nullptr || p.offsets != nullptr; }
 
 // Workspace of the split path (few long rows, each over many blocks): zero on
 // entry, and left zero again by each row's last block.
@@ -271,50 +242,31 @@ NSA_DEVICE void for_each_key_as(bool cached, const u32* cache, const S* src, i32
 }
 
 // Which page-table row serves score row `row` (-1: none).
-template <int kTransform>
 NSA_DEVICE i32 table_row_of(const Params& p, i32 row) {
-  return is_paged<kTransform>(p) ? segment_of(p.cu_seqlens_q, p.table_rows, row) : 0;
+  return is_paged(p) ? segment_of(p.cu_seqlens_q, p.table_rows, row) : 0;
 }
-
-// PAGED entries that are translated afterwards pass through as they are (kRaw), as
-// do kAny's; the other transforms are unchanged.
-template <int kTransform>
-constexpr int kUnpaged = kIsPaged<kTransform> || kTransform == kAny ? kRaw : kTransform;
-// Entries of a list whose page_table_1 slots were looked up where it was built
-// (translate_listed) pass through as they are; a table of pages is read when they
-// are placed (kAny decides at run time: cut_and_place's `listed`).
-template <int kTransform>
-constexpr int kListed = kTransform == kPaged ? kRaw : kTransform;
 
 // Page-table row `trow` as words, for the asynchronous slot lookups.
 NSA_DEVICE const u32* table_row_slots(const Params& p, i32 trow) {
   return reinterpret_cast<const u32*>(p.page_table + (i64)trow * p.table_stride);
 }
 
-// Tables of pages of a run-time size P >= 2 (kAny).
+// Slot of position `pos` in a table of pages of P >= 2 positions (spec §2.2):
+// table[pos / P] · P + pos % P, or -1 where the page entry is < 0 (no page), as its
+// page_table_1 entries would be.
 NSA_DEVICE i32 page_slot(const i32* table_row, u32 P, i32 pos) {
   const u32 page = (u32)pos / P;
   const i32 entry = table_row[page];
   return entry < 0 ? -1 : (i32)((u32)entry * P + ((u32)pos - page * P));
 }
 
+// Entry for position `pos` of score row `row` (page-table row `trow`).
 template <int kTransform>
 NSA_DEVICE i32 emit(const Params& p, i32 row, i32 trow, i32 pos) {
-  if (kTransform == kAny) {
-    if (p.page_table == nullptr) return p.offsets != nullptr ? pos + p.offsets[row] : pos;
-    const i32* table_row = p.page_table + (i64)trow * p.table_stride;
-    return p.page_size == 1 ? table_row[pos] : page_slot(table_row, (u32)p.page_size, pos);
-  }
-  if (kTransform == kPlain) return p.offsets != nullptr ? pos + p.offsets[row] : pos;
-  if (kTransform == kPaged) return p.page_table[(i64)trow * p.table_stride + pos];
-  if (kTransform > kPages) {  // pos >= 0: unsigned, so a power-of-two P is a shift and a mask
-    constexpr u32 P = (u32)kPageSizeOf<kTransform>;
-    const u32 page = (u32)pos / P;
-    const i32 entry = p.page_table[(i64)trow * p.table_stride + page];
-    // A page entry < 0 (no page) gives the slot -1, as its page_table_1 entries would.
-    return entry < 0 ? -1 : (i32)((u32)entry * P + ((u32)pos - page * P));
-  }
-  return pos;
+  if (kTransform == kRaw) return pos;
+  if (p.page_table == nullptr) return p.offsets != nullptr ? pos + p.offsets[row] : pos;
+  const i32* table_row = p.page_table + (i64)trow * p.table_stride;
+  return p.page_size == 1 ? table_row[pos] : page_slot(table_row, (u32)p.page_size, pos);
 }
 
 // Finds the bin holding the r-th largest key (counting down from the top bin) in
@@ -455,32 +407,24 @@ NSA_DEVICE void overflow_select(const Params& p, i32 row, i32 trow, i32* out, bo
   sync_block();
 }
 
-// PAGED after an overflow pass run with kUnpaged<kTransform> (which ends with a block
-// barrier): all K entries hold positions (n > K); each thread translates its own.
+// After a pass that placed positions (kRaw; a barrier since): all K entries hold
+// positions (n > K); each thread translates its own.
 template <int K, int kTransform, int kBlockThreads>
 NSA_DEVICE void translate_placed(const Params& p, i32 row, i32 trow, i32* out) {
   for (int k = thread_x(); k < K; k += kBlockThreads) out[k] = emit<kTransform>(p, row, trow, out[k]);
 }
 
-// Tables of pages whose size is not a power of two: the division is a multiply-high,
-// and inlined into the one-block overflow pass its lookups spill under the
-// 64-register cap, so that pass writes positions and translates them after.
-template <int kTransform>
-constexpr bool kPagesByDivision = kTransform > kPages && (kPageSizeOf<kTransform> & (kPageSizeOf<kTransform> - 1)) != 0;
-
 // overflow_select compiled apart, for the histogram path that is itself compiled
 // apart (histogram_row): inlined there, its live values spill under the 64-register
-// cap of the split and cluster kernels. PAGED writes positions and translates them
+// cap of the split and cluster kernels. It writes positions and translates them
 // after, keeping the table lookup out of the passes (it spilled them on sm_100a).
 template <int K, int kTransform, int kBlockThreads, int kCandCap, typename S>
 NSA_NOINLINE void overflow_select_apart(const Params& p, i32 row, i32 trow, i32* out, bool cached, const u32* cache,
                                         const S* src, i32 n, u32 bin0, u32 r, u32* hist, u32* sm, u32* cand_idx,
                                         u32* cand_key) {
-  overflow_select<K, kUnpaged<kTransform>, kBlockThreads, kCandCap>(p, row, trow, out, cached, cache, src, n, bin0, r,
-                                                                     hist, sm, cand_idx, cand_key);
-  if (kUnpaged<kTransform> != kTransform && translates<kTransform>(p)) {
-    translate_placed<K, kTransform, kBlockThreads>(p, row, trow, out);
-  }
+  overflow_select<K, kRaw, kBlockThreads, kCandCap>(p, row, trow, out, cached, cache, src, n, bin0, r, hist, sm,
+                                                     cand_idx, cand_key);
+  if (translates(p)) translate_placed<K, kTransform, kBlockThreads>(p, row, trow, out);
 }
 
 // Shared-memory words the kernel needs beyond the candidate list and row cache.
@@ -796,7 +740,7 @@ NSA_NOINLINE void keep_above_sample_apart(const S* src, i32 n, i32 begin, i32 le
 // coalesced pass writes them out: the stores are whole lines and a PAGED row's
 // page-table reads are all issued together (measured faster on an H200).
 // translated: the listed entries that can be placed already hold their PAGED slots
-// (cut_and_place), so none is looked up here (a constant but for kAny).
+// (cut_and_place), so none is looked up here.
 template <int K, int kTransform, int kBlockThreads>
 NSA_DEVICE void place_listed(const Params& p, i32 row, i32 trow, i32* out, const u32* fidx, const u32* fkey, u32 kept,
                              i64 thr, u32 ties, u32* stage, u32* sm, bool translated) {
@@ -848,7 +792,7 @@ NSA_DEVICE void look_up_slots(const u32* slots, u32* fidx, const u32* fkey, u32 
 // the positions of its own listed keys by their page-table slots, asynchronously
 // (wait_async_copies() before a thread's entries are read), so the lookups run in
 // every block at once instead of in the one that cuts; that one then places the
-// list's entries as they are (kListed).
+// list's entries as they are (cut_and_place's `listed`).
 template <int kBlockThreads>
 NSA_DEVICE void translate_listed(const Params& p, i32 trow, u32* fidx, u32 listed) {
   const u32* slots = table_row_slots(p, trow);
@@ -868,7 +812,7 @@ template <int K, int kTransform, int kBlockThreads>
 NSA_DEVICE void cut_and_place(const Params& p, i32 row, i32 trow, i32* out, u32* fidx, const u32* fkey, u32 kept,
                               u32* hist, u32* sm, bool listed) {
   static_assert(K <= kBins, "the chosen positions fit the histogram words");
-  const bool table_1 = reads_table_1<kTransform>(p);
+  const bool table_1 = reads_table_1(p);
   i64 thr;
   u32 ties;
   auto after_round0 = [&](int shift, u64 bin) {
@@ -904,16 +848,13 @@ struct RowExtent {
   i32 trow;
   bool ok;
 };
-template <int kTransform>
 NSA_DEVICE RowExtent row_extent(const Params& p, i32 row) {
-  static_assert(kTransform == kPlain || kTransform == kPaged || kTransform == kAny || kTransform >= kPagesOf<2>,
-                "a kernel transform of topk.cuh; tables of pages hold at least 2 positions a page");
   RowExtent e;
   e.s0 = p.row_starts != nullptr ? p.row_starts[row] : 0;
   e.n = p.lengths[row] > 0 ? p.lengths[row] : 0;
-  e.trow = table_row_of<kTransform>(p, row);
+  e.trow = table_row_of(p, row);
   e.ok = e.n == 0 || (e.s0 >= 0 && (i64)e.s0 + e.n <= p.row_capacity && e.trow >= 0 &&
-                      (!is_paged<kTransform>(p) || (i64)e.n <= (i64)p.table_width * page_size_of<kTransform>(p)));
+                      (!is_paged(p) || (i64)e.n <= (i64)p.table_width * p.page_size));
   return e;
 }
 
@@ -938,14 +879,13 @@ NSA_DEVICE void select_row(const Params& p, u32* status, i32 row) {
 
   const u32 tid = thread_x();
   i32* out = p.out + (i64)row * K;
-  const RowExtent ext = row_extent<kTransform>(p, row);
+  const RowExtent ext = row_extent(p, row);
   const i32 s0 = ext.s0, n = ext.n, trow = ext.trow;
-  // kAny's passes over the row write positions; translate_after turns the K placed
-  // ones into the transform's entries (after a barrier), keeping the table reads
-  // and the run-time choice out of the passes.
-  constexpr int kScan = kTransform == kAny ? kRaw : kTransform;
+  // The passes over the row write positions (kRaw); translate_after turns the K
+  // placed ones into the transform's entries (after a barrier), keeping the table
+  // reads and the run-time choice out of the passes.
   auto translate_after = [&] {
-    if (kScan != kTransform && translates<kTransform>(p)) {
+    if (translates(p)) {
       sync_block();
       translate_placed<K, kTransform, kBlockThreads>(p, row, trow, out);
     }
@@ -1004,13 +944,10 @@ NSA_DEVICE void select_row(const Params& p, u32* status, i32 row) {
   sync_block();
   if (!kDeterministic && !use_cands) {
     // The round-0 bin is too big for the candidate list (coarse bins: 4 per octave).
-    if constexpr (kFilter && (kPagesByDivision<kTransform> || kTransform == kAny)) {
-      overflow_select<K, kUnpaged<kTransform>, kBlockThreads, kCandCap>(p, row, trow, out, cached, cache, src, n, bin0,
-                                                                         r, hist, sm, cand_idx, cand_key);
-      if (translates<kTransform>(p)) translate_placed<K, kTransform, kBlockThreads>(p, row, trow, out);
-    } else if constexpr (kFilter) {
-      overflow_select<K, kTransform, kBlockThreads, kCandCap>(p, row, trow, out, cached, cache, src, n, bin0, r, hist,
-                                                             sm, cand_idx, cand_key);
+    if constexpr (kFilter) {
+      overflow_select<K, kRaw, kBlockThreads, kCandCap>(p, row, trow, out, cached, cache, src, n, bin0, r, hist, sm,
+                                                         cand_idx, cand_key);
+      if (translates(p)) translate_placed<K, kTransform, kBlockThreads>(p, row, trow, out);
     } else {
       overflow_select_apart<K, kTransform, kBlockThreads, kCandCap>(p, row, trow, out, cached, cache, src, n, bin0, r,
                                                                    hist, sm, cand_idx, cand_key);
@@ -1023,7 +960,7 @@ NSA_DEVICE void select_row(const Params& p, u32* status, i32 row) {
     for_each_key_as<kBlockThreads, kFilter>(cached, cache, src, n, [&](i32 i, u32 key) {
       const u32 bin = key >> round_shift(0);
       if (!kDeterministic && bin > bin0) {
-        out[atomic_add_ret(&sm[kWinners], 1u)] = emit<kScan>(p, row, trow, i);
+        out[atomic_add_ret(&sm[kWinners], 1u)] = emit<kRaw>(p, row, trow, i);
       } else if (bin == bin0 && use_cands) {
         const u32 c = atomic_add_ret(&sm[kCands], 1u);
         cand_idx[c] = (u32)i;
@@ -1089,7 +1026,7 @@ NSA_DEVICE void select_row(const Params& p, u32* status, i32 row) {
       const u32 before = block_exclusive_scan<kBlockThreads>(w | (t << 16), sm, total);
       const u32 tb = tie_run + (before >> 16);
       const u32 pos = win_run + (before & 0xffffu) + (tb < r ? tb : r);
-      if (w || (t && tb < r)) out[pos] = emit<kScan>(p, row, trow, i);
+      if (w || (t && tb < r)) out[pos] = emit<kRaw>(p, row, trow, i);
       win_run += total & 0xffffu;
       tie_run += total >> 16;
     }
@@ -1097,7 +1034,7 @@ NSA_DEVICE void select_row(const Params& p, u32* status, i32 row) {
     return;
   }
   // Non-deterministic: the round-0 bin's winners and ties (any r of the ties).
-  const Placer<K, kScan> place{p, row, trow, out, sm, thr, r};
+  const Placer<K, kRaw> place{p, row, trow, out, sm, thr, r};
   if (use_cands) {
     for (u32 c = tid; c < in_bin; c += kBlockThreads) place((i32)cand_idx[c], cand_key[c]);
   } else {
@@ -1138,7 +1075,7 @@ NSA_DEVICE void split_select(const Params& p, const Split& split, u32* status) {
   const u32 tid = thread_x();
   const i32 row = (i32)(block_x() / (u32)split.chunks);
   const i32 chunk = (i32)(block_x() % (u32)split.chunks);
-  const RowExtent ext = row_extent<kTransform>(p, row);
+  const RowExtent ext = row_extent(p, row);
   const i32 n = ext.n;
   // The histogram path in the same shared memory: up to 4096 candidates, the rest
   // as row cache.
@@ -1163,7 +1100,7 @@ NSA_DEVICE void split_select(const Params& p, const Split& split, u32* status) {
   u32* gidx = split.cand_idx + (i64)row * split.cand_cap;
   u32* gkey = split.cand_key + (i64)row * split.cand_cap;
   const u32 mine = sm[kCands];
-  const bool table_1 = reads_table_1<kTransform>(p);
+  const bool table_1 = reads_table_1(p);
   if (table_1) translate_listed<kBlockThreads>(p, ext.trow, fidx, mine < (u32)kCap ? mine : (u32)kCap);
   if (tid == 0) sm[kBase] = atomic_add_ret(&state[kStateCands], mine);
   sync_block();
@@ -1206,7 +1143,7 @@ NSA_DEVICE void split_select(const Params& p, const Split& split, u32* status) {
       }
     }
     sync_block();
-    cut_and_place<K, kListed<kTransform>, kBlockThreads>(p, row, ext.trow, p.out + (i64)row * K, fidx, fkey, kept,
+    cut_and_place<K, kTransform, kBlockThreads>(p, row, ext.trow, p.out + (i64)row * K, fidx, fkey, kept,
                                                                hist, sm, true);
   } else {
     whole_row();
