@@ -75,7 +75,8 @@ impl std::str::FromStr for TopkScore {
     }
 }
 
-/// What a top-k kernel writes for each chosen position p of row b.
+/// What a top-k call writes for each chosen position p of row b (every top-k kernel
+/// computes each of these; the launch parameters say which).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum TopkTransform {
