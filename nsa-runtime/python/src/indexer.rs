@@ -15,9 +15,10 @@ use pyo3::prelude::*;
 /// `weights` `(batch × next_n, heads)` f32 and summed over heads after a ReLU.
 /// Row `b · next_n + j` of `out` (`(rows, ≥ width × 64)` f32, row stride a
 /// multiple of 4) gets its first `context_lens[b] − next_n + j + 1` entries; the
-/// rest are left as they were.
+/// rest are left as they were, or −inf in the columns `[0, fill_width)`.
 #[pyfunction]
-#[pyo3(signature = (q, kv_cache, weights, context_lens, block_table, out, *, stream=None))]
+#[pyo3(signature = (q, kv_cache, weights, context_lens, block_table, out, *, fill_width=0, stream=None))]
+#[allow(clippy::too_many_arguments)]
 pub fn indexer_paged_logits(
     q: &Bound<'_, PyAny>,
     kv_cache: &Bound<'_, PyAny>,
@@ -25,6 +26,7 @@ pub fn indexer_paged_logits(
     context_lens: &Bound<'_, PyAny>,
     block_table: &Bound<'_, PyAny>,
     out: &Bound<'_, PyAny>,
+    fill_width: usize,
     stream: Option<usize>,
 ) -> PyResult<()> {
     let q = import("q", q, stream)?;
@@ -51,7 +53,7 @@ pub fn indexer_paged_logits(
     table.ndim(2, "(batch, width)")?;
     table.shape_is(&[batch, table.shape[1]], "one page row per request")?;
     table.contiguous()?;
-    let stride = check_out(&out, batch * next_n)?;
+    let stride = check_out(&out, batch * next_n, fill_width)?;
     let ordinal = same_device(-1, [&q, &cache, &weights, &lens, &table, &out].into_iter())?;
     let _restore = RestoreContext::save()?;
     let rt = runtime(ordinal, launch_stream(stream)?)?;
@@ -66,15 +68,15 @@ pub fn indexer_paged_logits(
         context_lens: lb.view(),
         next_n,
     };
-    ops::paged_logits(&rt, &query, &keys, LogitsOut { data: &mut ob.view_mut(), stride }).py()
+    ops::paged_logits(&rt, &query, &keys, LogitsOut::new(&mut ob.view_mut(), stride).fill_unseen(fill_width)).py()
 }
 
 /// RAGGED logits: `q` `(rows, heads, 128)` e4m3 against keys `k` `(num_keys, 128)`
 /// e4m3 with scales `k_scales` `(num_keys,)` f32; row t of `out` (`(rows, ≥
 /// num_keys)` f32, row stride a multiple of 4) gets entries `[ks[t], ke[t])`, the
-/// rest left as they were.
+/// rest left as they were, or −inf in the columns `[0, fill_width)`.
 #[pyfunction]
-#[pyo3(signature = (q, k, k_scales, weights, ks, ke, out, *, stream=None))]
+#[pyo3(signature = (q, k, k_scales, weights, ks, ke, out, *, fill_width=0, stream=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn indexer_ragged_logits(
     q: &Bound<'_, PyAny>,
@@ -84,6 +86,7 @@ pub fn indexer_ragged_logits(
     ks: &Bound<'_, PyAny>,
     ke: &Bound<'_, PyAny>,
     out: &Bound<'_, PyAny>,
+    fill_width: usize,
     stream: Option<usize>,
 ) -> PyResult<()> {
     let q = import("q", q, stream)?;
@@ -114,7 +117,7 @@ pub fn indexer_ragged_logits(
         t.shape_is(&[rows], "one bound per query row")?;
         t.contiguous()?;
     }
-    let stride = check_out(&out, rows)?;
+    let stride = check_out(&out, rows, fill_width)?;
     let ordinal = same_device(-1, [&q, &k, &scales, &weights, &ks, &ke, &out].into_iter())?;
     let _restore = RestoreContext::save()?;
     let rt = runtime(ordinal, launch_stream(stream)?)?;
@@ -124,7 +127,7 @@ pub fn indexer_ragged_logits(
     let (ksb, keb, mut ob) = (ks.buffer::<i32>(&rt)?, ke.buffer::<i32>(&rt)?, out.buffer::<f32>(&rt)?);
     let query = IndexerQuery { heads, q: qb.view(), weights: wb.view() };
     let keys = RaggedIndexerKeys { keys: kb.view(), scales: sb.view(), ks: ksb.view(), ke: keb.view() };
-    ops::ragged_logits(&rt, &query, &keys, LogitsOut { data: &mut ob.view_mut(), stride }).py()
+    ops::ragged_logits(&rt, &query, &keys, LogitsOut::new(&mut ob.view_mut(), stride).fill_unseen(fill_width)).py()
 }
 
 /// `q`: e4m3 (or its bytes), `dims` dimensions ending in (heads, 128), contiguous;
@@ -147,11 +150,18 @@ fn check_weights(w: &Tensor, rows: usize, heads: u32) -> PyResult<()> {
     w.contiguous()
 }
 
-/// `out`: f32 `(rows, width)`, packed along the row, writable; returns the row stride.
-fn check_out(out: &Tensor, rows: usize) -> PyResult<usize> {
+/// `out`: f32 `(rows, width)`, packed along the row, writable, at least `fill_width`
+/// wide; returns the row stride.
+fn check_out(out: &Tensor, rows: usize, fill_width: usize) -> PyResult<usize> {
     out.dtype_in(&[DType::F32])?;
     out.ndim(2, "(query rows, keys)")?;
     out.shape_is(&[rows, out.shape[1]], "one row per query row")?;
+    if fill_width > out.shape[1] {
+        return Err(PyValueError::new_err(format!(
+            "`fill_width`: {fill_width}, expected at most the width of `out` ({}); pass 0 to leave unseen entries as they are",
+            out.shape[1]
+        )));
+    }
     out.packed_from(1)?;
     out.writable()?;
     out.stride(0)

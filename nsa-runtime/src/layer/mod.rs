@@ -398,7 +398,7 @@ impl<'rt> NsaLayer<'rt> {
                         next_n: 1,
                     };
                     let mut data = ws.logits.slice_mut(..);
-                    indexer::paged_logits(rt, &query, &keys, LogitsOut { data: &mut data, stride: d.logits_stride })?;
+                    indexer::paged_logits(rt, &query, &keys, LogitsOut::new(&mut data, d.logits_stride))?;
                     (d.logits_stride, d.logits_stride)
                 }
                 IndexerStage::Gathered { num_keys, .. } => {
@@ -410,12 +410,7 @@ impl<'rt> NsaLayer<'rt> {
                         ke: keys_dev.ke().slice(rows.clone()),
                     };
                     let mut data = ws.logits.slice_mut(..);
-                    indexer::ragged_logits(
-                        rt,
-                        &query,
-                        &ragged,
-                        LogitsOut { data: &mut data, stride: d.logits_stride },
-                    )?;
+                    indexer::ragged_logits(rt, &query, &ragged, LogitsOut::new(&mut data, d.logits_stride))?;
                     (d.logits_stride, *num_keys)
                 }
             };

@@ -69,12 +69,26 @@ pub struct RaggedIndexerKeys<'a> {
     pub ke: CudaView<'a, i32>,
 }
 
-/// The output: `[rows, stride]` f32; entries a row does not see are left as they
-/// were (top-k never reads past a row's length).
+/// The output: `[rows, stride]` f32. Entries a row does not see are left as they
+/// were (top-k never reads past a row's length), or set to −inf in the columns
+/// `[0, fill_width)` (as DeepGEMM's `clean_logits`), by the logits kernel itself.
 #[derive(Debug)]
 pub struct LogitsOut<'a, 'b> {
     pub data: &'a mut CudaViewMut<'b, f32>,
     pub stride: usize,
+    pub fill_width: usize,
+}
+
+impl<'a, 'b> LogitsOut<'a, 'b> {
+    /// Rows `stride` f32 apart; unseen entries left as they were.
+    pub fn new(data: &'a mut CudaViewMut<'b, f32>, stride: usize) -> Self {
+        Self { data, stride, fill_width: 0 }
+    }
+
+    /// Also sets the entries of columns `[0, width)` a row does not see to −inf.
+    pub fn fill_unseen(self, width: usize) -> Self {
+        Self { fill_width: width, ..self }
+    }
 }
 
 /// Mirrors `nsa::indexer::Params` (indexer_logits.cuh) field for field.
@@ -97,6 +111,7 @@ struct IndexerLogitsParams {
     table_width: i32,
     blocks_per_cta: i32,
     chunks: i32,
+    fill_width: i64,
 }
 // SAFETY: plain old data with the C layout the kernel declares.
 unsafe impl DeviceRepr for IndexerLogitsParams {}
@@ -137,7 +152,14 @@ fn check_out(out: &LogitsOut<'_, '_>, rows: usize, width: usize) -> Result<()> {
             format!("a multiple of 4 of at least {width} (the widest row)"),
         ));
     }
-    let need = if rows == 0 { 0 } else { (rows - 1) * out.stride + width };
+    if out.fill_width > out.stride {
+        return Err(invalid(
+            "logits.fill_width",
+            out.fill_width.to_string(),
+            format!("at most the row stride {} (columns set to -inf where a row sees no key)", out.stride),
+        ));
+    }
+    let need = if rows == 0 { 0 } else { (rows - 1) * out.stride + width.max(out.fill_width) };
     if out.data.len() < need {
         return Err(invalid(
             "logits",
@@ -201,7 +223,7 @@ pub fn paged_logits(
     }
     let max_keys = keys.table_width * INDEXER_PAGE_TOKENS;
     check_out(&out, rows, max_keys)?;
-    if rows == 0 || max_keys == 0 {
+    if rows == 0 || (max_keys == 0 && out.fill_width == 0) {
         return Ok(());
     }
     check_aligned("q", &query.q, 16, stream)?;
@@ -229,6 +251,7 @@ pub fn paged_logits(
         table_width: keys.table_width as i32,
         blocks_per_cta: per_cta as i32,
         chunks: chunks as i32,
+        fill_width: out.fill_width as i64,
         ..Default::default()
     };
     launch(rt, query.heads, IndexerLayout::Paged, units, params, "block_table")
@@ -248,7 +271,7 @@ pub fn ragged_logits(
     check_len("ks", keys.ks.len(), rows, "one entry per query row")?;
     check_len("ke", keys.ke.len(), rows, "one entry per query row")?;
     check_out(&out, rows, num_keys)?;
-    if rows == 0 || num_keys == 0 {
+    if rows == 0 || (num_keys == 0 && out.fill_width == 0) {
         return Ok(());
     }
     check_aligned("q", &query.q, 16, stream)?;
@@ -276,6 +299,7 @@ pub fn ragged_logits(
         next_n: 1,
         blocks_per_cta: per_cta as i32,
         chunks: chunks as i32,
+        fill_width: out.fill_width as i64,
         ..Default::default()
     };
     launch(rt, query.heads, IndexerLayout::Ragged, units, params, "ks")

@@ -5,7 +5,8 @@
 //! sums round; a wrong key, head, scale or window is off by O(|row|)), plus, for the
 //! sm_90a warp-group kernel, `2⁻¹¹ · Σ_h |w_h| · k_scale · Σ_d |q_hd k_d|` for
 //! Hopper's FP8 MMA accumulation (see `reference::indexer`). Entries a row does not
-//! see must keep the sentinel the buffer was filled with.
+//! see must keep the sentinel the buffer was filled with, or be −inf when the call
+//! fills them ([`run_filled`]).
 
 use super::{download, upload, Check};
 use crate::ops::indexer::{self, IndexerQuery, LogitsOut, PagedIndexerKeys, RaggedIndexerKeys};
@@ -58,7 +59,8 @@ pub fn logit_tolerance(row_max: f32, spread: f32, wgmma: bool) -> f32 {
     2e-5 * row_max + 1e-6 + if wgmma { FP8_WGMMA_REL_ERR * spread } else { 0.0 }
 }
 
-/// Compares the visible entries of `got` with `want` (−inf in `want` = not visible).
+/// Compares the visible entries of `got` with `want` (−inf in `want` = not visible:
+/// `got` must hold `unseen` there).
 /// A mismatch report also names the worst entry as a multiple of its tolerance: a
 /// rounding-level miss (a few times the tolerance) reads differently from a wrong
 /// key or head (orders of magnitude).
@@ -67,6 +69,7 @@ fn compare(
     want: &[f32],
     spreads: &[f32],
     wgmma: bool,
+    unseen: f32,
     (rows, width, stride): (usize, usize, usize),
 ) -> (usize, Option<String>) {
     let mut bad = 0;
@@ -79,7 +82,7 @@ fn compare(
         for s in 0..width {
             let g = got[r * stride + s];
             let miss = if w_row[s] == f32::NEG_INFINITY {
-                g != SENTINEL
+                g != unseen
             } else {
                 // A NaN from the GPU is an infinite miss.
                 let ratio = (g - w_row[s]).abs() / logit_tolerance(max, spreads[r * width + s], wgmma);
@@ -100,8 +103,20 @@ fn compare(
     (bad, first)
 }
 
+/// Runs `case` with unseen entries left as they were (the sentinel).
 pub fn run(rt: &Runtime, case: &IndexerCase, heads: u32) -> Result<Check> {
+    run_with(rt, case, heads, false)
+}
+
+/// Runs `case` with the logits kernel filling every unseen entry of the row's
+/// width with −inf (`LogitsOut::fill_unseen`); the padding past it keeps the sentinel.
+pub fn run_filled(rt: &Runtime, case: &IndexerCase, heads: u32) -> Result<Check> {
+    run_with(rt, case, heads, true)
+}
+
+fn run_with(rt: &Runtime, case: &IndexerCase, heads: u32, fill: bool) -> Result<Check> {
     let stream = rt.gpu().stream();
+    let unseen = if fill { f32::NEG_INFINITY } else { SENTINEL };
     let h = heads as usize;
     let wgmma = indexer_wg_kernel(heads, rt.target());
     let (layout, rows, mismatches, first, what) = match case {
@@ -139,12 +154,19 @@ pub fn run(rt: &Runtime, case: &IndexerCase, heads: u32) -> Result<Check> {
                 next_n: *next_n,
             };
             let mut view = d_out.slice_mut(0..rows * stride);
-            indexer::paged_logits(rt, &query, &keys, LogitsOut { data: &mut view, stride })?;
+            indexer::paged_logits(
+                rt,
+                &query,
+                &keys,
+                LogitsOut::new(&mut view, stride).fill_unseen(if fill { width } else { 0 }),
+            )?;
             let got = download(stream, &d_out, rows * stride)?;
             let pk = PagedKeys { cache: &cache, block_table: &table, width: *table_width, context_lens };
             let (want, spreads) = paged_logits(&q, &w, pk, *next_n, width);
-            let (bad, first) = compare(&got, &want, &spreads, wgmma, (rows, width, stride));
-            (IndexerLayout::Paged, rows, bad, first, format!("paged b{batch} next_n{next_n} width{table_width}"))
+            let (mut bad, mut first) = compare(&got, &want, &spreads, wgmma, unseen, (rows, width, stride));
+            padding_kept(&got, (rows, width, stride), &mut bad, &mut first);
+            let what = format!("paged b{batch} next_n{next_n} width{table_width}{}", if fill { " filled" } else { "" });
+            (IndexerLayout::Paged, rows, bad, first, what)
         }
         IndexerCase::Ragged { ks, ke, num_keys, seed } => {
             let mut rng = testdata::rng(*seed);
@@ -168,11 +190,23 @@ pub fn run(rt: &Runtime, case: &IndexerCase, heads: u32) -> Result<Check> {
                 ke: d_ke.slice(0..rows),
             };
             let mut view = d_out.slice_mut(0..rows * stride);
-            indexer::ragged_logits(rt, &query, &rk, LogitsOut { data: &mut view, stride })?;
+            indexer::ragged_logits(
+                rt,
+                &query,
+                &rk,
+                LogitsOut::new(&mut view, stride).fill_unseen(if fill { *num_keys } else { 0 }),
+            )?;
             let got = download(stream, &d_out, rows * stride)?;
             let (want, spreads) = ragged_logits(&q, &w, &keys, &scales, ks, ke);
-            let (bad, first) = compare(&got, &want, &spreads, wgmma, (rows, *num_keys, stride));
-            (IndexerLayout::Ragged, rows, bad, first, format!("ragged t{rows} keys{num_keys}"))
+            let (mut bad, mut first) = compare(&got, &want, &spreads, wgmma, unseen, (rows, *num_keys, stride));
+            padding_kept(&got, (rows, *num_keys, stride), &mut bad, &mut first);
+            (
+                IndexerLayout::Ragged,
+                rows,
+                bad,
+                first,
+                format!("ragged t{rows} keys{num_keys}{}", if fill { " filled" } else { "" }),
+            )
         }
     };
     Ok(Check {
@@ -182,6 +216,25 @@ pub fn run(rt: &Runtime, case: &IndexerCase, heads: u32) -> Result<Check> {
         mismatches,
         first_mismatch: first,
     })
+}
+
+/// Counts the rows whose padding columns `[width, stride)` changed (no call writes
+/// past a row's width, filling or not).
+fn padding_kept(
+    got: &[f32],
+    (rows, width, stride): (usize, usize, usize),
+    bad: &mut usize,
+    first: &mut Option<String>,
+) {
+    for r in 0..rows {
+        if let Some(s) = (width..stride).find(|&s| got[r * stride + s] != SENTINEL) {
+            *bad += 1;
+            first.get_or_insert(format!(
+                "row {r} column {s} (padding past width {width}): written {}",
+                got[r * stride + s]
+            ));
+        }
+    }
 }
 
 #[cfg(test)]
@@ -195,11 +248,11 @@ mod tests {
         let want = [100.0, -50.0, f32::NEG_INFINITY, 10.0, 20.0, 30.0];
         let ok = [100.001, -50.0, SENTINEL, 0.0, 10.0, 20.0, 30.0, 0.0];
         let spreads = [0.0; 6];
-        assert_eq!(compare(&ok, &want, &spreads, false, (2, 3, 4)), (0, None));
+        assert_eq!(compare(&ok, &want, &spreads, false, SENTINEL, (2, 3, 4)), (0, None));
         let with = |at: usize, v: f32| {
             let mut g = ok;
             g[at] = v;
-            compare(&g, &want, &spreads, false, (2, 3, 4))
+            compare(&g, &want, &spreads, false, SENTINEL, (2, 3, 4))
         };
         let (bad, first) = with(4, f32::NAN);
         assert_eq!(bad, 1);
@@ -214,7 +267,25 @@ mod tests {
         let mut g = ok;
         g[0] = 100.01;
         let wide = [40.0, 0.0, 0.0, 0.0, 0.0, 0.0];
-        assert_eq!(compare(&g, &want, &wide, true, (2, 3, 4)).0, 0);
-        assert_eq!(compare(&g, &want, &wide, false, (2, 3, 4)).0, 1);
+        assert_eq!(compare(&g, &want, &wide, true, SENTINEL, (2, 3, 4)).0, 0);
+        assert_eq!(compare(&g, &want, &wide, false, SENTINEL, (2, 3, 4)).0, 1);
+    }
+
+    #[test]
+    fn filled_calls_need_neg_inf_where_unseen_and_keep_the_padding() {
+        let want = [100.0, -50.0, f32::NEG_INFINITY, 10.0, 20.0, 30.0];
+        let spreads = [0.0; 6];
+        let filled = [100.0, -50.0, f32::NEG_INFINITY, SENTINEL, 10.0, 20.0, 30.0, SENTINEL];
+        assert_eq!(compare(&filled, &want, &spreads, false, f32::NEG_INFINITY, (2, 3, 4)), (0, None));
+        let (bad, first) = compare(&filled, &want, &spreads, false, SENTINEL, (2, 3, 4));
+        assert_eq!(bad, 1, "{first:?}");
+        let (mut bad, mut first) = (0, None);
+        padding_kept(&filled, (2, 3, 4), &mut bad, &mut first);
+        assert_eq!((bad, first.clone()), (0, None));
+        let mut spilled = filled;
+        spilled[7] = f32::NEG_INFINITY;
+        padding_kept(&spilled, (2, 3, 4), &mut bad, &mut first);
+        assert_eq!(bad, 1);
+        assert!(first.unwrap().contains("row 1 column 3"));
     }
 }

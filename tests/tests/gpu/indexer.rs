@@ -2,7 +2,7 @@
 //! Tolerance: nsa_runtime::verify::indexer (module docs).
 
 use super::{assert_all, rt};
-use nsa_runtime::verify::indexer::{run, IndexerCase};
+use nsa_runtime::verify::indexer::{run, run_filled, IndexerCase};
 
 #[test]
 fn paged_every_next_n_and_lengths_around_topk() {
@@ -15,6 +15,10 @@ fn paged_every_next_n_and_lengths_around_topk() {
         let case =
             IndexerCase::Paged { context_lens, next_n, table_width: 128, pages: 300, seed: 2000 + next_n as u64 };
         checks.push(run(&rt, &case, 64).unwrap());
+        // The fill once (the CPU reference dominates this test's time).
+        if next_n == 2 {
+            checks.push(run_filled(&rt, &case, 64).unwrap());
+        }
     }
     assert_all(&checks);
 }
@@ -46,7 +50,9 @@ fn ragged_windows() {
     // Empty windows, windows inside one block, across blocks, to the end, ks > 0.
     let ks = vec![0, 0, 3, 64, 100, 0, 4000, 10, 0];
     let ke = vec![0, 1, 60, 128, 4097, 4097, 4097, 11, 2048];
-    checks.push(run(&rt, &IndexerCase::Ragged { ks, ke, num_keys: 4097, seed: 2200 }, 64).unwrap());
+    let case = IndexerCase::Ragged { ks, ke, num_keys: 4097, seed: 2200 };
+    checks.push(run(&rt, &case, 64).unwrap());
+    checks.push(run_filled(&rt, &case, 64).unwrap());
     // Causal extend windows: row t sees [0, prefix + t + 1).
     let rows = 300;
     let ks = vec![0; rows];
@@ -62,4 +68,13 @@ fn empty_inputs_launch_nothing() {
     let d = run(&rt, &IndexerCase::Paged { context_lens: vec![], next_n: 1, table_width: 4, pages: 4, seed: 2301 }, 64)
         .unwrap();
     assert_all(&[c, d]);
+}
+
+#[test]
+fn filled_rows_without_keys() {
+    let rt = rt();
+    // Keys exist but no row sees one (whole rows of -inf), and a paged table of no pages.
+    let ragged = IndexerCase::Ragged { ks: vec![0, 7, 9], ke: vec![0, 7, 3], num_keys: 130, seed: 2400 };
+    let paged = IndexerCase::Paged { context_lens: vec![0, 0], next_n: 2, table_width: 3, pages: 4, seed: 2401 };
+    assert_all(&[run_filled(&rt, &ragged, 64).unwrap(), run_filled(&rt, &paged, 64).unwrap()]);
 }

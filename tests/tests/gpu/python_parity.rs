@@ -297,7 +297,7 @@ fn indexer_cases(rt: &Runtime, dump: &mut Dump, rng: &mut StdRng) {
             context_lens: d_l.slice(..),
             next_n,
         };
-        indexer::paged_logits(rt, &query, &keys, LogitsOut { data: &mut out.slice_mut(..), stride: logits_w }).unwrap();
+        indexer::paged_logits(rt, &query, &keys, LogitsOut::new(&mut out.slice_mut(..), logits_w)).unwrap();
         down(rt, &out).iter().map(|v| v.to_bits()).collect::<Vec<_>>()
     });
     let c = "indexer_paged";
@@ -323,7 +323,7 @@ fn indexer_cases(rt: &Runtime, dump: &mut Dump, rng: &mut StdRng) {
         let query = IndexerQuery { heads: h as u32, q: d_rq.slice(..), weights: d_rw.slice(..) };
         let keys =
             RaggedIndexerKeys { keys: d_k.slice(..), scales: d_s.slice(..), ks: d_ks.slice(..), ke: d_ke.slice(..) };
-        indexer::ragged_logits(rt, &query, &keys, LogitsOut { data: &mut out.slice_mut(..), stride: keys_n }).unwrap();
+        indexer::ragged_logits(rt, &query, &keys, LogitsOut::new(&mut out.slice_mut(..), keys_n)).unwrap();
         // Only [ks, ke) of a row is written: compare that.
         let all = down(rt, &out);
         (0..rows)

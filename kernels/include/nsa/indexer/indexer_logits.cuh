@@ -44,6 +44,7 @@ struct Params {
   i32 table_width;          // paged: page ids per request
   i32 blocks_per_cta;       // 64-key blocks one CTA walks
   i32 chunks;               // CTAs per query row
+  i64 fill_width;           // columns [0, fill_width) a row does not see get -inf (0: left unwritten)
 };
 
 // The 32 bytes a lane owns of a 128-byte row (8 words).
@@ -62,6 +63,22 @@ NSA_DEVICE Row32 load_row32(const u8* row, u32 t) {
 NSA_DEVICE float relu(float x) { return x > 0.0f ? x : 0.0f; }
 
 __noinline__ __device__ void report_rejected(u32* status, i64 index) { report_bad_entry(status, index); }
+
+// -inf into the columns [0, fill_width) of `row` outside its visible keys [lo, hi)
+// (all of them when hi <= lo), the row's CTA `chunk` of p.chunks taking an equal
+// share, so a masked row needs no pass of its own after the kernel.
+NSA_DEVICE void fill_unseen(const Params& p, i64 row, i64 lo, i64 hi, i32 chunk) {
+  if (p.fill_width <= 0) return;
+  if (hi <= lo) lo = hi = 0;
+  const i64 share = (p.fill_width + p.chunks - 1) / p.chunks;
+  const i64 c0 = (i64)chunk * share;
+  const i64 c1 = c0 + share < p.fill_width ? c0 + share : p.fill_width;
+  float* out = p.logits + row * p.logits_stride;
+  const float ninf = u32_as_f32(0xff800000u);
+  const i64 below = lo < c1 ? lo : c1;  // [c0, below) lies before the visible keys
+  for (i64 c = c0 + thread_x(); c < below; c += kThreads) out[c] = ninf;
+  for (i64 c = (hi > c0 ? hi : c0) + thread_x(); c < c1; c += kThreads) out[c] = ninf;
+}
 
 template <int kHeads, int kLayout>
 NSA_DEVICE void indexer_logits(const Params& p, u32* status) {
@@ -86,6 +103,7 @@ NSA_DEVICE void indexer_logits(const Params& p, u32* status) {
     lo = p.ks[row] < 0 ? 0 : p.ks[row];
     hi = p.ke[row] < p.num_keys ? p.ke[row] : p.num_keys;
   }
+  fill_unseen(p, row, lo, hi, chunk);
   const i64 first_block = lo / kBlockTokens + (i64)chunk * p.blocks_per_cta;
   i64 end_block = (hi + kBlockTokens - 1) / kBlockTokens;
   if (first_block + p.blocks_per_cta < end_block) end_block = first_block + p.blocks_per_cta;

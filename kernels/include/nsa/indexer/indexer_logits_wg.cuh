@@ -99,6 +99,7 @@ NSA_DEVICE void indexer_logits(const Params& p, u32* status) {
   const i64 unit_id = bid / (u32)p.chunks;
   const i32 chunk = (i32)(bid % (u32)p.chunks);
   const Unit<kLayout> u(p, unit_id);
+  for (i32 j = 0; j < u.rows; ++j) fill_unseen(p, u.row0 + j, u.lo[j], u.hi[j], chunk);
   if (u.hi_all <= u.lo_all) return;
   const i64 first_block = u.lo_all / kBlockTokens + (i64)chunk * p.blocks_per_cta;
   i64 end_block = (u.hi_all + kBlockTokens - 1) / kBlockTokens;

@@ -92,10 +92,18 @@ def sparse_prefill(
     stream: Optional[int] = None,
 ) -> None: ...
 def indexer_paged_logits(
-    q: Any, kv_cache: Any, weights: Any, context_lens: Any, block_table: Any, out: Any, *, stream: Optional[int] = None
+    q: Any,
+    kv_cache: Any,
+    weights: Any,
+    context_lens: Any,
+    block_table: Any,
+    out: Any,
+    *,
+    fill_width: int = 0,
+    stream: Optional[int] = None,
 ) -> None: ...
 def indexer_ragged_logits(
-    q: Any, k: Any, k_scales: Any, weights: Any, ks: Any, ke: Any, out: Any, *, stream: Optional[int] = None
+    q: Any, k: Any, k_scales: Any, weights: Any, ks: Any, ke: Any, out: Any, *, fill_width: int = 0, stream: Optional[int] = None
 ) -> None: ...
 def device_of(tensor: Any, name: str = "tensor") -> int: ...
 def cache_stats() -> Dict[int, Dict[str, int]]: ...

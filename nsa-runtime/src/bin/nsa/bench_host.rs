@@ -126,7 +126,7 @@ pub fn host_bench(rt: &Runtime) -> Result<Vec<HostRow>> {
             context_lens: ctx_lens.slice(..),
             next_n: 1,
         };
-        indexer::paged_logits(rt, &query, &keys, LogitsOut { data: &mut logits.slice_mut(..), stride: ctx })
+        indexer::paged_logits(rt, &query, &keys, LogitsOut::new(&mut logits.slice_mut(..), ctx))
     })?;
     push("nsa.indexer_paged_logits", format!("b{b} ctx{ctx} next_n1 h{ih}"), t.host_us);
 
@@ -141,7 +141,7 @@ pub fn host_bench(rt: &Runtime) -> Result<Vec<HostRow>> {
     let t = time_launches(&s, REPS, || {
         let query = IndexerQuery { heads: ih, q: rqb.slice(..), weights: rw.slice(..) };
         let keys = RaggedIndexerKeys { keys: kb.slice(..), scales: sc.slice(..), ks: ks.slice(..), ke: ke.slice(..) };
-        indexer::ragged_logits(rt, &query, &keys, LogitsOut { data: &mut rl.slice_mut(..), stride: keys_n })
+        indexer::ragged_logits(rt, &query, &keys, LogitsOut::new(&mut rl.slice_mut(..), keys_n))
     })?;
     push("nsa.indexer_ragged_logits", format!("rows{rq} keys{keys_n} h{ih}"), t.host_us);
     Ok(rows)

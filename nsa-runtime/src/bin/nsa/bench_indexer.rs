@@ -68,7 +68,7 @@ pub fn indexer_bench(rt: &Runtime, reps: usize) -> Result<Vec<IndexerRow>> {
             next_n: 1,
         };
         let us = time_us(&stream, reps, || {
-            paged_logits(rt, &query, &keys, LogitsOut { data: &mut d_out.slice_mut(0..), stride: context })
+            paged_logits(rt, &query, &keys, LogitsOut::new(&mut d_out.slice_mut(0..), context))
         })?;
         let bytes = (batch * context * INDEXER_TOKEN_BYTES) as f64;
         let gbps = bytes / us / 1e3;
@@ -93,7 +93,7 @@ pub fn indexer_bench(rt: &Runtime, reps: usize) -> Result<Vec<IndexerRow>> {
     let rk =
         RaggedIndexerKeys { keys: d_k.slice(0..), scales: d_s.slice(0..), ks: d_ks.slice(0..), ke: d_ke.slice(0..) };
     let us = time_us(&stream, reps.min(10), || {
-        ragged_logits(rt, &query, &rk, LogitsOut { data: &mut d_out.slice_mut(0..), stride: keys_n })
+        ragged_logits(rt, &query, &rk, LogitsOut::new(&mut d_out.slice_mut(0..), keys_n))
     })?;
     let pairs: f64 = ke.iter().map(|&e| e as f64).sum();
     let tflops = 2.0 * pairs * (h * INDEXER_HEAD_DIM) as f64 / us / 1e6;

@@ -48,26 +48,17 @@ def fp8_paged_mqa_logits(q, kv_cache, weights, context_lens, block_table, schedu
         raise ValueError(f"`context_lens`: shape {lens_shape}, expected ({batch},) or ({batch}, {next_n}) for q of shape {tuple(q.shape)}")
     width = max(max_context_len, block_table.shape[-1] * PAGE_TOKENS)
     logits = _padded(q, batch * next_n, width, "q")
+    # clean_logits: the kernel itself writes -inf where a row sees no key.
+    fill = max_context_len if clean_logits else 0
     if len(lens_shape) == 2:
         # One length per row: each row is a request of its own (its table row repeated).
         rows_q = q.reshape(batch * next_n, 1, *q.shape[2:])
         rows_table = block_table if next_n == 1 else block_table.repeat_interleave(next_n, 0)
         row_lens = context_lens.reshape(batch * next_n)
-        _paged(rows_q, kv_cache, weights, row_lens, rows_table, logits, stream=current_stream(q))
+        _paged(rows_q, kv_cache, weights, row_lens, rows_table, logits, fill_width=fill, stream=current_stream(q))
     else:
-        _paged(q, kv_cache, weights, context_lens, block_table, logits, stream=current_stream(q))
-    logits = logits[:, :max_context_len]
-    if clean_logits:
-        import torch
-
-        pos = torch.arange(max_context_len, device=logits.device)
-        if len(lens_shape) == 2:
-            last = context_lens.reshape(batch * next_n) - 1
-        else:
-            steps = torch.arange(next_n, device=logits.device).repeat(batch)
-            last = context_lens.repeat_interleave(next_n) - next_n + steps
-        logits.masked_fill_(pos[None, :] > last[:, None], float("-inf"))
-    return logits
+        _paged(q, kv_cache, weights, context_lens, block_table, logits, fill_width=fill, stream=current_stream(q))
+    return logits[:, :max_context_len]
 
 
 def fp8_mqa_logits(q, kv, weights, cu_seqlen_ks, cu_seqlen_ke, clean_logits: bool = True):
@@ -82,13 +73,8 @@ def fp8_mqa_logits(q, kv, weights, cu_seqlen_ks, cu_seqlen_ke, clean_logits: boo
         raise ValueError(f"`q`, `kv[0]`: shapes {tuple(q.shape)}, {tuple(k.shape)}, expected (rows, heads, 128), (num_keys, 128)")
     rows, num_keys = q.shape[0], k.shape[0]
     logits = _padded(q, rows, num_keys, "q")
-    _ragged(q, k, k_scales, weights, cu_seqlen_ks, cu_seqlen_ke, logits, stream=current_stream(q))
-    if clean_logits:
-        import torch
-
-        pos = torch.arange(num_keys, device=logits.device)
-        outside = (pos[None, :] < cu_seqlen_ks[:, None]) | (pos[None, :] >= cu_seqlen_ke[:, None])
-        logits.masked_fill_(outside, float("-inf"))
+    fill = num_keys if clean_logits else 0
+    _ragged(q, k, k_scales, weights, cu_seqlen_ks, cu_seqlen_ke, logits, fill_width=fill, stream=current_stream(q))
     return logits
 
 
