@@ -5,7 +5,9 @@ peer measured on the same shape with the ratio (peer time / nsa time: above 1,
 nsa is faster) and nsa's roofline share.
 
     python3 .ci/bench/report.py --nsa nsa.json --peers peers.json [--python python_compat.json] \
-        [--command "nsa bench --suite all --json nsa.json; bash peers/run.sh"] [--write BENCHMARKS.md | --check BENCHMARKS.md]
+        [--command "nsa bench --suite all --json nsa.json; bash peers/run.sh"] [--command "topk=..."] \
+        [--write BENCHMARKS.md | --check BENCHMARKS.md]
+    python3 .ci/bench/report.py --results .ci/bench/results --check BENCHMARKS.md
 
 Without --write/--check the tables are printed. With --write, each table replaces
 the text between `<!-- report:FAMILY -->` and `<!-- /report:FAMILY -->` in the file
@@ -14,7 +16,9 @@ the ones the JSON gives, so a table cannot drift from its measurement.
 """
 
 import argparse
+import glob
 import json
+import os
 import re
 import sys
 
@@ -36,6 +40,11 @@ def ratio(peer_us, nsa_us):
     return f"{peer_us / nsa_us:.2f}×"
 
 
+class PeerTime(float):
+    """A peer's µs, with the share of the exact top-k set it found when it missed some."""
+    found = None
+
+
 def peer_index(peers):
     """{(peer, case): us} of the rows that ran, and the peers in first-seen order."""
     times, names = {}, []
@@ -43,10 +52,20 @@ def peer_index(peers):
         if not isinstance(row, dict) or "peer" not in row or "case" not in row:
             continue
         if row.get("us") is not None:
-            times[(row["peer"], row["case"])] = row["us"]
+            t = PeerTime(row["us"])
+            m = re.match(r"(\d+)/(\d+) of the exact", str(row.get("check", "")))
+            if m and int(m[1]) < int(m[2]):
+                t.found = f"{m[1]}/{m[2]}"
+            times[(row["peer"], row["case"])] = t
             if row["peer"] not in names:
                 names.append(row["peer"])
     return times, names
+
+
+def fmt_peer(t):
+    """A peer's time; an inexact top-k names how much of the exact set it found."""
+    found = getattr(t, "found", None)
+    return fmt_us(t) + (f" (finds {found} of the exact set)" if found else "")
 
 
 def table(header, rows):
@@ -71,7 +90,7 @@ def with_peers(key_rows, times, names, peer_cases):
         row = [label, fmt_us(nsa_us), share]
         for p in used:
             t = peer_us(p, key)
-            row += [fmt_us(t), ratio(t, nsa_us)]
+            row += [fmt_peer(t), ratio(t, nsa_us)]
         out.append(row)
     return table(header, out)
 
@@ -194,24 +213,32 @@ def python_device(rows):
 
 
 def tables(nsa_reports, peers, python_rows, command):
+    """The marked tables by family. `command`: the command that measured, or a dict
+    of them by family (key "" for the rest)."""
+    commands = command if isinstance(command, dict) else {"": command}
     times, names = peer_index(peers) if peers is not None else ({}, [])
     merged = {}
     # Rows of every report together; the host table reads the last host rows per call.
     for rep in nsa_reports:
         for fam in ("topk", "decode", "prefill", "indexer", "host", "bandwidth", "plans", "steps", "metadata"):
             merged.setdefault(fam, []).extend(rep.get(fam, []))
-    first = nsa_reports[0] if nsa_reports else {}
-    where = f"{first.get('device', '?')}, {first.get('date_utc', '?')[:10]}, `{command}`"
+
+    def where(fam, source):
+        # The GPU and date of the report that measured this family.
+        rep = next((r for r in nsa_reports if r.get(source)), {})
+        cmd = commands.get(fam, commands.get("", "nsa bench --json"))
+        return f"{rep.get('device', '?')}, {rep.get('date_utc', '?')[:10]}, `{cmd}`"
+
     out = {}
     for fam, make in (("topk", topk_table), ("decode", decode_table), ("prefill", prefill_table),
                       ("indexer", indexer_table)):
         if merged.get(fam):
-            out[fam] = f"{where}\n\n{make(merged, times, names)}"
+            out[fam] = f"{where(fam, fam)}\n\n{make(merged, times, names)}"
     # Families without a peer library: the copy rate or nsa's own baseline path.
     for fam, source, make in (("kv", "bandwidth", kv_table), ("plan", "plans", plan_table),
                               ("metadata", "metadata", metadata_table)):
         if merged.get(source):
-            out[fam] = f"{where}\n\n{make(merged)}"
+            out[fam] = f"{where(fam, source)}\n\n{make(merged)}"
     if python_rows:
         dev = python_device(python_rows)
         where_py = f"{dev.get('gpu', '?')}, {dev.get('date', '?')}, torch {dev.get('torch', '?')}"
@@ -238,14 +265,32 @@ def main(argv=None):
     ap.add_argument("--nsa", action="append", default=[], help="an `nsa bench --json` report (repeatable)")
     ap.add_argument("--peers", help="peers.json of the same device call")
     ap.add_argument("--python", help="python_compat.json of the same device call")
-    ap.add_argument("--command", default="nsa bench --json; bash peers/run.sh", help="the command that measured")
+    ap.add_argument("--results", metavar="DIR",
+                    help="a folder of measurements: nsa_*.json, peers.json, python_compat.json, and commands.json "
+                         "({family: command})")
+    ap.add_argument("--command", action="append", default=[],
+                    help="the command that measured; FAMILY=COMMAND for one family's table (repeatable)")
     group = ap.add_mutually_exclusive_group()
     group.add_argument("--write", metavar="FILE", help="replace the marked tables in FILE")
     group.add_argument("--check", metavar="FILE", help="exit 1 if FILE's marked tables differ")
     args = ap.parse_args(argv)
+    commands = {"": "nsa bench --json; bash peers/run.sh"}
+    if args.results:
+        found = lambda name: os.path.join(args.results, name) if os.path.exists(os.path.join(args.results, name)) else None
+        args.nsa += sorted(glob.glob(os.path.join(args.results, "nsa_*.json")))
+        args.peers = args.peers or found("peers.json")
+        args.python = args.python or found("python_compat.json")
+        if found("commands.json"):
+            commands.update(load(found("commands.json")))
     reports = [load(p) for p in args.nsa]
+    for c in args.command:
+        fam, eq, rest = c.partition("=")
+        if eq and fam in FAMILIES:
+            commands[fam] = rest
+        else:
+            commands[""] = c
     out = tables(reports, load(args.peers) if args.peers else None, load(args.python) if args.python else [],
-                 args.command)
+                 commands)
     target = args.write or args.check
     if not target:
         for fam in FAMILIES:

@@ -36,7 +36,10 @@ NSA = {
 PEERS = {"rows": [
     {"peer": "FlashMLA@9241ae3", "case": "decode b128 s_q1 h64", "us": 160.0},
     {"peer": "FlashMLA@9241ae3", "case": "decode b1 s_q1 h128", "us": None, "error": "skipped"},
-    {"peer": "sgl-kernel topk (32KB smem)", "case": "fast_topk_v2 f32 1x131072", "us": 21.3},
+    {"peer": "sgl-kernel topk (32KB smem)", "case": "fast_topk_v2 f32 1x131072", "us": 21.3,
+     "check": "2048/2048 of the exact top-k set"},
+    {"peer": "FlashInfer", "case": "top_k (sorted=False) f32 1x131072", "us": 28.4,
+     "check": "505/2048 of the exact top-k set"},
     {"peer": "DeepGEMM", "case": "fp8_paged_mqa_logits decode b32 ctx16384 (next_n 1, h64, page 64)", "us": 25.0},
     {"peer": "Never ran", "case": "decode b7 s_q1 h64", "us": None},
 ]}
@@ -56,7 +59,7 @@ def test_rows_meet_their_peers():
     assert "| b128 × s_q1 × h64 | 200.0 | 75% | 160.0 | 0.80× |" in decode
     assert "Never ran" not in decode
     topk = out["topk"]
-    assert "| plain uniform 1×131072 k2048 | 14.20 | 1% | 21.30 | 1.50× |" in topk
+    assert "| plain uniform 1×131072 k2048 | 14.20 | 1% | 21.30 | 1.50× | 28.40 (finds 505/2048 of the exact set) | 2.00× |" in topk
     assert "40.0" not in topk  # only the plan nsa picks
     assert "| decode b32 ctx16384 | 20.00 | 80% of copy | 25.00 | 1.25× |" in out["indexer"]
     assert "prefill" not in out
@@ -94,3 +97,31 @@ def test_a_missing_block_is_named(tmp_path, capsys):
     doc.write_text("no blocks here\n")
     assert report.main(["--nsa", str(tmp_path / "nsa.json"), "--write", str(doc)]) == 2
     assert "no <!-- report:topk --> block" in capsys.readouterr().err
+
+
+def test_each_family_names_its_own_command_and_gpu(tmp_path, capsys):
+    kv_only = {"device": "NVIDIA H200", "date_utc": "2026-12-07T01:00:00Z", "bandwidth": NSA["bandwidth"]}
+    no_kv = {k: v for k, v in NSA.items() if k != "bandwidth"}
+    out = report.tables([no_kv, kv_only], PEERS, [], {"": "bench all", "topk": "bench --suite topk"})
+    assert out["topk"].startswith("NVIDIA H100 80GB HBM3, 2026-12-06, `bench --suite topk`")
+    assert out["decode"].startswith("NVIDIA H100 80GB HBM3, 2026-12-06, `bench all`")
+    assert out["kv"].startswith("NVIDIA H200, 2026-12-07, `bench all`")
+    (tmp_path / "nsa.json").write_text(json.dumps(NSA))
+    assert report.main(["--nsa", str(tmp_path / "nsa.json"), "--command", "x y", "--command", "decode=a=b"]) == 0
+    printed = capsys.readouterr().out
+    assert "2026-12-06, `a=b`" in printed and "2026-12-06, `x y`" in printed
+
+
+def test_a_results_folder(tmp_path):
+    (tmp_path / "nsa_decode.json").write_text(json.dumps({k: v for k, v in NSA.items() if k != "topk"}))
+    (tmp_path / "nsa_topk.json").write_text(json.dumps({"device": "GPU T", "date_utc": "2026-12-07", "topk": NSA["topk"]}))
+    (tmp_path / "peers.json").write_text(json.dumps(PEERS))
+    (tmp_path / "commands.json").write_text(json.dumps({"topk": "bench topk"}))
+    doc = tmp_path / "BENCH.md"
+    doc.write_text("<!-- report:topk -->\n<!-- /report:topk -->\n<!-- report:decode -->\n<!-- /report:decode -->\n"
+                   "<!-- report:indexer -->\n<!-- /report:indexer -->\n<!-- report:kv -->\n<!-- /report:kv -->\n"
+                   "<!-- report:plan -->\n<!-- /report:plan -->\n<!-- report:metadata -->\n<!-- /report:metadata -->\n")
+    assert report.main(["--results", str(tmp_path), "--write", str(doc)]) == 0
+    text = doc.read_text()
+    assert "GPU T, 2026-12-07, `bench topk`" in text and "| b128 × s_q1 × h64 | 200.0 | 75% | 160.0 | 0.80× |" in text
+    assert report.main(["--results", str(tmp_path), "--check", str(doc)]) == 0
