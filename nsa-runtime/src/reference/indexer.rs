@@ -49,21 +49,43 @@ pub const FP8_WGMMA_REL_ERR: f32 = 1.0 / 2048.0;
 /// the spread bounds the error of a logit whose head dots were accumulated with
 /// limited precision (ReLU never widens it).
 pub fn logit_and_spread(q: &[u8], weights: &[f32], k: &[u8], k_scale: f32) -> (f32, f32) {
-    let heads = weights.len();
-    assert_eq!(q.len(), heads * INDEXER_HEAD_DIM);
-    let kf: Vec<f64> = k.iter().map(|&b| e4m3_to_f32(b) as f64).collect();
-    let scale = k_scale as f64;
-    let (mut sum, mut spread) = (0.0f64, 0.0f64);
-    for (h, &w) in weights.iter().enumerate() {
-        let (dot, abs) =
-            q[h * INDEXER_HEAD_DIM..][..INDEXER_HEAD_DIM].iter().zip(&kf).fold((0.0, 0.0), |(d, a), (&qb, &kv)| {
-                let p = e4m3_to_f32(qb) as f64 * kv;
+    QueryRow::new(q, weights).logit_and_spread(k, k_scale)
+}
+
+/// One query row decoded once (e4m3 → f64), for the many keys it is scored against.
+pub struct QueryRow {
+    q: Vec<f64>,
+    weights: Vec<f64>,
+}
+
+impl QueryRow {
+    /// `q`: `[heads, 128]` e4m3 bytes; `weights`: the `heads` gates.
+    pub fn new(q: &[u8], weights: &[f32]) -> Self {
+        assert_eq!(q.len(), weights.len() * INDEXER_HEAD_DIM);
+        Self {
+            q: q.iter().map(|&b| e4m3_to_f32(b) as f64).collect(),
+            weights: weights.iter().map(|&w| w as f64).collect(),
+        }
+    }
+
+    /// [`logit_and_spread`] of this row against key `k` (128 e4m3 bytes).
+    pub fn logit_and_spread(&self, k: &[u8], k_scale: f32) -> (f32, f32) {
+        let mut kf = [0.0f64; INDEXER_HEAD_DIM];
+        for (d, &b) in kf.iter_mut().zip(k) {
+            *d = e4m3_to_f32(b) as f64;
+        }
+        let scale = k_scale as f64;
+        let (mut sum, mut spread) = (0.0f64, 0.0f64);
+        for (qh, &w) in self.q.chunks_exact(INDEXER_HEAD_DIM).zip(&self.weights) {
+            let (dot, abs) = qh.iter().zip(&kf).fold((0.0, 0.0), |(d, a), (&qv, &kv)| {
+                let p = qv * kv;
                 (d + p, a + p.abs())
             });
-        sum += w as f64 * (scale * dot).max(0.0);
-        spread += (w as f64).abs() * scale * abs;
+            sum += w * (scale * dot).max(0.0);
+            spread += w.abs() * scale * abs;
+        }
+        (sum as f32, spread as f32)
     }
-    (sum as f32, spread as f32)
 }
 
 /// The keys a paged logits call reads: the indexer cache, each request's page row
@@ -97,15 +119,11 @@ pub fn paged_logits(
         for j in 0..next_n {
             let row = b * next_n + j;
             let visible = (len as i64 - next_n as i64 + j as i64 + 1).clamp(0, max_context as i64) as usize;
+            let query = QueryRow::new(&q[row * row_q..][..row_q], &weights[row * INDEX_HEADS..][..INDEX_HEADS]);
             for s in 0..visible {
                 let page = keys.block_table[b * keys.width + s / INDEXER_PAGE_TOKENS] as usize;
                 let (k, scale) = index_k_at(keys.cache, page * INDEXER_PAGE_TOKENS + s % INDEXER_PAGE_TOKENS);
-                (out[row * max_context + s], spread[row * max_context + s]) = logit_and_spread(
-                    &q[row * row_q..][..row_q],
-                    &weights[row * INDEX_HEADS..][..INDEX_HEADS],
-                    k,
-                    scale,
-                );
+                (out[row * max_context + s], spread[row * max_context + s]) = query.logit_and_spread(k, scale);
             }
         }
     }
@@ -130,13 +148,10 @@ pub fn ragged_logits(
     let mut spread = vec![0.0f32; t_rows * s_keys];
     for t in 0..t_rows {
         let (lo, hi) = (ks[t].max(0) as usize, (ke[t].max(0) as usize).min(s_keys));
+        let query = QueryRow::new(&q[t * row_q..][..row_q], &weights[t * INDEX_HEADS..][..INDEX_HEADS]);
         for s in lo..hi.max(lo) {
-            (out[t * s_keys + s], spread[t * s_keys + s]) = logit_and_spread(
-                &q[t * row_q..][..row_q],
-                &weights[t * INDEX_HEADS..][..INDEX_HEADS],
-                &k[s * INDEXER_HEAD_DIM..][..INDEXER_HEAD_DIM],
-                k_scale[s],
-            );
+            (out[t * s_keys + s], spread[t * s_keys + s]) =
+                query.logit_and_spread(&k[s * INDEXER_HEAD_DIM..][..INDEXER_HEAD_DIM], k_scale[s]);
         }
     }
     (out, spread)

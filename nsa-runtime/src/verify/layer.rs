@@ -30,7 +30,7 @@ use crate::metadata::{
 use crate::ops::kv_cache::MlaCacheMut;
 use crate::ops::Rows;
 use crate::reference::fp8::f32_to_e4m3_satfinite;
-use crate::reference::indexer::{index_k_at, logit_and_spread};
+use crate::reference::indexer::{index_k_at, QueryRow};
 use crate::reference::kv_cache::{dequantize_fp8_token, quantize_fp8_token, store_bf16, store_fp8, store_indexer_k};
 use crate::reference::sparse_mla::{attend, DecodeDequant, PagedFp8};
 use crate::reference::topk::check_row;
@@ -568,11 +568,11 @@ pub fn run(rt: &Runtime, case: &LayerCase) -> Result<LayerReport> {
     let ref_logits = |r: usize| -> Vec<(f32, f32)> {
         let (i, _) = data.tokens[r];
         let q = &data.index_q[r * ih * INDEXER_HEAD_DIM..][..ih * INDEXER_HEAD_DIM];
-        let w = &data.index_weights[r * ih..][..ih];
+        let query = QueryRow::new(q, &data.index_weights[r * ih..][..ih]);
         (0..visible(r))
             .map(|p| {
                 let (kb, scale) = index_k_at(&ref_index, b.slot(i, p) as usize);
-                logit_and_spread(q, w, kb, scale)
+                query.logit_and_spread(kb, scale)
             })
             .collect()
     };

@@ -9,7 +9,7 @@ use half::bf16;
 use nsa_kernels::layout::*;
 use nsa_kernels::{KernelSpec, NsaConfig};
 use nsa_runtime::layer::{AttentionStage, LayerWorkspace};
-use nsa_runtime::reference::indexer::{index_k_at, logit_and_spread};
+use nsa_runtime::reference::indexer::{index_k_at, QueryRow};
 use nsa_runtime::reference::kv_cache::{dequantize_fp8_token, store_fp8, store_indexer_k};
 use nsa_runtime::reference::sparse_mla::{attend, Attention, DecodeDequant, PagedFp8};
 use nsa_runtime::reference::topk::check_row;
@@ -103,13 +103,13 @@ impl Oracle {
             let row = &rows[r];
             let n = row.slots.len();
             let q8 = &acts.index_q[r * ih * INDEXER_HEAD_DIM..][..ih * INDEXER_HEAD_DIM];
-            let w = &acts.weights[r * ih..][..ih];
+            let query = QueryRow::new(q8, &acts.weights[r * ih..][..ih]);
             let logits: Vec<(f32, f32)> = row
                 .slots
                 .iter()
                 .map(|&s| {
                     let (kb, scale) = index_k_at(&self.index, s as usize);
-                    logit_and_spread(q8, w, kb, scale)
+                    query.logit_and_spread(kb, scale)
                 })
                 .collect();
             let position: HashMap<i32, i32> = row.slots.iter().enumerate().map(|(p, &s)| (s, p as i32)).collect();
