@@ -37,6 +37,7 @@ struct Case {
 const AUTO: PrefillBackend = PrefillBackend::Auto;
 const SPARSE: PrefillBackend = PrefillBackend::Fixed(AttnImpl::FlashMlaSparse);
 const TRTLLM: PrefillBackend = PrefillBackend::Fixed(AttnImpl::Trtllm);
+const COST128: PrefillBackend = PrefillBackend::Cost { heads: 128 };
 use ForwardMode::{Decode, DraftExtend, Extend, TargetVerify};
 use TransformMethod::{Paged, Ragged};
 
@@ -235,6 +236,50 @@ fn cases() -> Vec<Case> {
             prefill: AttnImpl::FlashMlaSparse,
             transform: Ragged,
             reason: "RAGGED: fp8 cache with flashmla_sparse",
+        },
+        Case {
+            what: "cost: one 16K-token FP8 prompt at 128 heads takes dequantize + prefill",
+            policy: p(H200, Fp8, COST128),
+            mode: Extend,
+            seq_lens: &[16384],
+            extend_tokens: 16384,
+            use_mha: false,
+            prefill: AttnImpl::FlashMlaSparse,
+            transform: Ragged,
+            reason: "dequantize 16384 tokens + prefill kernel over 16384 rows ≈ 10 + 19339 = 19349 µs < decode kernel over them ≈ 32358 µs, h128",
+        },
+        Case {
+            what: "cost: 16 new tokens over a 128K prefix keep the decode kernel",
+            policy: p(H200, Fp8, COST128),
+            mode: Extend,
+            seq_lens: &[131_088],
+            extend_tokens: 16,
+            use_mha: false,
+            prefill: AttnImpl::FlashMlaKv,
+            transform: Paged,
+            reason: "≥ decode kernel over them ≈ 32 µs, h128",
+        },
+        Case {
+            what: "cost: a bf16 cache has one path",
+            policy: p(H200, Bf16, COST128),
+            mode: Extend,
+            seq_lens: &[16384],
+            extend_tokens: 16384,
+            use_mha: false,
+            prefill: AttnImpl::FlashMlaSparse,
+            transform: Paged,
+            reason: "prefill flashmla_sparse (cost: bf16 cache)",
+        },
+        Case {
+            what: "cost: decode batches read the FP8 cache",
+            policy: p(H200, Fp8, COST128),
+            mode: Decode,
+            seq_lens: &[16384, 9000],
+            extend_tokens: 2,
+            use_mha: false,
+            prefill: AttnImpl::FlashMlaKv,
+            transform: Paged,
+            reason: "prefill flashmla_kv (cost: fp8, decode batch)",
         },
         Case {
             what: "empty extend batch: MLA",

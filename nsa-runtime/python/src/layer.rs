@@ -81,15 +81,17 @@ fn positive(name: &str, v: usize, what: &str) -> PyResult<usize> {
     Ok(v)
 }
 
-fn prefill_backend(name: &str) -> PyResult<PrefillBackend> {
+fn prefill_backend(name: &str, heads: u32) -> PyResult<PrefillBackend> {
     Ok(match name {
         "auto" | "flashmla_auto" => PrefillBackend::Auto,
         "flashmla_sparse" => PrefillBackend::Fixed(AttnImpl::FlashMlaSparse),
         "flashmla_kv" => PrefillBackend::Fixed(AttnImpl::FlashMlaKv),
+        "cost" => PrefillBackend::Cost { heads },
         other => {
             return Err(PyValueError::new_err(format!(
-                "`prefill_backend`: {other:?}, expected \"auto\", \"flashmla_sparse\" (FP8 extend dequantizes and \
-                 runs the prefill kernel) or \"flashmla_kv\" (FP8 extend reads the cache with the decode kernel)"
+                "`prefill_backend`: {other:?}, expected \"auto\", \"cost\" (nsa's kernel costs decide per FP8 \
+                 extend batch), \"flashmla_sparse\" (FP8 extend dequantizes and runs the prefill kernel) or \
+                 \"flashmla_kv\" (FP8 extend reads the cache with the decode kernel)"
             )))
         }
     })
@@ -230,7 +232,7 @@ impl Layer {
         let max_tokens =
             positive("max_tokens", max_tokens.unwrap_or(max_bs.max(8192)), "query tokens per extend step")?;
         let max_keys = positive("max_keys", max_keys.unwrap_or(max_bs * max_context_len), "KV tokens per extend step")?;
-        let backend = self::prefill_backend(prefill_backend)?;
+        let backend = self::prefill_backend(prefill_backend, model.num_q_heads)?;
         let mut cfg = LayerConfig::new(model.clone()).py()?;
         if let Some(s) = sm_scale {
             cfg.sm_scale = s;

@@ -2,6 +2,7 @@
 //! prefill implementation, and PAGED vs RAGGED — a pure function of the policy and
 //! the batch, with a reason the server can log.
 
+use super::extend_cost::ExtendCosts;
 use super::{ExtendPlan, ForwardMode, TransformMethod};
 use nsa_kernels::KvCacheFormat;
 use std::fmt::Write;
@@ -33,6 +34,12 @@ impl AttnImpl {
 pub enum PrefillBackend {
     /// `flashmla_auto`: chosen per batch (§5.1).
     Auto,
+    /// Chosen per batch from nsa's own kernel costs ([`ExtendCosts`]) for a layer of
+    /// `heads` query heads: an FP8-cache extend batch takes dequantize + prefill
+    /// (RAGGED) when estimated faster than the decode kernel (PAGED).
+    Cost {
+        heads: u32,
+    },
     Fixed(AttnImpl),
 }
 
@@ -170,6 +177,11 @@ fn prefill_impl(policy: &DispatchPolicy, batch: Option<&BatchSummary<'_>>, reaso
             let _ = write!(reason, "; prefill {} (auto: {why})", choice.name());
             return choice;
         }
+        PrefillBackend::Cost { heads } => {
+            let (choice, why) = cost_impl(policy, batch, heads);
+            let _ = write!(reason, "; prefill {} (cost: {why})", choice.name());
+            return choice;
+        }
     };
     let _ = write!(reason, "; prefill {} (configured)", fixed.name());
     fixed
@@ -200,4 +212,29 @@ fn auto_impl(policy: &DispatchPolicy, batch: Option<&BatchSummary<'_>>) -> (Attn
         Some(_) => (AttnImpl::FlashMlaKv, "fp8 on Hopper".into()),
         None => (AttnImpl::FlashMlaKv, "fp8, no batch (CUDA graph)".into()),
     }
+}
+
+/// The prefill implementation by nsa's kernel costs: only an FP8-cache extend batch
+/// has two paths to weigh.
+fn cost_impl(policy: &DispatchPolicy, batch: Option<&BatchSummary<'_>>, heads: u32) -> (AttnImpl, String) {
+    if policy.kv_cache == KvCacheFormat::Bf16 {
+        return (AttnImpl::FlashMlaSparse, "bf16 cache".into());
+    }
+    let b = match batch {
+        Some(b) if b.mode == ForwardMode::Extend => b,
+        Some(b) => return (AttnImpl::FlashMlaKv, format!("fp8, {} batch", b.mode.name())),
+        None => return (AttnImpl::FlashMlaKv, "fp8, no batch (CUDA graph)".into()),
+    };
+    let kv: usize = b.seq_lens.iter().map(|&l| l.max(0) as usize).sum();
+    let c = ExtendCosts::estimate(heads, b.extend_num_tokens, kv);
+    let why = format!(
+        "dequantize {kv} tokens + prefill kernel over {} rows ≈ {:.0} + {:.0} = {:.0} µs {} decode kernel over them ≈ {:.0} µs, h{heads}",
+        b.extend_num_tokens,
+        c.dequant_us,
+        c.prefill_us,
+        c.ragged_us(),
+        if c.prefers_ragged() { "<" } else { "≥" },
+        c.decode_us
+    );
+    (if c.prefers_ragged() { AttnImpl::FlashMlaSparse } else { AttnImpl::FlashMlaKv }, why)
 }

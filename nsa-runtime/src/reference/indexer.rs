@@ -53,6 +53,7 @@ pub fn logit_and_spread(q: &[u8], weights: &[f32], k: &[u8], k_scale: f32) -> (f
 }
 
 /// One query row decoded once (e4m3 → f64), for the many keys it is scored against.
+#[derive(Debug)]
 pub struct QueryRow {
     q: Vec<f64>,
     weights: Vec<f64>,

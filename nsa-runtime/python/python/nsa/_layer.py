@@ -64,8 +64,10 @@ class Layer:
     ``max_tokens`` (query tokens of an extend step) and ``max_keys`` (KV tokens of
     an extend step) size the metadata buffers; ``draft_tokens``: speculative ``D``
     (target-verify, draft-extend). ``sm_scale`` defaults to DeepSeek V3.2's.
-    ``prefill_backend``: ``"auto"`` as the reference chooses, ``"flashmla_sparse"``
-    (FP8 extend dequantizes and runs the prefill kernel) or ``"flashmla_kv"``.
+    ``prefill_backend``: ``"auto"`` as the reference chooses, ``"cost"`` (each FP8
+    extend batch takes whichever of the two paths nsa's kernel costs estimate
+    faster; ``explain()`` gives both estimates), ``"flashmla_sparse"`` (FP8 extend
+    dequantizes and runs the prefill kernel) or ``"flashmla_kv"``.
     Every batch runs absorbed sparse MLA (nsa has no dense MHA one-shot path).
     Constructing compiles (or loads from the cache) every kernel the layer runs.
     """

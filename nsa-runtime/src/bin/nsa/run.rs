@@ -17,6 +17,15 @@ pub enum Mode {
     ExtendPrefix,
 }
 
+/// The `--prefill` choices.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Prefill {
+    Cost,
+    Auto,
+    Sparse,
+    Kv,
+}
+
 #[derive(Args, Debug)]
 pub struct RunArgs {
     #[command(flatten)]
@@ -39,9 +48,11 @@ pub struct RunArgs {
     /// Plant a strongly matching key per request and check it is selected and dominates.
     #[arg(long)]
     pub needle: bool,
-    /// Prefill backend flashmla_sparse (FP8 extend becomes RAGGED) instead of auto.
-    #[arg(long)]
-    pub ragged: bool,
+    /// How an FP8-cache extend attends: `cost` (nsa's kernel costs decide per
+    /// batch), `auto` (the reference's rule: the decode kernel on Hopper), `sparse`
+    /// (dequantize + prefill kernel, RAGGED) or `kv` (the decode kernel, PAGED).
+    #[arg(long, value_enum, default_value_t = Prefill::Cost)]
+    pub prefill: Prefill,
     /// Cap on one chunk of extend logits, in MiB.
     #[arg(long)]
     pub logits_budget_mib: Option<usize>,
@@ -77,9 +88,12 @@ pub fn run(args: RunArgs) -> Result<()> {
     case.timing_iters = args.iters;
     case.batch_invariant = args.batch_invariant;
     case.logits_budget = args.logits_budget_mib.map(|m| m << 20);
-    if args.ragged {
-        case.prefill_backend = PrefillBackend::Fixed(AttnImpl::FlashMlaSparse);
-    }
+    case.prefill_backend = match args.prefill {
+        Prefill::Cost => PrefillBackend::Cost { heads: case.model.num_q_heads },
+        Prefill::Auto => PrefillBackend::Auto,
+        Prefill::Sparse => PrefillBackend::Fixed(AttnImpl::FlashMlaSparse),
+        Prefill::Kv => PrefillBackend::Fixed(AttnImpl::FlashMlaKv),
+    };
     println!("{} on {}", case.describe(), rt.gpu().caps().name);
     let report = run_layer(&rt, &case)?;
     println!("{}", report.explain);
