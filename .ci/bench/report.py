@@ -112,6 +112,10 @@ def prefill_table(nsa, times, names):
     return with_peers(rows, times, names, lambda k: [f"prefill s_q{k[0]} s_kv{k[1]} h{k[2]} d{k[3]}"])
 
 
+# Dense FP8 tensor-core peak (TFLOP/s, datasheet, SXM) by GPU name.
+FP8_PEAK_TFLOPS = {"H100": 1979, "H200": 1979}
+
+
 def indexer_table(nsa, times, names):
     def peer_case(case):
         m = re.fullmatch(r"decode b(\d+) ctx(\d+)", case)
@@ -121,8 +125,15 @@ def indexer_table(nsa, times, names):
         return [f"fp8_mqa_logits extend t{m[1]} keys{m[2]} (ragged, h64)" if m else case]
 
     rows = []
+    peak = next((v for k, v in FP8_PEAK_TFLOPS.items() if k in nsa.get("indexer_device", "")), None)
     for r in nsa.get("indexer", []):
-        s = f"{100 * r['fraction_of_copy']:.0f}% of copy" if r.get("fraction_of_copy") else "—"
+        if r.get("fraction_of_copy"):
+            s = f"{100 * r['fraction_of_copy']:.0f}% of copy"
+        elif r.get("tflops"):
+            # Extend is compute-bound: FP8 TFLOP/s over the visible pairs, against the dense peak.
+            s = f"{r['tflops']:.0f} FP8 TFLOP/s" + (f", {100 * r['tflops'] / peak:.0f}% of {peak}" if peak else "")
+        else:
+            s = "—"
         rows.append((r["case"], r["us"], s, r["case"]))
     return with_peers(rows, times, names, peer_case)
 
@@ -222,6 +233,8 @@ def tables(nsa_reports, peers, python_rows, command):
     for rep in nsa_reports:
         for fam in ("topk", "decode", "prefill", "indexer", "host", "bandwidth", "plans", "steps", "metadata"):
             merged.setdefault(fam, []).extend(rep.get(fam, []))
+
+    merged["indexer_device"] = next((r.get("device", "") for r in nsa_reports if r.get("indexer")), "")
 
     def where(fam, source):
         # The GPU and date of the report that measured this family.

@@ -23,7 +23,8 @@ NSA = {
     "decode": [{"batch": 128, "s_q": 1, "heads": 64, "splits": 1, "us": 200.0, "tflops": 300, "gbps": 2000,
                 "roofline_us": 150.0}],
     "prefill": [],
-    "indexer": [{"case": "decode b32 ctx16384", "us": 20.0, "gbps": 2500, "fraction_of_copy": 0.8, "tflops": 0}],
+    "indexer": [{"case": "decode b32 ctx16384", "us": 20.0, "gbps": 2500, "fraction_of_copy": 0.8, "tflops": 0},
+                {"case": "extend t4096 keys32768", "us": 2500.0, "gbps": 0, "fraction_of_copy": 0, "tflops": 830.4}],
     "host": [{"call": "nsa.topk", "shape": "1 x 131072 f32", "host_us": 3.5}],
     "bandwidth": [{"kernel": "kv_store.fp8_656", "tokens": 65536, "bytes": 118_800_000, "us": 40.0, "gbps": 2970.0,
                    "copy_us": 36.0, "copy_gbps": 3300.0, "fraction_of_copy": 0.9}],
@@ -62,6 +63,7 @@ def test_rows_meet_their_peers():
     assert "| plain uniform 1×131072 k2048 | 14.20 | 1% | 21.30 | 1.50× | 28.40 (finds 505/2048 of the exact set) | 2.00× |" in topk
     assert "40.0" not in topk  # only the plan nsa picks
     assert "| decode b32 ctx16384 | 20.00 | 80% of copy | 25.00 | 1.25× |" in out["indexer"]
+    assert "| extend t4096 keys32768 | 2500.0 | 830 FP8 TFLOP/s, 42% of 1979 | — | — |" in out["indexer"]
     assert "prefill" not in out
     assert "| fast_topk_v2 1x131072 f32 | 14.50 | 6.10 | sgl-kernel | 21.00 | 1.45× | 4.00 |" in out["python"]
     assert "| nsa.topk 1 x 131072 f32 | 9.25 | 3.50 | +5.75 |" in out["host"]
