@@ -22,7 +22,7 @@ import os
 import re
 import sys
 
-FAMILIES = ["kv", "topk", "decode", "prefill", "indexer", "plan", "metadata", "python", "host"]
+FAMILIES = ["kv", "topk", "decode", "prefill", "indexer", "layer", "plan", "metadata", "python", "host"]
 
 
 def load(path):
@@ -191,6 +191,23 @@ def plan_table(nsa):
                   "step µs, device metadata", "step ratio"], out)
 
 
+# The layer's stages in call order (nsa_runtime::layer::Stage::ALL).
+LAYER_STAGES = ["kv store", "index-K store", "indexer logits", "top-k", "sparse MLA"]
+
+
+def layer_table(nsa):
+    """Whole-layer steps: eager and CUDA-graph µs and each stage's; FP8 extend rows
+    under the reference's rule (auto) and nsa's kernel costs (cost) side by side."""
+    out = []
+    for r in nsa.get("layer", []):
+        stages = {s["stage"]: s["us"] for s in r.get("stages", [])}
+        out.append([f"{r['mode']} b{r['batch']} ctx{r['context']} h{r['heads']}", r["prefill"], str(r["rows"]),
+                    fmt_us(r["eager_us"]), fmt_us(r["graph_us"])] + [fmt_us(stages.get(s)) for s in LAYER_STAGES]
+                   + ["yes" if r.get("checks_passed") else "NO"])
+    return table(["step", "prefill", "query rows", "eager µs", "graph µs"] + [f"{s} µs" for s in LAYER_STAGES]
+                 + ["matches the reference"], out)
+
+
 def metadata_table(nsa):
     return table(["what", "µs"], [[r["what"], fmt_us(r["us"])] for r in nsa.get("metadata", [])])
 
@@ -231,7 +248,7 @@ def tables(nsa_reports, peers, python_rows, command):
     merged = {}
     # Rows of every report together; the host table reads the last host rows per call.
     for rep in nsa_reports:
-        for fam in ("topk", "decode", "prefill", "indexer", "host", "bandwidth", "plans", "steps", "metadata"):
+        for fam in ("topk", "decode", "prefill", "indexer", "host", "layer", "bandwidth", "plans", "steps", "metadata"):
             merged.setdefault(fam, []).extend(rep.get(fam, []))
 
     merged["indexer_device"] = next((r.get("device", "") for r in nsa_reports if r.get("indexer")), "")
@@ -248,8 +265,8 @@ def tables(nsa_reports, peers, python_rows, command):
         if merged.get(fam):
             out[fam] = f"{where(fam, fam)}\n\n{make(merged, times, names)}"
     # Families without a peer library: the copy rate or nsa's own baseline path.
-    for fam, source, make in (("kv", "bandwidth", kv_table), ("plan", "plans", plan_table),
-                              ("metadata", "metadata", metadata_table)):
+    for fam, source, make in (("kv", "bandwidth", kv_table), ("layer", "layer", layer_table),
+                              ("plan", "plans", plan_table), ("metadata", "metadata", metadata_table)):
         if merged.get(source):
             out[fam] = f"{where(fam, source)}\n\n{make(merged)}"
     if python_rows:

@@ -33,6 +33,9 @@ NSA = {
     "steps": [{"metadata": "host", "bs": 32, "context": 16384, "step_us": 1200.0},
               {"metadata": "device", "bs": 32, "context": 16384, "step_us": 300.0}],
     "metadata": [{"what": "host decode bs=32", "us": 359.0}],
+    "layer": [{"mode": "extend", "batch": 1, "context": 16384, "heads": 128, "prefill": "cost", "rows": 16384,
+               "eager_us": 21000.0, "graph_us": 20900.0, "checks_passed": True,
+               "stages": [{"stage": "kv store", "us": 9.0}, {"stage": "sparse MLA", "us": 18000.0}]}],
 }
 PEERS = {"rows": [
     {"peer": "FlashMLA@9241ae3", "case": "decode b128 s_q1 h64", "us": 160.0},
@@ -72,6 +75,7 @@ def test_rows_meet_their_peers():
     assert "| kv_store.fp8_656 | 65536 | 118.8 MB | 40.00 | 2970 | 36.00 | 3300 | 90% |" in out["kv"]
     assert "| 32 | 16K | 900.0 | 4.50 | 6.00 | 200.00× | 1200.0 | 300.0 | 4.00× |" in out["plan"]
     assert "| host decode bs=32 | 359.0 |" in out["metadata"]
+    assert "| extend b1 ctx16384 h128 | cost | 16384 | 21000.0 | 20900.0 | 9.00 | — | — | — | 18000.0 | yes |" in out["layer"]
 
 
 def test_write_then_check(tmp_path):
@@ -81,13 +85,13 @@ def test_write_then_check(tmp_path):
         files[name].write_text(json.dumps(data))
     doc = tmp_path / "BENCH.md"
     blocks = "".join(f"## {f}\n\nprose\n\n<!-- report:{f} -->\nstale\n<!-- /report:{f} -->\n\n"
-                     for f in ("kv", "topk", "decode", "indexer", "plan", "metadata", "python", "host"))
+                     for f in ("kv", "topk", "decode", "indexer", "layer", "plan", "metadata", "python", "host"))
     doc.write_text(blocks)
     args = ["--nsa", str(files["nsa.json"]), "--peers", str(files["peers.json"]), "--python", str(files["py.json"])]
     assert report.main(args + ["--check", str(doc)]) == 1
     assert report.main(args + ["--write", str(doc)]) == 0
     text = doc.read_text()
-    assert "stale" not in text and text.count("prose") == 8 and "| b128 × s_q1 × h64 |" in text
+    assert "stale" not in text and text.count("prose") == 9 and "| b128 × s_q1 × h64 |" in text
     assert report.main(args + ["--check", str(doc)]) == 0
     doc.write_text(text.replace("0.80×", "0.90×"))
     assert report.main(args + ["--check", str(doc)]) == 1
@@ -122,7 +126,8 @@ def test_a_results_folder(tmp_path):
     doc = tmp_path / "BENCH.md"
     doc.write_text("<!-- report:topk -->\n<!-- /report:topk -->\n<!-- report:decode -->\n<!-- /report:decode -->\n"
                    "<!-- report:indexer -->\n<!-- /report:indexer -->\n<!-- report:kv -->\n<!-- /report:kv -->\n"
-                   "<!-- report:plan -->\n<!-- /report:plan -->\n<!-- report:metadata -->\n<!-- /report:metadata -->\n")
+                   "<!-- report:plan -->\n<!-- /report:plan -->\n<!-- report:metadata -->\n<!-- /report:metadata -->\n"
+                   "<!-- report:layer -->\n<!-- /report:layer -->\n")
     assert report.main(["--results", str(tmp_path), "--write", str(doc)]) == 0
     text = doc.read_text()
     assert "GPU T, 2026-12-07, `bench topk`" in text and "| b128 × s_q1 × h64 | 200.0 | 75% | 160.0 | 0.80× |" in text

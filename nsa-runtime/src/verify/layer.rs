@@ -169,6 +169,8 @@ impl LayerCase {
 pub struct LayerReport {
     pub checks: Vec<Check>,
     pub explain: String,
+    /// Query tokens of the step.
+    pub rows: usize,
     /// With [`LayerCase::timing_iters`]: the eager step time and each stage's µs.
     pub timing: Option<LayerTiming>,
 }
@@ -695,7 +697,7 @@ pub fn run(rt: &Runtime, case: &LayerCase) -> Result<LayerReport> {
     if case.needle {
         checks.push(needle_check(&name, &data, &b, &md, &positions, &out, heads, k));
     }
-    Ok(LayerReport { checks, explain: plan.explain(), timing })
+    Ok(LayerReport { checks, explain: plan.explain(), rows: plan.rows(), timing })
 }
 
 /// DP padding rows `t..t + pad`: `out` all zeros, `lse` all +inf.

@@ -78,7 +78,8 @@ pub struct BenchArgs {
     pub prefill_s_kv: u64,
     /// Which benchmarks: kv (store/dequant + JIT), topk, metadata, plan (eager plans
     /// and steps with host- or device-built metadata), decode, prefill, indexer, host
-    /// (the host cost of one call of each op), or all.
+    /// (the host cost of one call of each op), layer (whole-layer steps: decode,
+    /// verify, FP8 extend under the reference's rule and nsa's costs), or all.
     #[arg(long, value_enum, default_value_t = Suite::All)]
     pub suite: Suite,
 }
@@ -93,6 +94,7 @@ pub enum Suite {
     Prefill,
     Indexer,
     Host,
+    Layer,
     All,
 }
 
@@ -188,6 +190,7 @@ struct Report {
     plans: Vec<crate::bench_plan::PlanRow>,
     steps: Vec<crate::bench_plan::StepRow>,
     host: Vec<crate::bench_host::HostRow>,
+    layer: Vec<crate::bench_layer::LayerRow>,
     bandwidth: Vec<BandwidthRow>,
     jit_cold: Vec<JitRow>,
     jit_disk_load_total_ms: f64,
@@ -716,6 +719,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let metadata = if want(Suite::Metadata) { metadata_bench(&rt, args.reps)? } else { vec![] };
     let (plans, steps) = if want(Suite::Plan) { crate::bench_plan::plan_bench(&rt)? } else { (vec![], vec![]) };
     let host = if want(Suite::Host) { crate::bench_host::host_bench(&rt)? } else { vec![] };
+    let layer = if want(Suite::Layer) { crate::bench_layer::layer_bench(&rt, args.reps.min(20))? } else { vec![] };
     let bandwidth = if want(Suite::Kv) { bandwidth(&rt, &args.tokens, args.reps)? } else { vec![] };
     let (jit_cold, disk_ms, kernels, hit_ns) = if want(Suite::Kv) { jit(&rt)? } else { (vec![], 0.0, 0, 0.0) };
     for r in &jit_cold {
@@ -741,6 +745,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         plans,
         steps,
         host,
+        layer,
         bandwidth,
         jit_cold,
         jit_disk_load_total_ms: disk_ms,

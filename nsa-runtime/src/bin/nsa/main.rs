@@ -4,6 +4,7 @@ mod bench;
 mod bench_decode;
 mod bench_host;
 mod bench_indexer;
+mod bench_layer;
 mod bench_plan;
 mod bench_prefill;
 mod compile;

@@ -1,0 +1,119 @@
+//! Whole-layer steps (`nsa bench --suite layer`): the device time of one
+//! `NsaLayer` call, eager and as a CUDA graph, and each stage's, on the
+//! DeepSeek-V3.2 preset (FP8 cache, page 64, top-k 2048): decode at small and large
+//! batches with 128 and 16 heads, an MTP verify step, and FP8 extend under the
+//! reference's rule and under nsa's kernel costs. Every step is also checked
+//! against the whole-layer CPU reference on a few rows.
+
+use nsa_kernels::NsaConfig;
+use nsa_runtime::layer::Stage;
+use nsa_runtime::metadata::PrefillBackend;
+use nsa_runtime::verify::layer::{run as run_layer, LayerCase, LayerMode};
+use nsa_runtime::{Error, Result, Runtime};
+use serde::Serialize;
+
+#[derive(Serialize, Debug)]
+pub struct StageUs {
+    stage: &'static str,
+    us: f64,
+}
+
+#[derive(Serialize, Debug)]
+pub struct LayerRow {
+    mode: String,
+    batch: usize,
+    context: usize,
+    heads: u32,
+    /// How an FP8 extend attends: "auto" (the reference's rule) or "cost".
+    prefill: &'static str,
+    /// Query tokens of the step.
+    rows: usize,
+    eager_us: f64,
+    graph_us: f64,
+    /// Each stage's time, from events between the stages of more eager calls.
+    stages: Vec<StageUs>,
+    /// The step's outputs matched the whole-layer CPU reference on the checked rows.
+    checks_passed: bool,
+}
+
+struct Shape {
+    mode: LayerMode,
+    batch: usize,
+    context: usize,
+    heads: u32,
+    uniform: bool,
+    seed: u64,
+}
+
+fn shapes() -> Vec<Shape> {
+    let s = |mode, batch, context, heads, uniform, seed| Shape { mode, batch, context, heads, uniform, seed };
+    let (decode, verify) = (LayerMode::Decode, LayerMode::TargetVerify { draft: 2 });
+    let (extend, prefix) = (LayerMode::Extend { prefix: false }, LayerMode::Extend { prefix: true });
+    vec![
+        s(decode, 1, 16_384, 128, true, 1),
+        s(decode, 32, 16_384, 128, true, 1),
+        s(decode, 128, 16_384, 128, true, 1),
+        s(decode, 1, 131_072, 128, true, 1),
+        s(decode, 1, 16_384, 16, true, 1),
+        s(decode, 32, 16_384, 16, true, 1),
+        s(decode, 128, 16_384, 16, true, 1),
+        s(verify, 8, 16_384, 128, true, 1),
+        s(extend, 1, 16_384, 128, true, 1),
+        s(extend, 4, 8_192, 128, true, 1),
+        s(prefix, 1, 65_536, 128, true, 7),
+        s(extend, 1, 16_384, 16, true, 1),
+    ]
+}
+
+/// Each shape once; extend shapes under both prefill choices.
+pub fn layer_bench(rt: &Runtime, iters: usize) -> Result<Vec<LayerRow>> {
+    let base = NsaConfig::preset("deepseek-v3.2").map_err(|e| Error::Other(e.to_string()))?;
+    let mut rows = Vec::new();
+    for shape in shapes() {
+        let extend = matches!(shape.mode, LayerMode::Extend { .. });
+        let choices: &[&'static str] = if extend { &["auto", "cost"] } else { &["auto"] };
+        for &prefill in choices {
+            let mut model = base.clone();
+            model.num_q_heads = shape.heads;
+            let mut case = LayerCase::new(model, shape.mode, shape.batch, shape.context, shape.seed);
+            case.uniform = shape.uniform;
+            case.check_rows = 2;
+            case.timing_iters = iters;
+            case.prefill_backend = match prefill {
+                "cost" => PrefillBackend::Cost { heads: shape.heads },
+                _ => PrefillBackend::Auto,
+            };
+            let report = run_layer(rt, &case)?;
+            let Some(t) = report.timing else {
+                return Err(Error::Other(format!("{}: the layer run returned no timing", case.describe())));
+            };
+            let passed = report.checks.iter().all(|c| c.passed());
+            println!(
+                "layer {:<40} {prefill:<4} {:>6} rows: {:>9.1} µs eager, {:>9.1} µs graph{}",
+                case.describe(),
+                report.rows,
+                t.total_us,
+                t.graph_us,
+                if passed { "" } else { "  (a check FAILED)" }
+            );
+            rows.push(LayerRow {
+                mode: case.mode.name(),
+                batch: shape.batch,
+                context: shape.context,
+                heads: shape.heads,
+                prefill,
+                rows: report.rows,
+                eager_us: t.total_us,
+                graph_us: t.graph_us,
+                stages: Stage::ALL
+                    .iter()
+                    .filter_map(|s| {
+                        t.stages.iter().find(|(x, _)| x == s).map(|&(_, us)| StageUs { stage: s.name(), us })
+                    })
+                    .collect(),
+                checks_passed: passed,
+            });
+        }
+    }
+    Ok(rows)
+}
