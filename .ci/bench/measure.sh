@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The measurements behind BENCHMARKS.md's generated tables, on a machine with an NVIDIA GPU:
+# each `nsa bench` suite into DIR/nsa_<suite>.json, then (with PEERS, a copy of
+# ../shared/peers) the peer libraries into DIR/peers.json, in the same call, and
+# DIR/commands.json naming what ran. Then, where Rust runs:
+#   python3 .ci/bench/report.py --results DIR --write BENCHMARKS.md
+# and copy DIR's files into .ci/bench/results/.
+#   NSA=path/to/nsa PEERS=peers bash .ci/bench/measure.sh DIR [suite ...]
+# Suites default to every family with a table: topk decode prefill indexer kv plan metadata layer.
+# Each suite runs under SUITE_TIMEOUT seconds (120); the peers under PEERS_BUDGET_S (their default).
+set -u
+dir=${1:?usage: measure.sh DIR [suite ...]}
+shift
+suites=${*:-topk decode prefill indexer kv plan metadata layer}
+nsa=${NSA:-nsa}
+mkdir -p "$dir"
+declare -A args=(
+  [topk]="--topk-chosen-only --topk-page-sizes 1,64"
+)
+commands="{"
+for s in $suites; do
+  start=$SECONDS
+  timeout "${SUITE_TIMEOUT:-120}" "$nsa" bench --suite "$s" ${args[$s]:-} --json "$dir/nsa_$s.json" > "$dir/nsa_$s.txt" 2>&1
+  echo "nsa bench --suite $s: rc $? in $((SECONDS - start)) s"
+  cmd="nsa bench --suite $s ${args[$s]:+${args[$s]} }--json"
+  [ -n "${PEERS:-}" ] && case $s in topk | decode | prefill | indexer) cmd="$cmd, then bash peers/run.sh, one call" ;; esac
+  commands="$commands\"$s\": \"${cmd//  / }\", "
+done
+echo "${commands%, }}" > "$dir/commands.json"
+if [ -n "${PEERS:-}" ]; then
+  OUT="$dir" bash "$PEERS/run.sh" > "$dir/peers.txt" 2>&1
+  echo "peers: rc $? ($(grep -c '"peer"' "$dir/peers.json" 2>/dev/null || echo 0) rows)"
+fi
