@@ -14,6 +14,7 @@ pub use crate::families::attention::{
     sparse_prefill_head_tile, wg_smem_bytes, DECODE_BLOCK_TOKENS, DECODE_HEADS, PREFILL_DQK, PREFILL_HEADS,
     WG_HEAD_TILE,
 };
+pub use crate::families::dense::{dense_smem_bytes, DENSE_HEAD_DIMS, DENSE_ROWS};
 pub use crate::families::indexer::{
     indexer_wg_kernel, IndexerLayout, INDEXER_WG_HEADS, INDEXER_WG_RAGGED_ROWS, INDEXER_WG_SMEM_BYTES,
 };
@@ -85,6 +86,10 @@ pub enum KernelFamily {
     /// cache layout) or RAGGED from gathered keys with per-row [ks, ke) (extend).
     /// The index head count is a constant (dim 128 is fixed by the cache).
     IndexerLogits { heads: u32, layout: IndexerLayout },
+    /// Dense causal attention over variable-length sequences (the MHA one-shot
+    /// prefill, spec §5.1): per-head q/k of `d_qk` and v of `d_v` values, the head
+    /// count a constant. One CTA per (64 query rows of a sequence, head).
+    DensePrefill { heads: u32, d_qk: u32, d_v: u32 },
 }
 
 /// One kernel variant for one target.

@@ -12,6 +12,8 @@ use nsa_runtime::verify::{self, download, upload, Check};
 use nsa_runtime::{DeviceChecks, Error, Runtime};
 use std::sync::{Mutex, OnceLock};
 
+#[path = "gpu/dense.rs"]
+mod dense;
 #[path = "gpu/indexer.rs"]
 mod indexer;
 #[path = "gpu/layer.rs"]

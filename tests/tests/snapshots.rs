@@ -344,9 +344,10 @@ fn ids_and_symbols_are_unique_and_round_trip() {
     // top-k per target, and bf16 scores for top-k, deterministic, throughput and split
     // (4); every top-k kernel serves every output transform. On NVIDIA also 9 sparse
     // decode variants, 5 combines, 7 sparse prefill variants, 2 indexer logits layouts,
-    // 3 cluster top-k (the cluster size is a launch attribute) and 1 bf16 cluster top-k.
+    // 3 cluster top-k (the cluster size is a launch attribute), 1 bf16 cluster top-k and
+    // 7 dense prefill variants.
     let nvidia = Target::ALL.iter().filter(|t| t.vendor() == nsa_kernels::Vendor::Nvidia).count();
-    assert_eq!(specs.len(), 24 * Target::ALL.len() + 27 * nvidia);
+    assert_eq!(specs.len(), 24 * Target::ALL.len() + 34 * nvidia);
     let mut ids = BTreeMap::new();
     let mut symbols = BTreeMap::new();
     let mut sources = BTreeSet::new();
@@ -588,6 +589,17 @@ fn launch_geometry_matches_the_device_code() {
                 } else {
                     assert_eq!(spec.dynamic_smem_bytes(), 0, "{spec}");
                 }
+                assert!(r_has_bounds(&spec, threads), "{spec}");
+                continue;
+            }
+            // One CTA per (64 query rows, head, sequence): 4 warps of 16 rows.
+            KernelFamily::DensePrefill { .. } => {
+                let d = int_constants(header("nsa/attention/dense_prefill.cuh").unwrap());
+                assert_eq!(spec.tokens_per_block(), 1, "{spec}");
+                assert_eq!(threads as i64, d["kThreads"], "{spec}");
+                assert_eq!(d["kRows"], nsa_kernels::spec::DENSE_ROWS as i64, "{spec}");
+                assert_eq!(d["kRows"], 16 * d["kWarps"], "{spec}: 16 rows per warp");
+                assert!(spec.dynamic_smem_bytes() <= 227 * 1024, "{spec}: {} bytes", spec.dynamic_smem_bytes());
                 assert!(r_has_bounds(&spec, threads), "{spec}");
                 continue;
             }

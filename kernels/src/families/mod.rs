@@ -5,6 +5,7 @@
 //! [`rules`], the one place that maps a [`KernelFamily`] to its module.
 
 pub mod attention;
+pub mod dense;
 pub mod indexer;
 pub mod kv;
 pub mod metadata;
@@ -47,8 +48,8 @@ pub(crate) trait FamilyRules: Sync {
 }
 
 /// Every family module, in the order [`KernelSpec::all_for`] lists their kernels.
-pub(crate) const ALL: [&dyn FamilyRules; 5] =
-    [&kv::Kv, &topk::Topk, &metadata::Metadata, &attention::Attention, &indexer::Indexer];
+pub(crate) const ALL: [&dyn FamilyRules; 6] =
+    [&kv::Kv, &topk::Topk, &metadata::Metadata, &attention::Attention, &indexer::Indexer, &dense::Dense];
 
 /// The module of `family`.
 pub(crate) fn rules(family: &KernelFamily) -> &'static dyn FamilyRules {
@@ -66,6 +67,7 @@ pub(crate) fn rules(family: &KernelFamily) -> &'static dyn FamilyRules {
         | KernelFamily::SparseDecodeCombine { .. }
         | KernelFamily::SparsePrefill { .. } => &attention::Attention,
         KernelFamily::IndexerLogits { .. } => &indexer::Indexer,
+        KernelFamily::DensePrefill { .. } => &dense::Dense,
     }
 }
 

@@ -1,6 +1,7 @@
 //! Typed launchers, one module per kernel family. Every argument is checked on the
 //! host (sizes, strides, alignment) before anything is launched.
 
+pub mod dense_prefill;
 pub mod indexer;
 pub mod kv_cache;
 pub mod metadata;

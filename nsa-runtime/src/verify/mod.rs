@@ -269,6 +269,7 @@ pub fn kv_cache_suite(rt: &Runtime, sizes: &[usize], seed: u64) -> Result<Vec<Ch
     Ok(checks)
 }
 pub mod attention;
+pub mod dense;
 pub mod indexer;
 pub mod layer;
 pub mod metadata;

@@ -13,6 +13,7 @@ use nsa_runtime::metadata::GraphMode;
 use nsa_runtime::ops::sparse_decode::DecodeShape;
 use nsa_runtime::ops::sparse_prefill::PrefillShape;
 use nsa_runtime::testdata::ScorePattern;
+use nsa_runtime::verify::dense as vdense;
 use nsa_runtime::verify::indexer::{self as vindexer, IndexerCase};
 use nsa_runtime::verify::layer::{self as vlayer, LayerCase, LayerMode};
 use nsa_runtime::verify::metadata::{self as vmeta, ReplayCase};
@@ -279,6 +280,11 @@ pub fn verify(args: VerifyArgs) -> Result<()> {
                 }
                 // Checked with its decode kernel (split plans).
                 KernelFamily::SparseDecodeCombine { .. } => continue,
+                KernelFamily::DensePrefill { heads, d_qk, d_v } => {
+                    // A short sequence, one with a prefix, one with fewer keys than rows.
+                    let seqs = vec![(1 + n % 97, 1 + n % 97), (65, 65 + 130 + n % 61), (70, 30)];
+                    vdense::run(&rt, &vdense::DenseCase { heads, d_qk, d_v, seqs, seed })?
+                }
                 KernelFamily::IndexerLogits { heads, layout } => {
                     let case = match layout {
                         nsa_kernels::spec::IndexerLayout::Paged => IndexerCase::Paged {

@@ -1,0 +1,197 @@
+//! Dense causal attention over variable-length sequences (the MHA one-shot
+//! prefill, spec §5.1): the launcher. Sequence b has query rows `cu_seqlens_q[b] ..
+//! cu_seqlens_q[b+1]` and key rows `cu_seqlens_k[b] .. cu_seqlens_k[b+1]`; its query
+//! row i sees its keys `0 ..= lk − lq + i` (the first `lk − lq` are the prefix).
+
+use super::{check_aligned, check_count_fits_i32, check_len, check_target, invalid};
+use crate::runtime::Runtime;
+use crate::Result;
+use cudarc::driver::{CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr, PushKernelArg};
+use half::bf16;
+use nsa_kernels::spec::{DENSE_HEAD_DIMS, DENSE_ROWS};
+use nsa_kernels::{KernelFamily, Target};
+
+/// The shape of one call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DenseShape {
+    pub heads: u32,
+    /// Q/K width per head (192 = 128 nope + 64 rope for DeepSeek V3.2, or 128).
+    pub d_qk: u32,
+    /// V width per head (128).
+    pub d_v: u32,
+    /// Sequences (`cu_seqlens_*` hold `batch + 1` offsets).
+    pub batch: usize,
+    /// Query rows in all (`cu_seqlens_q[batch]`).
+    pub rows: usize,
+    /// Key rows in all (`cu_seqlens_k[batch]`).
+    pub keys: usize,
+    /// At least every sequence's query rows: the grid covers this many per sequence
+    /// (a sequence with more is reported through the launch's status, not computed).
+    pub max_seqlen_q: usize,
+    pub target: Target,
+}
+
+impl DenseShape {
+    /// CTAs of the launch: (64-row tiles of the longest sequence) × heads × batch.
+    pub fn ctas(&self) -> usize {
+        self.max_seqlen_q.div_ceil(DENSE_ROWS as usize) * self.heads as usize * self.batch
+    }
+
+    fn check(&self) -> Result<()> {
+        if !(1..=128).contains(&self.heads) {
+            return Err(invalid("heads", self.heads.to_string(), "1..=128 query heads"));
+        }
+        if !DENSE_HEAD_DIMS.contains(&(self.d_qk, self.d_v)) {
+            return Err(invalid(
+                "d_qk, d_v",
+                format!("{}, {}", self.d_qk, self.d_v),
+                format!("one of {DENSE_HEAD_DIMS:?}"),
+            ));
+        }
+        if self.target.vendor() != nsa_kernels::Vendor::Nvidia {
+            return Err(invalid("target", self.target.to_string(), "an NVIDIA target (sm_90a, sm_100a)"));
+        }
+        if self.max_seqlen_q > self.rows {
+            return Err(invalid(
+                "max_seqlen_q",
+                self.max_seqlen_q.to_string(),
+                format!("at most the query rows in all ({})", self.rows),
+            ));
+        }
+        check_count_fits_i32("rows", self.rows)?;
+        check_count_fits_i32("keys", self.keys)?;
+        check_count_fits_i32("CTAs (64-row tiles × heads × batch)", self.ctas())?;
+        Ok(())
+    }
+}
+
+/// bf16 inputs: `q` `[rows, heads, d_qk]`, `k` `[keys, heads, d_qk]`, `v` `[keys,
+/// heads, d_v]`, contiguous; the offsets as int32.
+#[derive(Debug)]
+pub struct DenseInputs<'a> {
+    pub q: CudaView<'a, bf16>,
+    pub k: CudaView<'a, bf16>,
+    pub v: CudaView<'a, bf16>,
+    pub cu_seqlens_q: CudaView<'a, i32>,
+    pub cu_seqlens_k: CudaView<'a, i32>,
+    pub sm_scale: f32,
+}
+
+/// `out` bf16 `[rows, heads, d_v]`; `lse` f32 `[rows, heads]` (natural log, +inf
+/// and zero output for a row that sees no key).
+#[derive(Debug)]
+pub struct DenseOutputs<'a, 'b> {
+    pub out: &'a mut CudaViewMut<'b, bf16>,
+    pub lse: &'a mut CudaViewMut<'b, f32>,
+}
+
+/// Mirrors `nsa::dense::Params` (dense_prefill.cuh) field for field.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+struct DensePrefillParams {
+    q: u64,
+    k: u64,
+    v: u64,
+    cu_seqlens_q: u64,
+    cu_seqlens_k: u64,
+    out: u64,
+    lse: u64,
+    batch: i32,
+    row_tiles: i32,
+    rows: i32,
+    keys: i32,
+    sm_scale: f32,
+    pad: i32,
+}
+// SAFETY: plain old data with the C layout the kernel declares.
+unsafe impl DeviceRepr for DensePrefillParams {}
+
+/// `out[t, h] = Σ_j softmax_j(sm_scale · q[t, h]·k[j, h]) · v[j, h]` over the keys
+/// query row t sees, and `lse[t, h]`.
+pub fn dense_prefill(
+    rt: &Runtime,
+    shape: &DenseShape,
+    inputs: &DenseInputs<'_>,
+    outputs: DenseOutputs<'_, '_>,
+) -> Result<()> {
+    check_target("shape.target", shape.target, rt)?;
+    shape.check()?;
+    let (h, dq, dv) = (shape.heads as usize, shape.d_qk as usize, shape.d_v as usize);
+    check_len("q", inputs.q.len(), shape.rows * h * dq, "rows × heads × d_qk")?;
+    check_len("k", inputs.k.len(), shape.keys * h * dq, "keys × heads × d_qk")?;
+    check_len("v", inputs.v.len(), shape.keys * h * dv, "keys × heads × d_v")?;
+    check_len("cu_seqlens_q", inputs.cu_seqlens_q.len(), shape.batch + 1, "batch + 1 offsets")?;
+    check_len("cu_seqlens_k", inputs.cu_seqlens_k.len(), shape.batch + 1, "batch + 1 offsets")?;
+    check_len("out", outputs.out.len(), shape.rows * h * dv, "rows × heads × d_v")?;
+    check_len("lse", outputs.lse.len(), shape.rows * h, "rows × heads")?;
+    let ctas = shape.ctas();
+    if ctas == 0 {
+        return Ok(());
+    }
+    let stream = rt.gpu().stream();
+    check_aligned("q", &inputs.q, 16, stream)?;
+    check_aligned("k", &inputs.k, 16, stream)?;
+    check_aligned("v", &inputs.v, 16, stream)?;
+    check_aligned("out", outputs.out, 16, stream)?;
+    let kernel = rt.kernel(KernelFamily::DensePrefill { heads: shape.heads, d_qk: shape.d_qk, d_v: shape.d_v })?;
+    let (q, _g1) = inputs.q.device_ptr(stream);
+    let (k, _g2) = inputs.k.device_ptr(stream);
+    let (v, _g3) = inputs.v.device_ptr(stream);
+    let (cu_q, _g4) = inputs.cu_seqlens_q.device_ptr(stream);
+    let (cu_k, _g5) = inputs.cu_seqlens_k.device_ptr(stream);
+    let (out, _g6) = outputs.out.device_ptr_mut(stream);
+    let (lse, _g7) = outputs.lse.device_ptr_mut(stream);
+    let params = DensePrefillParams {
+        q,
+        k,
+        v,
+        cu_seqlens_q: cu_q,
+        cu_seqlens_k: cu_k,
+        out,
+        lse,
+        batch: shape.batch as i32,
+        row_tiles: shape.max_seqlen_q.div_ceil(DENSE_ROWS as usize) as i32,
+        rows: shape.rows as i32,
+        keys: shape.keys as i32,
+        sm_scale: inputs.sm_scale,
+        pad: 0,
+    };
+    let mut args = rt.args(&kernel);
+    args.arg(&params);
+    rt.launch(
+        &kernel,
+        args,
+        ctas,
+        "cu_seqlens_q",
+        "non-decreasing offsets inside q/k (cu_seqlens_k too) with every sequence's query rows ≤ max_seqlen_q",
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape() -> DenseShape {
+        DenseShape {
+            heads: 128,
+            d_qk: 192,
+            d_v: 128,
+            batch: 2,
+            rows: 4096,
+            keys: 6000,
+            max_seqlen_q: 2048,
+            target: Target::Sm90a,
+        }
+    }
+
+    #[test]
+    fn grid_and_argument_errors() {
+        assert_eq!(shape().ctas(), 32 * 128 * 2);
+        assert!(shape().check().is_ok());
+        let err = |s: DenseShape| s.check().unwrap_err().to_string();
+        assert!(err(DenseShape { heads: 0, ..shape() }).contains("`heads`"));
+        assert!(err(DenseShape { d_qk: 576, ..shape() }).contains("`d_qk, d_v`"));
+        assert!(err(DenseShape { max_seqlen_q: 5000, ..shape() }).contains("`max_seqlen_q`"));
+        assert!(err(DenseShape { target: Target::Gfx942, ..shape() }).contains("`target`"));
+    }
+}

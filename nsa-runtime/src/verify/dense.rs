@@ -1,0 +1,122 @@
+//! Dense causal varlen attention (the MHA one-shot prefill) on the GPU against the
+//! CPU reference (`reference::dense_mha`).
+//!
+//! Tolerance: the kernel rounds P to bf16 before P·V and the output to bf16 (each
+//! at most 2⁻⁹ relative; |v| ≤ 1 here) and uses the approximate exp2/log2: every
+//! output value within `2⁻⁸ · (1 + |out|)` of the f64 reference and every lse within
+//! `10⁻⁴ · max(1, |lse|)` (its sum is of unrounded f32 terms); a row that sees no
+//! key must give exactly zeros and +inf.
+
+use super::{download, upload, Check};
+use crate::ops::dense_prefill::{dense_prefill, DenseInputs, DenseOutputs, DenseShape};
+use crate::reference::dense_mha::{dense_causal, DenseBatch};
+use crate::runtime::Runtime;
+use crate::testdata;
+use crate::Result;
+use half::bf16;
+use nsa_kernels::{KernelFamily, KernelSpec};
+use rand::Rng;
+
+/// One case: sequences of (query rows, key rows), key rows ≥ query rows where the
+/// sequence has a prefix (fewer key rows: the first query rows see nothing).
+#[derive(Clone, Debug)]
+pub struct DenseCase {
+    pub heads: u32,
+    pub d_qk: u32,
+    pub d_v: u32,
+    pub seqs: Vec<(usize, usize)>,
+    pub seed: u64,
+}
+
+fn offsets(lens: impl Iterator<Item = usize>) -> Vec<i32> {
+    let mut cu = vec![0i32];
+    for l in lens {
+        cu.push(cu.last().unwrap() + l as i32);
+    }
+    cu
+}
+
+pub fn run(rt: &Runtime, case: &DenseCase) -> Result<Check> {
+    let stream = rt.gpu().stream();
+    let (h, dq, dv) = (case.heads as usize, case.d_qk as usize, case.d_v as usize);
+    let cu_q = offsets(case.seqs.iter().map(|s| s.0));
+    let cu_k = offsets(case.seqs.iter().map(|s| s.1));
+    let (rows, keys) = (*cu_q.last().unwrap() as usize, *cu_k.last().unwrap() as usize);
+    let mut rng = testdata::rng(case.seed);
+    let mut values = |n: usize| -> Vec<bf16> { (0..n).map(|_| bf16::from_f32(rng.random_range(-1.0..1.0))).collect() };
+    let (q, k, v) = (values(rows * h * dq), values(keys * h * dq), values(keys * h * dv));
+    let sm_scale = 1.0 / (dq as f32).sqrt();
+    let shape = DenseShape {
+        heads: case.heads,
+        d_qk: case.d_qk,
+        d_v: case.d_v,
+        batch: case.seqs.len(),
+        rows,
+        keys,
+        max_seqlen_q: case.seqs.iter().map(|s| s.0).max().unwrap_or(0),
+        target: rt.target(),
+    };
+    let (d_q, d_k, d_v) = (upload(stream, &q)?, upload(stream, &k)?, upload(stream, &v)?);
+    let (d_cq, d_ck) = (upload(stream, &cu_q)?, upload(stream, &cu_k)?);
+    let mut d_out = upload(stream, &vec![bf16::from_f32(7.0); rows * h * dv])?;
+    let mut d_lse = upload(stream, &vec![7.0f32; rows * h])?;
+    let inputs = DenseInputs {
+        q: d_q.slice(0..q.len()),
+        k: d_k.slice(0..k.len()),
+        v: d_v.slice(0..v.len()),
+        cu_seqlens_q: d_cq.slice(0..cu_q.len()),
+        cu_seqlens_k: d_ck.slice(0..cu_k.len()),
+        sm_scale,
+    };
+    let (mut out_view, mut lse_view) = (d_out.slice_mut(0..rows * h * dv), d_lse.slice_mut(0..rows * h));
+    dense_prefill(rt, &shape, &inputs, DenseOutputs { out: &mut out_view, lse: &mut lse_view })?;
+    let got_out = download(stream, &d_out, rows * h * dv)?;
+    let got_lse = download(stream, &d_lse, rows * h)?;
+
+    let f = |x: &[bf16]| x.iter().map(|b| b.to_f32()).collect::<Vec<f32>>();
+    let (qf, kf, vf) = (f(&q), f(&k), f(&v));
+    let want = dense_causal(&DenseBatch {
+        q: &qf,
+        k: &kf,
+        v: &vf,
+        cu_seqlens_q: &cu_q,
+        cu_seqlens_k: &cu_k,
+        heads: h,
+        d_qk: dq,
+        d_v: dv,
+        sm_scale,
+    })?;
+    let (mut bad, mut first) = (0, None);
+    for r in 0..rows * h {
+        let (g_out, w_out) = (&got_out[r * dv..][..dv], &want.out[r * dv..][..dv]);
+        let (g_lse, w_lse) = (got_lse[r], want.lse[r]);
+        let miss = if w_lse == f32::INFINITY {
+            g_lse != f32::INFINITY || g_out.iter().any(|x| x.to_f32() != 0.0)
+        } else {
+            // NaN from the GPU is a miss: `within` is false for it.
+            let within = |d: f32, tol: f32| d.abs() <= tol;
+            let out_ok = g_out.iter().zip(w_out).all(|(g, w)| within(g.to_f32() - w, (1.0 + w.abs()) / 256.0));
+            !(out_ok && within(g_lse - w_lse, 1e-4 * w_lse.abs().max(1.0)))
+        };
+        if miss {
+            bad += 1;
+            first.get_or_insert_with(|| {
+                format!(
+                    "row {} head {}: lse gpu {g_lse} vs {w_lse}, out[0] gpu {} vs {}",
+                    r / h,
+                    r % h,
+                    g_out[0],
+                    w_out[0]
+                )
+            });
+        }
+    }
+    let family = KernelFamily::DensePrefill { heads: case.heads, d_qk: case.d_qk, d_v: case.d_v };
+    Ok(Check {
+        kernel: KernelSpec::new(family, rt.target()).id(),
+        case: format!("{} seqs, {rows} rows, {keys} keys", case.seqs.len()),
+        items: rows * h,
+        mismatches: bad,
+        first_mismatch: first,
+    })
+}

@@ -1,0 +1,45 @@
+//! Dense causal varlen attention (MHA one-shot prefill) on the GPU against the CPU
+//! reference (included by gpu.rs). Tolerance: nsa_runtime::verify::dense.
+
+use super::{assert_all, rt};
+use nsa_runtime::verify::dense::{run, DenseCase};
+
+/// Sequences of (query rows, key rows) mixing the lengths around the 64-row tiles and
+/// 64-key blocks; `prefix` adds that many keys before each sequence's new tokens.
+fn mixed(count: usize, prefix: usize) -> Vec<(usize, usize)> {
+    const LENS: [usize; 7] = [1, 2, 63, 64, 65, 1000, 2048];
+    (0..count).map(|i| LENS[(i * 5 + 3) % LENS.len()]).map(|l| (l, l + prefix)).collect()
+}
+
+#[test]
+fn every_head_count_and_head_shape() {
+    let rt = rt();
+    let mut checks = Vec::new();
+    for (heads, d_qk) in [(8, 192), (16, 192), (32, 192), (64, 192), (128, 192), (16, 128), (128, 128)] {
+        let case =
+            DenseCase { heads, d_qk, d_v: 128, seqs: vec![(1, 1), (65, 65), (200, 330)], seed: 4000 + heads as u64 };
+        checks.push(run(&rt, &case).unwrap());
+    }
+    assert_all(&checks);
+}
+
+#[test]
+fn mixed_lengths_with_and_without_prefixes() {
+    let rt = rt();
+    let mut checks = Vec::new();
+    for (count, prefix) in [(1, 0), (7, 0), (7, 100), (64, 0), (16, 2048)] {
+        let case = DenseCase { heads: 16, d_qk: 192, d_v: 128, seqs: mixed(count, prefix), seed: 4100 + count as u64 };
+        checks.push(run(&rt, &case).unwrap());
+    }
+    assert_all(&checks);
+}
+
+#[test]
+fn rows_without_keys_empty_sequences_and_an_empty_batch() {
+    let rt = rt();
+    // Fewer keys than rows: the first rows see nothing (zeros, +inf lse); empty
+    // sequences between others; no sequence at all.
+    let uneven = DenseCase { heads: 8, d_qk: 192, d_v: 128, seqs: vec![(70, 30), (0, 0), (5, 0), (3, 9)], seed: 4200 };
+    let empty = DenseCase { heads: 8, d_qk: 192, d_v: 128, seqs: vec![], seed: 4201 };
+    assert_all(&[run(&rt, &uneven).unwrap(), run(&rt, &empty).unwrap()]);
+}
