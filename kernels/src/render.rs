@@ -52,6 +52,7 @@ pub const HEADERS: &[(&str, &str)] = embed! {
     "nsa/topk/topk_cluster.cuh" => "../include/nsa/topk/topk_cluster.cuh",
     "nsa/topk/index_transform.cuh" => "../include/nsa/topk/index_transform.cuh",
     "nsa/metadata/metadata_replay.cuh" => "../include/nsa/metadata/metadata_replay.cuh",
+    "nsa/attention/softmax.cuh" => "../include/nsa/attention/softmax.cuh",
     "nsa/attention/sparse_attend.cuh" => "../include/nsa/attention/sparse_attend.cuh",
     "nsa/attention/sparse_attend_wg.cuh" => "../include/nsa/attention/sparse_attend_wg.cuh",
     "nsa/attention/sparse_decode.cuh" => "../include/nsa/attention/sparse_decode.cuh",

@@ -8,20 +8,19 @@
 // Outputs: out bf16 [rows, heads, d_v]; lse [rows, heads] in natural log, +inf
 // (and out zero) for a row that sees no key.
 #pragma once
+#include "nsa/attention/softmax.cuh"
 #include "nsa/common/status.cuh"
 #include "nsa/cuda/mma.cuh"
 
 namespace nsa {
 namespace dense {
 
+using namespace softmax;
+
 constexpr int kRows = 64;  // query rows per CTA
 constexpr int kKeys = 64;  // keys per block
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
-// Running max start: finite, so exp2(m_old - m_new) never sees -inf - -inf.
-constexpr float kMaxInit = -1e30f;
 
 // Mirrors `DensePrefillParams` in nsa-runtime (ops/dense_prefill.rs) field for field.
 struct Params {
@@ -172,42 +171,24 @@ NSA_DEVICE void dense_prefill(const Params& p, u32* status) {
         const i32 key = key0 + j * 8 + 2 * (i32)t + (e & 1);
         const int h = e >> 1;
         const bool live = key < lk && key <= last[h] && (h ? r_hi : r_lo) < lq;
-        const float x = live ? s[j][e] * c_scale : u32_as_f32(0xff800000u);
+        const float x = live ? s[j][e] * c_scale : neg_inf();
         s[j][e] = x;
-        mx[h] = x > mx[h] ? x : mx[h];
+        mx[h] = fmax2(mx[h], x);
       }
     }
     float alpha[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      mx[h] = mma::max_f32(mx[h], shfl_xor(mx[h], 1));
-      mx[h] = mma::max_f32(mx[h], shfl_xor(mx[h], 2));
-      const float m_new = mma::max_f32(m_run[h], mx[h]);
-      alpha[h] = mma::exp2_approx(m_run[h] - m_new);
-      m_run[h] = m_new;
-      l_run[h] *= alpha[h];
-    }
+    update_max(mx, m_run, l_run, alpha);
 
     // P = exp2(S - m) as bf16 into the warp's rows (the A operand of P V).
 #pragma unroll
     for (int j = 0; j < kNT; ++j) {
-      const float p0 = mma::exp2_approx(s[j][0] - m_run[0]);
-      const float p1 = mma::exp2_approx(s[j][1] - m_run[0]);
-      const float p2 = mma::exp2_approx(s[j][2] - m_run[1]);
-      const float p3 = mma::exp2_approx(s[j][3] - m_run[1]);
-      l_run[0] += p0 + p1;
-      l_run[1] += p2 + p3;
+      u32 lo, hi;
+      exp_pack(s[j][0], s[j][1], s[j][2], s[j][3], m_run, l_run, lo, hi);
       const u32 col = (u32)j * 8 + 2 * t;
-      *reinterpret_cast<u32*>(p_rows + g * L::kPRowBytes + col * 2) = mma::pack_bf16x2(p0, p1);
-      *reinterpret_cast<u32*>(p_rows + (g + 8) * L::kPRowBytes + col * 2) = mma::pack_bf16x2(p2, p3);
+      *reinterpret_cast<u32*>(p_rows + g * L::kPRowBytes + col * 2) = lo;
+      *reinterpret_cast<u32*>(p_rows + (g + 8) * L::kPRowBytes + col * 2) = hi;
     }
-#pragma unroll
-    for (int j = 0; j < kNV; ++j) {
-      o[j][0] *= alpha[0];
-      o[j][1] *= alpha[0];
-      o[j][2] *= alpha[1];
-      o[j][3] *= alpha[1];
-    }
+    rescale(o, alpha);
     __syncwarp();
 
     // O += P V: 16 rows x d_v.
@@ -245,7 +226,7 @@ NSA_DEVICE void dense_prefill(const Params& p, u32* status) {
     for (int j = 0; j < kNV; ++j) {
       *reinterpret_cast<u32*>(out + j * 8 + 2 * t) = mma::pack_bf16x2(o[j][2 * h] * inv, o[j][2 * h + 1] * inv);
     }
-    if (t == 0) p.lse[row] = empty ? u32_as_f32(0x7f800000u) : (m_run[h] + mma::log2_approx(l_run[h])) * kLn2;
+    if (t == 0) p.lse[row] = empty ? pos_inf() : (m_run[h] + mma::log2_approx(l_run[h])) * kLn2;
   }
 }
 

@@ -6,10 +6,13 @@
 // tiles handed over by named barriers (`run`); prefill keeps a ring of 32-row
 // slots with mbarriers (sparse_prefill.cuh), a step's two halves in two slots.
 #pragma once
+#include "nsa/attention/softmax.cuh"
 #include "nsa/cuda/mma.cuh"
 
 namespace nsa {
 namespace attend {
+
+using namespace softmax;
 
 constexpr int kDv = 512;               // V = the latent part of the same row
 constexpr int kBlockTokens = 64;       // tokens per pipeline step
@@ -21,13 +24,6 @@ constexpr u32 kBarFull = 1;
 constexpr u32 kBarEmpty = 3;
 constexpr u32 kBarConsumers = 5;
 constexpr int kPRowBytes = kBlockTokens * 2 + 16;  // padded: ldmatrix rows hit distinct banks
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
-NSA_DEVICE float neg_inf() { return u32_as_f32(0xff800000u); }
-NSA_DEVICE float pos_inf() { return u32_as_f32(0x7f800000u); }
-NSA_DEVICE float fmax2(float a, float b) { return a > b ? a : b; }
-// Running max start: finite, so exp2(m_old - m_new) never sees -inf - -inf.
-constexpr float kMaxInit = -1e30f;
 
 // One bf16 row of Q or K (kDqk dims) in shared memory, padded by 16 bytes: the 8
 // rows one ldmatrix (or 8 tokens' stores) touch start 4 banks apart, so they never
@@ -307,24 +303,14 @@ struct Consumer {
     // P = exp2(S - m) as bf16 into shared memory (the A operand of P V).
 #pragma unroll
     for (int j = 0; j < kNT; ++j) {
-      const float p0 = mma::exp2_approx(s[j][0] - m_run[0]);
-      const float p1 = mma::exp2_approx(s[j][1] - m_run[0]);
-      const float p2 = mma::exp2_approx(s[j][2] - m_run[1]);
-      const float p3 = mma::exp2_approx(s[j][3] - m_run[1]);
-      l_run[0] += p0 + p1;
-      l_run[1] += p2 + p3;
+      u32 lo, hi;
+      exp_pack(s[j][0], s[j][1], s[j][2], s[j][3], m_run, l_run, lo, hi);
       const u32 col = tok0 + j * 8 + 2 * t;
       const u32 r0 = mw * 16 + g;
-      *reinterpret_cast<u32*>(smem + L::kP + r0 * kPRowBytes + col * 2) = mma::pack_bf16x2(p0, p1);
-      *reinterpret_cast<u32*>(smem + L::kP + (r0 + 8) * kPRowBytes + col * 2) = mma::pack_bf16x2(p2, p3);
+      *reinterpret_cast<u32*>(smem + L::kP + r0 * kPRowBytes + col * 2) = lo;
+      *reinterpret_cast<u32*>(smem + L::kP + (r0 + 8) * kPRowBytes + col * 2) = hi;
     }
-#pragma unroll
-    for (int j = 0; j < kNV; ++j) {
-      o[j][0] *= alpha[0];
-      o[j][1] *= alpha[0];
-      o[j][2] *= alpha[1];
-      o[j][3] *= alpha[1];
-    }
+    rescale(o, alpha);
     mma::bar_sync(kBarConsumers, kConsumerThreads);
   }
 

@@ -171,28 +171,11 @@ NSA_DEVICE void run_wg0(u8* smem, u32 base, i32 steps, float c_scale, const Lane
       }
     }
     float alpha[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      mx[h] = fmax2(mx[h], shfl_xor(mx[h], 1));
-      mx[h] = fmax2(mx[h], shfl_xor(mx[h], 2));
-      const float m_new = fmax2(m_run[h], mx[h]);
-      alpha[h] = mma::exp2_approx(m_run[h] - m_new);
-      m_run[h] = m_new;
-      l_run[h] *= alpha[h];
-    }
+    update_max(mx, m_run, l_run, alpha);
     // P = exp2(S - m) as bf16: registers (this group's A operand) and shared memory (WG1's).
     u32 pa[16];
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const float p0 = mma::exp2_approx(s[4 * i] - m_run[0]);
-      const float p1 = mma::exp2_approx(s[4 * i + 1] - m_run[0]);
-      const float p2 = mma::exp2_approx(s[4 * i + 2] - m_run[1]);
-      const float p3 = mma::exp2_approx(s[4 * i + 3] - m_run[1]);
-      l_run[0] += p0 + p1;
-      l_run[1] += p2 + p3;
-      pa[2 * i] = mma::pack_bf16x2(p0, p1);
-      pa[2 * i + 1] = mma::pack_bf16x2(p2, p3);
-    }
+    for (int i = 0; i < 8; ++i) exp_pack(s[4 * i], s[4 * i + 1], s[4 * i + 2], s[4 * i + 3], m_run, l_run, pa[2 * i], pa[2 * i + 1]);
     if (step > 0) mma::bar_sync(kBarPFree, kConsumerThreads);
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
