@@ -60,7 +60,8 @@ pub fn logit_tolerance(row_max: f32, spread: f32, wgmma: bool) -> f32 {
 }
 
 /// Compares the visible entries of `got` with `want` (−inf in `want` = not visible:
-/// `got` must hold `unseen` there).
+/// `got` must hold `unseen` there); the padding `[width, stride)` of every row must
+/// keep the sentinel (no call writes past a row's width, filling or not).
 /// A mismatch report also names the worst entry as a multiple of its tolerance: a
 /// rounding-level miss (a few times the tolerance) reads differently from a wrong
 /// key or head (orders of magnitude).
@@ -95,6 +96,15 @@ fn compare(
             if miss && !row_bad {
                 row_bad = true;
                 first.get_or_insert(format!("row {r} key {s}: gpu {g} vs reference {}", w_row[s]));
+            }
+        }
+        if let Some(s) = (width..stride).find(|&s| got[r * stride + s] != SENTINEL) {
+            if !row_bad {
+                row_bad = true;
+                first.get_or_insert(format!(
+                    "row {r} column {s} (padding past width {width}): written {}",
+                    got[r * stride + s]
+                ));
             }
         }
         bad += row_bad as usize;
@@ -163,8 +173,7 @@ fn run_with(rt: &Runtime, case: &IndexerCase, heads: u32, fill: bool) -> Result<
             let got = download(stream, &d_out, rows * stride)?;
             let pk = PagedKeys { cache: &cache, block_table: &table, width: *table_width, context_lens };
             let (want, spreads) = paged_logits(&q, &w, pk, *next_n, width);
-            let (mut bad, mut first) = compare(&got, &want, &spreads, wgmma, unseen, (rows, width, stride));
-            padding_kept(&got, (rows, width, stride), &mut bad, &mut first);
+            let (bad, first) = compare(&got, &want, &spreads, wgmma, unseen, (rows, width, stride));
             let what = format!("paged b{batch} next_n{next_n} width{table_width}{}", if fill { " filled" } else { "" });
             (IndexerLayout::Paged, rows, bad, first, what)
         }
@@ -198,8 +207,7 @@ fn run_with(rt: &Runtime, case: &IndexerCase, heads: u32, fill: bool) -> Result<
             )?;
             let got = download(stream, &d_out, rows * stride)?;
             let (want, spreads) = ragged_logits(&q, &w, &keys, &scales, ks, ke);
-            let (mut bad, mut first) = compare(&got, &want, &spreads, wgmma, unseen, (rows, *num_keys, stride));
-            padding_kept(&got, (rows, *num_keys, stride), &mut bad, &mut first);
+            let (bad, first) = compare(&got, &want, &spreads, wgmma, unseen, (rows, *num_keys, stride));
             (
                 IndexerLayout::Ragged,
                 rows,
@@ -218,25 +226,6 @@ fn run_with(rt: &Runtime, case: &IndexerCase, heads: u32, fill: bool) -> Result<
     })
 }
 
-/// Counts the rows whose padding columns `[width, stride)` changed (no call writes
-/// past a row's width, filling or not).
-fn padding_kept(
-    got: &[f32],
-    (rows, width, stride): (usize, usize, usize),
-    bad: &mut usize,
-    first: &mut Option<String>,
-) {
-    for r in 0..rows {
-        if let Some(s) = (width..stride).find(|&s| got[r * stride + s] != SENTINEL) {
-            *bad += 1;
-            first.get_or_insert(format!(
-                "row {r} column {s} (padding past width {width}): written {}",
-                got[r * stride + s]
-            ));
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -246,7 +235,7 @@ mod tests {
         // 2 rows × 3 keys at stride 4; row 0 does not see key 2. Row 0's tolerance is
         // 2e-5 · 100 + 1e-6.
         let want = [100.0, -50.0, f32::NEG_INFINITY, 10.0, 20.0, 30.0];
-        let ok = [100.001, -50.0, SENTINEL, 0.0, 10.0, 20.0, 30.0, 0.0];
+        let ok = [100.001, -50.0, SENTINEL, SENTINEL, 10.0, 20.0, 30.0, SENTINEL];
         let spreads = [0.0; 6];
         assert_eq!(compare(&ok, &want, &spreads, false, SENTINEL, (2, 3, 4)), (0, None));
         let with = |at: usize, v: f32| {
@@ -279,12 +268,9 @@ mod tests {
         assert_eq!(compare(&filled, &want, &spreads, false, f32::NEG_INFINITY, (2, 3, 4)), (0, None));
         let (bad, first) = compare(&filled, &want, &spreads, false, SENTINEL, (2, 3, 4));
         assert_eq!(bad, 1, "{first:?}");
-        let (mut bad, mut first) = (0, None);
-        padding_kept(&filled, (2, 3, 4), &mut bad, &mut first);
-        assert_eq!((bad, first.clone()), (0, None));
         let mut spilled = filled;
         spilled[7] = f32::NEG_INFINITY;
-        padding_kept(&spilled, (2, 3, 4), &mut bad, &mut first);
+        let (bad, first) = compare(&spilled, &want, &spreads, false, f32::NEG_INFINITY, (2, 3, 4));
         assert_eq!(bad, 1);
         assert!(first.unwrap().contains("row 1 column 3"));
     }
