@@ -16,6 +16,7 @@ the ones the JSON gives, so a table cannot drift from its measurement.
 """
 
 import argparse
+import functools
 import glob
 import json
 import os
@@ -116,7 +117,7 @@ def prefill_table(nsa, times, names):
 FP8_PEAK_TFLOPS = {"H100": 1979, "H200": 1979}
 
 
-def indexer_table(nsa, times, names):
+def indexer_table(nsa, times, names, device=""):
     def peer_case(case):
         m = re.fullmatch(r"decode b(\d+) ctx(\d+)", case)
         if m:
@@ -125,7 +126,7 @@ def indexer_table(nsa, times, names):
         return [f"fp8_mqa_logits extend t{m[1]} keys{m[2]} (ragged, h64)" if m else case]
 
     rows = []
-    peak = next((v for k, v in FP8_PEAK_TFLOPS.items() if k in nsa.get("indexer_device", "")), None)
+    peak = next((v for k, v in FP8_PEAK_TFLOPS.items() if k in device), None)
     for r in nsa.get("indexer", []):
         if r.get("fraction_of_copy"):
             s = f"{100 * r['fraction_of_copy']:.0f}% of copy"
@@ -251,17 +252,19 @@ def tables(nsa_reports, peers, python_rows, command):
         for fam in ("topk", "decode", "prefill", "indexer", "host", "layer", "bandwidth", "plans", "steps", "metadata"):
             merged.setdefault(fam, []).extend(rep.get(fam, []))
 
-    merged["indexer_device"] = next((r.get("device", "") for r in nsa_reports if r.get("indexer")), "")
+    def measured(source):
+        # The report that measured this family (its GPU and date).
+        return next((r for r in nsa_reports if r.get(source)), {})
 
     def where(fam, source):
-        # The GPU and date of the report that measured this family.
-        rep = next((r for r in nsa_reports if r.get(source)), {})
+        rep = measured(source)
         cmd = commands.get(fam, commands.get("", "nsa bench --json"))
         return f"{rep.get('device', '?')}, {rep.get('date_utc', '?')[:10]}, `{cmd}`"
 
     out = {}
+    indexer = functools.partial(indexer_table, device=measured("indexer").get("device", ""))
     for fam, make in (("topk", topk_table), ("decode", decode_table), ("prefill", prefill_table),
-                      ("indexer", indexer_table)):
+                      ("indexer", indexer)):
         if merged.get(fam):
             out[fam] = f"{where(fam, fam)}\n\n{make(merged, times, names)}"
     # Families without a peer library: the copy rate or nsa's own baseline path.

@@ -9,7 +9,7 @@ use cudarc::driver::{CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr}
 use half::bf16;
 use nsa_kernels::spec::TOPK_CLUSTER_SIZES;
 use nsa_kernels::spec::TOPK_PAGE_SIZES;
-use nsa_kernels::{KernelFamily, KernelSpec, Target, TopkLayout, TopkScore, TopkTransform};
+use nsa_kernels::{KernelFamily, KernelSpec, Target, TopkLayout, TopkScore};
 
 /// A score type top-k reads: f32 or bf16 (exact either way: a bf16's f32 value is
 /// exact, so the choice is that of the widened scores).
@@ -67,17 +67,6 @@ pub enum TopkOutput<'a> {
     Paged(PageTable<'a>),
     /// Positions plus `offsets[b]` (spec §7.4).
     Ragged { offsets: &'a CudaView<'a, i32> },
-}
-
-impl TopkOutput<'_> {
-    /// The transform this output asks of the kernel.
-    pub fn transform(&self) -> TopkTransform {
-        match self {
-            TopkOutput::Plain => TopkTransform::Plain,
-            TopkOutput::Paged(t) => TopkTransform::paged(t.page_size as u32),
-            TopkOutput::Ragged { .. } => TopkTransform::Ragged,
-        }
-    }
 }
 
 /// Mirrors `nsa::topk::Params` (topk.cuh) field for field.

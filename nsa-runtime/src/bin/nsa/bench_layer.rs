@@ -70,19 +70,17 @@ pub fn layer_bench(rt: &Runtime, iters: usize) -> Result<Vec<LayerRow>> {
     let base = NsaConfig::preset("deepseek-v3.2").map_err(|e| Error::Other(e.to_string()))?;
     let mut rows = Vec::new();
     for shape in shapes() {
-        let extend = matches!(shape.mode, LayerMode::Extend { .. });
-        let choices: &[&'static str] = if extend { &["auto", "cost"] } else { &["auto"] };
-        for &prefill in choices {
+        let auto = ("auto", PrefillBackend::Auto);
+        let cost = ("cost", PrefillBackend::Cost { heads: shape.heads });
+        let choices = if matches!(shape.mode, LayerMode::Extend { .. }) { vec![auto, cost] } else { vec![auto] };
+        for (prefill, backend) in choices {
             let mut model = base.clone();
             model.num_q_heads = shape.heads;
             let mut case = LayerCase::new(model, shape.mode, shape.batch, shape.context, shape.seed);
             case.uniform = shape.uniform;
             case.check_rows = 2;
             case.timing_iters = iters;
-            case.prefill_backend = match prefill {
-                "cost" => PrefillBackend::Cost { heads: shape.heads },
-                _ => PrefillBackend::Auto,
-            };
+            case.prefill_backend = backend;
             let report = run_layer(rt, &case)?;
             let Some(t) = report.timing else {
                 return Err(Error::Other(format!("{}: the layer run returned no timing", case.describe())));
