@@ -73,11 +73,12 @@ pub struct BenchArgs {
     /// Sparse prefill: KV rows the indices draw from (32768 by default; fewer make
     /// the gathered rows L2-resident, which separates L2 misses from the gather rate).
     /// At least the top-k (each query draws that many distinct rows); at most 2^31 - 1.
-    #[arg(long, default_value_t = crate::bench_prefill::ISSUE_S_KV,
+    #[arg(long, default_value_t = crate::bench_prefill::DEFAULT_S_KV,
           value_parser = clap::value_parser!(u64).range(crate::bench_prefill::TOPK as u64..=i32::MAX as u64))]
     pub prefill_s_kv: u64,
     /// Which benchmarks: kv (store/dequant + JIT), topk, metadata, plan (eager plans
-    /// and steps with host- or device-built metadata), decode, prefill, indexer, host
+    /// and steps with host- or device-built metadata), decode, prefill (sparse),
+    /// dense (causal varlen MHA, 2K-token requests), indexer, host
     /// (the host cost of one call of each op), layer (whole-layer steps: decode,
     /// verify, FP8 extend under the reference's rule and nsa's costs), or all.
     #[arg(long, value_enum, default_value_t = Suite::All)]
@@ -92,6 +93,7 @@ pub enum Suite {
     Plan,
     Decode,
     Prefill,
+    Dense,
     Indexer,
     Host,
     Layer,
@@ -185,6 +187,7 @@ struct Report {
     topk: Vec<TopkRow>,
     decode: Vec<crate::bench_decode::DecodeRow>,
     prefill: Vec<crate::bench_prefill::PrefillRow>,
+    dense: Vec<crate::bench_dense::DenseRow>,
     indexer: Vec<crate::bench_indexer::IndexerRow>,
     metadata: Vec<MetadataRow>,
     plans: Vec<crate::bench_plan::PlanRow>,
@@ -715,6 +718,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     } else {
         vec![]
     };
+    let dense = if want(Suite::Dense) { crate::bench_dense::dense_bench(&rt, args.reps.min(20))? } else { vec![] };
     let indexer = if want(Suite::Indexer) { crate::bench_indexer::indexer_bench(&rt, args.reps)? } else { vec![] };
     let metadata = if want(Suite::Metadata) { metadata_bench(&rt, args.reps)? } else { vec![] };
     let (plans, steps) = if want(Suite::Plan) { crate::bench_plan::plan_bench(&rt)? } else { (vec![], vec![]) };
@@ -740,6 +744,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         topk,
         decode,
         prefill,
+        dense,
         indexer,
         metadata,
         plans,
@@ -839,7 +844,7 @@ mod tests {
     }
 
     #[test]
-    fn prefill_s_kv_defaults_to_the_issue_and_rejects_fewer_rows_than_the_topk() {
+    fn prefill_s_kv_defaults_to_32k_and_rejects_fewer_rows_than_the_topk() {
         assert_eq!(parse(&["bench"]).unwrap().prefill_s_kv, 32_768);
         assert_eq!(parse(&["bench", "--prefill-s-kv", "2048"]).unwrap().prefill_s_kv, 2048);
         let err = parse(&["bench", "--prefill-s-kv", "2047"]).unwrap_err().to_string();

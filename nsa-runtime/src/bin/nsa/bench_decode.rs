@@ -1,5 +1,5 @@
-//! `nsa bench --suite decode`: sparse MLA decode on the FP8 cache for the shapes of
-//! the decode issue (top-k 2048, 16K keys per request, page 64), with FLOP/s, the
+//! `nsa bench --suite decode`: sparse MLA decode on the FP8 cache (top-k 2048, 16K
+//! keys per request, page 64), with FLOP/s, the
 //! KV bytes gathered per µs and the roofline of this run.
 
 use crate::bench::{copy_gbps, time_us};

@@ -1,5 +1,5 @@
-//! `nsa bench --suite prefill`: sparse MLA prefill over bf16 KV for the shapes of
-//! the prefill issue (s_q 4096, s_kv 32768, top-k 2048), with FLOP/s and the
+//! `nsa bench --suite prefill`: sparse MLA prefill over bf16 KV (s_q 4096, s_kv
+//! 32768 by default, top-k 2048), with FLOP/s and the
 //! roofline of this run.
 
 use crate::bench::{copy_gbps, time_us};
@@ -19,7 +19,7 @@ use serde::Serialize;
 const BF16_PEAK_TFLOPS: f64 = 989.0;
 const S_Q: usize = 4096;
 /// KV rows the prefill indices draw from by default (`--prefill-s-kv`).
-pub const ISSUE_S_KV: u64 = 32_768;
+pub const DEFAULT_S_KV: u64 = 32_768;
 pub const TOPK: u32 = 2048;
 /// (heads, d_qk) of the table.
 const CASES: [(u32, u32); 5] = [(128, 576), (64, 576), (32, 576), (16, 576), (128, 512)];

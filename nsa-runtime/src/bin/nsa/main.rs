@@ -2,6 +2,7 @@
 
 mod bench;
 mod bench_decode;
+mod bench_dense;
 mod bench_host;
 mod bench_indexer;
 mod bench_layer;
