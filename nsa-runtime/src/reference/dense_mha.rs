@@ -84,7 +84,7 @@ pub fn dense_causal(b: &DenseBatch<'_>) -> Result<DenseOut> {
         return Ok(out);
     }
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(rows);
-    let mut shares: Vec<Vec<(usize, &mut [f32], &mut [f32])>> = (0..threads).map(|_| Vec::new()).collect();
+    let mut shares: Vec<Vec<RowOut<'_>>> = (0..threads).map(|_| Vec::new()).collect();
     for (t, (o, l)) in out.out.chunks_mut(h * dv).zip(out.lse.chunks_mut(h)).enumerate() {
         shares[t % threads].push((t, o, l));
     }
@@ -104,6 +104,9 @@ pub fn dense_causal(b: &DenseBatch<'_>) -> Result<DenseOut> {
     });
     Ok(out)
 }
+
+/// A query row's index, its `out` (heads × d_v) and its `lse` (heads).
+type RowOut<'a> = (usize, &'a mut [f32], &'a mut [f32]);
 
 /// Every head of query row `t` over keys `k0 .. k0 + visible` of its sequence.
 fn row_heads(b: &DenseBatch<'_>, t: usize, k0: usize, visible: usize, out: &mut [f32], lse: &mut [f32]) {
