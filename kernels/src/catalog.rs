@@ -2,7 +2,7 @@
 //! sparse MLA, metadata) add their specs here.
 
 use crate::config::{KvCacheFormat, NsaConfig};
-use crate::spec::{IndexerLayout, KernelFamily, KernelSpec, MetadataMode, TopkLayout, TopkScore};
+use crate::spec::{IndexerLayout, KernelFamily, KernelSpec, MetadataMode, TopkLayout, TopkScore, MHA_HEAD_DIMS};
 use crate::target::Vendor;
 
 /// The kernel set of `cfg`, for every target it lists, sorted and without repeats.
@@ -20,10 +20,9 @@ pub fn kernel_set(cfg: &NsaConfig) -> Vec<KernelSpec> {
         families.push(KernelFamily::TopkSplit { k: cfg.topk, score });
     }
     families.push(KernelFamily::IndexTransform { k: cfg.topk });
-    if cfg.kv_cache == KvCacheFormat::Fp8 {
-        // Prefill with a prefix reads the FP8 cache back as bf16 (spec §8.4).
-        families.push(KernelFamily::KvDequant);
-    }
+    // Prefill with a prefix reads the cache back as bf16 rows: RAGGED sparse MLA on
+    // the FP8 cache (spec §8.4) and MHA one-shot (the model expands the latent rows).
+    families.push(KernelFamily::KvDequant { format: cfg.kv_cache });
     // Metadata built on the device (spec §9.3): the CUDA graphs of decode (also the
     // multi-step draft backend), target-verify and draft-extend (v1 and v2), and the
     // eager steps of every mode (extend included).
@@ -39,6 +38,9 @@ pub fn kernel_set(cfg: &NsaConfig) -> Vec<KernelSpec> {
     for layout in IndexerLayout::ALL {
         sparse_mla.push(KernelFamily::IndexerLogits { heads: cfg.index_n_heads, layout });
     }
+    // MHA one-shot prefill (spec §5.1): dense attention over the expanded heads.
+    let (mha_qk, mha_v) = MHA_HEAD_DIMS;
+    sparse_mla.push(KernelFamily::DensePrefill { heads: cfg.num_q_heads, d_qk: mha_qk, d_v: mha_v });
     if cfg.kv_cache == KvCacheFormat::Fp8 {
         sparse_mla.push(KernelFamily::SparseDecode {
             heads: cfg.num_q_heads,

@@ -14,7 +14,7 @@ pub use crate::families::attention::{
     sparse_prefill_head_tile, wg_smem_bytes, DECODE_BLOCK_TOKENS, DECODE_HEADS, PREFILL_DQK, PREFILL_HEADS,
     WG_HEAD_TILE,
 };
-pub use crate::families::dense::{dense_smem_bytes, DENSE_HEAD_DIMS, DENSE_ROWS};
+pub use crate::families::dense::{dense_smem_bytes, DENSE_HEAD_DIMS, DENSE_ROWS, MHA_HEAD_DIMS};
 pub use crate::families::indexer::{
     indexer_wg_kernel, IndexerLayout, INDEXER_WG_HEADS, INDEXER_WG_RAGGED_ROWS, INDEXER_WG_SMEM_BYTES,
 };
@@ -30,8 +30,9 @@ pub use crate::families::topk::{TopkLayout, TopkScore, TopkTransform, TOPK_CLUST
 pub enum KernelFamily {
     /// Write new tokens' latent + rope into the MLA cache (quantizing for FP8).
     KvStore { format: KvCacheFormat },
-    /// Gather FP8-656 rows by slot and dequantize them to bf16 576.
-    KvDequant,
+    /// Read MLA cache rows by slot out as contiguous bf16 576: FP8-656 records
+    /// dequantized, bf16 rows copied (the prefix of a dense or RAGGED prefill).
+    KvDequant { format: KvCacheFormat },
     /// Quantize indexer keys into the 132-byte, 64-token-page indexer cache.
     IndexerKStore,
     /// Gather indexer keys and scales by slot into ragged rows (spec §6.3 "Gather K").

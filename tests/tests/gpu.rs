@@ -77,11 +77,13 @@ fn indexer_store_is_bit_exact() {
 }
 
 #[test]
-fn dequant_is_bit_exact_with_repeats_and_rejects() {
+fn dequant_and_bf16_gather_are_bit_exact_with_repeats_and_rejects() {
     let rt = rt();
-    let mut checks: Vec<Check> =
-        SIZES.iter().map(|&n| verify::dequant(&rt, n, 41 + n as u64, false).unwrap()).collect();
-    checks.push(verify::dequant(&rt, 513, 47, true).unwrap());
+    let mut checks = Vec::new();
+    for format in [KvCacheFormat::Fp8, KvCacheFormat::Bf16] {
+        checks.extend(SIZES.iter().map(|&n| verify::dequant(&rt, format, n, 41 + n as u64, false).unwrap()));
+        checks.push(verify::dequant(&rt, format, 513, 47, true).unwrap());
+    }
     assert_all(&checks);
 }
 

@@ -79,22 +79,21 @@ fn kernel_set_is_sorted_unique_and_covers_each_target() {
                 "index_transform",
                 "metadata_replay",
                 "topk_split",
+                // The cache read back as bf16 rows (RAGGED prefix, MHA one-shot).
+                "kv_dequant",
             ]);
             let nvidia = t.vendor() == nsa_kernels::Vendor::Nvidia;
             // Sparse MLA is NVIDIA only (mma.sync) so far: prefill for every format.
             if nvidia {
-                expected.extend(["sparse_prefill", "indexer_logits"]);
+                expected.extend(["sparse_prefill", "indexer_logits", "dense_prefill"]);
             }
             // Few long top-k rows go over clusters where the target has them.
             if t.has_clusters() {
                 expected.insert("topk_cluster");
             }
-            if cfg.kv_cache == KvCacheFormat::Fp8 {
-                expected.insert("kv_dequant");
-                // Sparse decode reads the FP8 cache.
-                if nvidia {
-                    expected.extend(["sparse_decode", "sparse_decode_combine"]);
-                }
+            // Sparse decode reads the FP8 cache.
+            if cfg.kv_cache == KvCacheFormat::Fp8 && nvidia {
+                expected.extend(["sparse_decode", "sparse_decode_combine"]);
             }
             assert_eq!(families, expected, "{name} on {t}");
         }
@@ -339,7 +338,7 @@ fn is_c_identifier(s: &str) -> bool {
 #[test]
 fn ids_and_symbols_are_unique_and_round_trip() {
     let specs = all_specs();
-    // 4 store kernels + 1 indexer gather + 3 top-k (k 512, 1024, 2048) + 1 deterministic
+    // 3 store kernels + 2 cache reads (FP8 dequant, bf16 gather) + 1 indexer gather + 3 top-k (k 512, 1024, 2048) + 1 deterministic
     // + 1 throughput top-k + 1 index transform + 4 metadata modes × 2 page sizes + 1 split
     // top-k per target, and bf16 scores for top-k, deterministic, throughput and split
     // (4); every top-k kernel serves every output transform. On NVIDIA also 9 sparse
@@ -347,7 +346,7 @@ fn ids_and_symbols_are_unique_and_round_trip() {
     // 3 cluster top-k (the cluster size is a launch attribute), 1 bf16 cluster top-k and
     // 7 dense prefill variants.
     let nvidia = Target::ALL.iter().filter(|t| t.vendor() == nsa_kernels::Vendor::Nvidia).count();
-    assert_eq!(specs.len(), 24 * Target::ALL.len() + 34 * nvidia);
+    assert_eq!(specs.len(), 25 * Target::ALL.len() + 34 * nvidia);
     let mut ids = BTreeMap::new();
     let mut symbols = BTreeMap::new();
     let mut sources = BTreeSet::new();
@@ -380,7 +379,7 @@ fn ids_and_symbols_are_unique_and_round_trip() {
         let v = serde_json::to_value(spec).unwrap();
         assert_eq!(serde_json::from_value::<KernelSpec>(v).unwrap(), *spec);
     }
-    for bad in ["", "kv_store", "kv_store.fp8_656", "kv_store.fp8_656.sm_80", "kv_dequant.bf16_576.sm_90a"] {
+    for bad in ["", "kv_store", "kv_store.fp8_656", "kv_store.fp8_656.sm_80", "kv_dequant.f16_576.sm_90a"] {
         assert_eq!(KernelSpec::from_id(bad), None, "{bad:?}");
     }
 }
@@ -507,7 +506,7 @@ fn launch_geometry_matches_the_device_code() {
         // The device code maps `kBlockThreads / lanes` tokens to a block; the
         // launcher's grid divides by tokens_per_block: they must agree.
         let lanes = match spec.family {
-            KernelFamily::KvStore { .. } | KernelFamily::KvDequant => k["kMlaLanes"],
+            KernelFamily::KvStore { .. } | KernelFamily::KvDequant { .. } => k["kMlaLanes"],
             KernelFamily::IndexerKStore | KernelFamily::IndexerKGather => k["kIdxLanes"],
             // One row (or one chunk of a row) per block: the whole block cooperates.
             KernelFamily::TopK { .. } | KernelFamily::TopkSplit { .. } => {
@@ -649,8 +648,17 @@ fn store_context_matches_the_format() {
                 assert_eq!(obj["store_fn"], Value::from(f), "{spec}");
                 assert_eq!(obj["cache_elem"], Value::from(e), "{spec}");
             }
+            KernelFamily::KvDequant { format } => {
+                assert_eq!(obj["format"], Value::from(format.tag()));
+                let (f, e) = match format {
+                    KvCacheFormat::Bf16 => ("gather_bf16", "nsa::u16"),
+                    KvCacheFormat::Fp8 => ("dequant_fp8", "nsa::u8"),
+                };
+                assert_eq!(obj["read_fn"], Value::from(f), "{spec}");
+                assert_eq!(obj["cache_elem"], Value::from(e), "{spec}");
+            }
             _ => {
-                for key in ["format", "store_fn", "cache_elem"] {
+                for key in ["format", "store_fn", "read_fn", "cache_elem"] {
                     assert!(!obj.contains_key(key), "{spec} has `{key}`");
                 }
             }

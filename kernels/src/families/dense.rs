@@ -23,9 +23,12 @@ pub fn dense_smem_bytes(d_qk: u32, d_v: u32) -> u32 {
     3 * rows(d_qk) + 2 * rows(d_v) + 4 * 16 * (DENSE_KEYS * 2 + 16)
 }
 
-/// The head shapes the family is built and tested for: DeepSeek V3.2's expanded
-/// heads (q/k 128 nope + 64 rope, v 128) and a plain 128/128.
-pub const DENSE_HEAD_DIMS: [(u32, u32); 2] = [(192, 128), (128, 128)];
+/// DeepSeek V3.2's expanded heads, (q/k, v): 128 nope + 64 rope, and 128.
+pub const MHA_HEAD_DIMS: (u32, u32) = (192, 128);
+
+/// The head shapes the family is built and tested for: V3.2's expanded heads and a
+/// plain 128/128.
+pub const DENSE_HEAD_DIMS: [(u32, u32); 2] = [MHA_HEAD_DIMS, (128, 128)];
 
 impl FamilyRules for Dense {
     fn name(&self, _spec: &KernelSpec) -> &'static str {

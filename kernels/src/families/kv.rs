@@ -22,7 +22,7 @@ impl FamilyRules for Kv {
     fn name(&self, spec: &KernelSpec) -> &'static str {
         match spec.family {
             KernelFamily::KvStore { .. } => "kv_store",
-            KernelFamily::KvDequant => "kv_dequant",
+            KernelFamily::KvDequant { .. } => "kv_dequant",
             KernelFamily::IndexerKStore => "indexer_k_store",
             _ => "indexer_k_gather",
         }
@@ -30,8 +30,7 @@ impl FamilyRules for Kv {
 
     fn knobs(&self, spec: &KernelSpec) -> Vec<String> {
         match spec.family {
-            KernelFamily::KvStore { format } => vec![format.tag().into()],
-            KernelFamily::KvDequant => vec![KvCacheFormat::Fp8.tag().into()],
+            KernelFamily::KvStore { format } | KernelFamily::KvDequant { format } => vec![format.tag().into()],
             _ => vec!["fp8_132".into(), "p64".into()],
         }
     }
@@ -39,7 +38,7 @@ impl FamilyRules for Kv {
     fn template(&self, spec: &KernelSpec) -> &'static str {
         match spec.family {
             KernelFamily::KvStore { .. } => "kv_store.cu.tera",
-            KernelFamily::KvDequant => "kv_dequant.cu.tera",
+            KernelFamily::KvDequant { .. } => "kv_dequant.cu.tera",
             KernelFamily::IndexerKStore => "indexer_k_store.cu.tera",
             _ => "indexer_k_gather.cu.tera",
         }
@@ -51,7 +50,9 @@ impl FamilyRules for Kv {
 
     fn tokens_per_block(&self, spec: &KernelSpec) -> u32 {
         match spec.family {
-            KernelFamily::KvStore { .. } | KernelFamily::KvDequant => self.block_threads(spec) / MLA_LANES_PER_TOKEN,
+            KernelFamily::KvStore { .. } | KernelFamily::KvDequant { .. } => {
+                self.block_threads(spec) / MLA_LANES_PER_TOKEN
+            }
             _ => self.block_threads(spec) / INDEXER_LANES_PER_TOKEN * INDEXER_TOKENS_PER_LANE_GROUP,
         }
     }
@@ -67,6 +68,15 @@ impl FamilyRules for Kv {
                 ctx.insert("store_fn".into(), json!(func));
                 ctx.insert("cache_elem".into(), json!(elem));
             }
+            KernelFamily::KvDequant { format } => {
+                let (func, elem) = match format {
+                    KvCacheFormat::Bf16 => ("gather_bf16", "nsa::u16"),
+                    KvCacheFormat::Fp8 => ("dequant_fp8", "nsa::u8"),
+                };
+                ctx.insert("format".into(), json!(format.tag()));
+                ctx.insert("read_fn".into(), json!(func));
+                ctx.insert("cache_elem".into(), json!(elem));
+            }
             KernelFamily::IndexerKStore | KernelFamily::IndexerKGather => {
                 ctx.insert("tokens_per_lane_group".into(), json!(INDEXER_TOKENS_PER_LANE_GROUP));
             }
@@ -79,7 +89,8 @@ impl FamilyRules for Kv {
         vec![
             KernelFamily::KvStore { format: KvCacheFormat::Bf16 },
             KernelFamily::KvStore { format: KvCacheFormat::Fp8 },
-            KernelFamily::KvDequant,
+            KernelFamily::KvDequant { format: KvCacheFormat::Bf16 },
+            KernelFamily::KvDequant { format: KvCacheFormat::Fp8 },
             KernelFamily::IndexerKStore,
             KernelFamily::IndexerKGather,
         ]
@@ -88,7 +99,7 @@ impl FamilyRules for Kv {
     fn parse(&self, name: &str, knobs: &[&str]) -> Option<KernelFamily> {
         Some(match (name, knobs) {
             ("kv_store", [fmt]) => KernelFamily::KvStore { format: fmt.parse().ok()? },
-            ("kv_dequant", _) => KernelFamily::KvDequant,
+            ("kv_dequant", [fmt]) => KernelFamily::KvDequant { format: fmt.parse().ok()? },
             ("indexer_k_store", _) => KernelFamily::IndexerKStore,
             ("indexer_k_gather", _) => KernelFamily::IndexerKGather,
             _ => return None,

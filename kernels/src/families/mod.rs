@@ -55,7 +55,7 @@ pub(crate) const ALL: [&dyn FamilyRules; 6] =
 pub(crate) fn rules(family: &KernelFamily) -> &'static dyn FamilyRules {
     match family {
         KernelFamily::KvStore { .. }
-        | KernelFamily::KvDequant
+        | KernelFamily::KvDequant { .. }
         | KernelFamily::IndexerKStore
         | KernelFamily::IndexerKGather => &kv::Kv,
         KernelFamily::TopK { .. }

@@ -24,11 +24,13 @@
 
 mod device_plan;
 mod keys;
+mod mha;
 mod plan;
 mod workspace;
 
 pub use device_plan::{DeviceBatch, HostLens};
 pub use keys::{ragged_keys, RaggedKeys};
+pub use mha::{MhaInputs, MhaNewTokens, MhaOutputs, MhaPlan, MHA_QK_HEAD_DIM, MHA_V_HEAD_DIM};
 pub use plan::{AttentionStage, IndexerStage, StepDecisions, StepPlan, WorkspaceNeeds};
 pub use workspace::LayerWorkspace;
 
@@ -328,13 +330,7 @@ impl<'rt> NsaLayer<'rt> {
         check_len("index_weights", inputs.index_weights.len(), t * index_heads, "T_pad × index heads")?;
         check_len("out", outputs.out.len(), t * heads * KV_LORA_RANK, "T_pad × heads × 512")?;
         check_len("lse", outputs.lse.len(), t * heads, "T_pad × heads")?;
-        if caches.kv.format() != m.kv_cache {
-            return Err(invalid(
-                "caches.kv",
-                format!("a {} cache", caches.kv.format().tag()),
-                format!("the layer's {} cache", m.kv_cache.tag()),
-            ));
-        }
+        check_store(&self.cfg, caches)?;
         ws.check(&plan.needs())
     }
 
@@ -548,6 +544,18 @@ impl<'rt> NsaLayer<'rt> {
 
 /// DP padding rows (spec §3.2): `out` zeros and `lse` +inf, what a token without
 /// keys gets; two stream-ordered memsets (capturable in a CUDA graph).
+/// The caches are in the layer's format.
+fn check_store(cfg: &LayerConfig, caches: &LayerCaches<'_>) -> Result<()> {
+    if caches.kv.format() != cfg.model.kv_cache {
+        return Err(invalid(
+            "caches.kv",
+            format!("a {} cache", caches.kv.format().tag()),
+            format!("the layer's {} cache", cfg.model.kv_cache.tag()),
+        ));
+    }
+    Ok(())
+}
+
 fn pad_rows(rt: &Runtime, out: &mut CudaViewMut<'_, bf16>, lse: &mut CudaViewMut<'_, f32>) -> Result<()> {
     use cudarc::driver::DevicePtrMut;
     let stream = rt.gpu().stream();

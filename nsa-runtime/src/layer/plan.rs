@@ -333,7 +333,7 @@ pub(super) fn check_dispatch(dispatch: &Dispatch) -> Result<()> {
         return Err(invalid(
             "dispatch.use_mha",
             format!("true ({})", dispatch.reason),
-            "a sparse (absorbed MLA) batch: NsaLayer computes sparse MLA; run MHA one-shot batches in the model, or set DispatchPolicy::force_mla",
+            "a sparse (absorbed MLA) batch: plan MHA one-shot batches with NsaLayer::plan_mha, or set DispatchPolicy::force_mla",
         ));
     }
     Ok(())

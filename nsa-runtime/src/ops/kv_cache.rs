@@ -3,7 +3,7 @@
 use super::{check_aligned, check_count_fits_i32, check_len, invalid, Rows};
 use crate::runtime::Runtime;
 use crate::Result;
-use cudarc::driver::{CudaView, CudaViewMut, PushKernelArg};
+use cudarc::driver::{CudaView, CudaViewMut, DeviceRepr, PushKernelArg};
 use half::bf16;
 use nsa_kernels::layout::*;
 use nsa_kernels::{KernelFamily, KvCacheFormat};
@@ -89,8 +89,6 @@ pub fn dequant_fp8(
     idx: &CudaView<'_, i32>,
     out: &mut CudaViewMut<'_, bf16>,
 ) -> Result<()> {
-    let stream = rt.gpu().stream();
-    let n = idx.len();
     if cache.len() % FP8_TOKEN_BYTES != 0 {
         return Err(invalid(
             "cache",
@@ -98,12 +96,44 @@ pub fn dequant_fp8(
             format!("a whole number of {FP8_TOKEN_BYTES}-byte rows"),
         ));
     }
+    read_rows(rt, KvCacheFormat::Fp8, cache, cache.len() / FP8_TOKEN_BYTES, idx, out)
+}
+
+/// Gathers bf16 cache rows `idx` (576 wide) into `out` (`[idx.len(), 576]`).
+/// A slot outside the pool yields a zero row.
+pub fn gather_bf16(
+    rt: &Runtime,
+    cache: &CudaView<'_, bf16>,
+    idx: &CudaView<'_, i32>,
+    out: &mut CudaViewMut<'_, bf16>,
+) -> Result<()> {
+    if cache.len() % BF16_TOKEN_ELEMS != 0 {
+        return Err(invalid(
+            "cache",
+            format!("{} values", cache.len()),
+            format!("a whole number of {BF16_TOKEN_ELEMS}-value rows"),
+        ));
+    }
+    read_rows(rt, KvCacheFormat::Bf16, cache, cache.len() / BF16_TOKEN_ELEMS, idx, out)
+}
+
+/// The `kv_dequant.<format>` launch over a cache of `pool` rows.
+fn read_rows<T: DeviceRepr>(
+    rt: &Runtime,
+    format: KvCacheFormat,
+    cache: &CudaView<'_, T>,
+    pool: usize,
+    idx: &CudaView<'_, i32>,
+    out: &mut CudaViewMut<'_, bf16>,
+) -> Result<()> {
+    let stream = rt.gpu().stream();
+    let n = idx.len();
     check_len("out", out.len(), n * BF16_TOKEN_ELEMS, "idx.len() × 576")?;
     check_aligned("cache", cache, 16, stream)?;
     check_aligned("out", out, 16, stream)?;
-    let pool_slots = (cache.len() / FP8_TOKEN_BYTES) as i64;
+    let pool_slots = pool as i64;
     let num = check_count_fits_i32("idx", n)?;
-    let kernel = rt.kernel(KernelFamily::KvDequant)?;
+    let kernel = rt.kernel(KernelFamily::KvDequant { format })?;
     let mut args = rt.args(&kernel);
     args.arg(cache).arg(&pool_slots).arg(idx).arg(&num).arg(out);
     rt.launch(&kernel, args, n, "idx", SLOT_EXPECTED)

@@ -170,6 +170,24 @@ pub fn dequant_fp8(cache: &[u8], idx: &[i32]) -> (Vec<bf16>, Rejected) {
     (out, rejected)
 }
 
+/// Gathers bf16 cache rows `idx` (576 wide) into `[n, 576]`; a rejected index
+/// yields a zero row.
+pub fn gather_bf16(cache: &[bf16], idx: &[i32]) -> (Vec<bf16>, Rejected) {
+    let pool = cache.len() / BF16_TOKEN_ELEMS;
+    let mut out = Vec::with_capacity(idx.len() * BF16_TOKEN_ELEMS);
+    let mut rejected = 0;
+    for &slot in idx {
+        match slot_in_pool(slot, pool) {
+            Some(s) => out.extend_from_slice(&cache[s * BF16_TOKEN_ELEMS..][..BF16_TOKEN_ELEMS]),
+            None => {
+                rejected += 1;
+                out.extend(std::iter::repeat_n(bf16::ZERO, BF16_TOKEN_ELEMS));
+            }
+        }
+    }
+    (out, rejected)
+}
+
 /// Stores indexer keys `k` (`[n, 128]` bf16) into the paged indexer cache
 /// (`[pool_slots / 64, 8448]` bytes: 64 × 128 values, then 64 f32 scales).
 pub fn store_indexer_k(k: &[bf16], loc: &[i32], cache: &mut [u8]) -> Rejected {

@@ -9,7 +9,7 @@
 
 use super::{download, upload, Check};
 use crate::ops::dense_prefill::{dense_prefill, DenseInputs, DenseOutputs, DenseShape};
-use crate::reference::dense_mha::{dense_causal, DenseBatch};
+use crate::reference::dense_mha::{dense_causal, DenseBatch, DenseOut};
 use crate::runtime::Runtime;
 use crate::testdata;
 use crate::Result;
@@ -28,7 +28,7 @@ pub struct DenseCase {
     pub seed: u64,
 }
 
-fn offsets(lens: impl Iterator<Item = usize>) -> Vec<i32> {
+pub(crate) fn offsets(lens: impl Iterator<Item = usize>) -> Vec<i32> {
     let mut cu = vec![0i32];
     for l in lens {
         cu.push(cu.last().unwrap() + l as i32);
@@ -86,8 +86,27 @@ pub fn run(rt: &Runtime, case: &DenseCase) -> Result<Check> {
         d_v: dv,
         sm_scale,
     })?;
+    let (bad, first) = compare(&got_out, &got_lse, &want, h, dv);
+    let family = KernelFamily::DensePrefill { heads: case.heads, d_qk: case.d_qk, d_v: case.d_v };
+    Ok(Check {
+        kernel: KernelSpec::new(family, rt.target()).id(),
+        case: format!("{} seqs, {rows} rows, {keys} keys", case.seqs.len()),
+        items: rows * h,
+        mismatches: bad,
+        first_mismatch: first,
+    })
+}
+
+/// Rows × heads of `got` outside the tolerance of `want`, and the first of them.
+pub(crate) fn compare(
+    got_out: &[bf16],
+    got_lse: &[f32],
+    want: &DenseOut,
+    h: usize,
+    dv: usize,
+) -> (usize, Option<String>) {
     let (mut bad, mut first) = (0, None);
-    for r in 0..rows * h {
+    for r in 0..got_lse.len() {
         let (g_out, w_out) = (&got_out[r * dv..][..dv], &want.out[r * dv..][..dv]);
         let (g_lse, w_lse) = (got_lse[r], want.lse[r]);
         let miss = if w_lse == f32::INFINITY {
@@ -111,12 +130,5 @@ pub fn run(rt: &Runtime, case: &DenseCase) -> Result<Check> {
             });
         }
     }
-    let family = KernelFamily::DensePrefill { heads: case.heads, d_qk: case.d_qk, d_v: case.d_v };
-    Ok(Check {
-        kernel: KernelSpec::new(family, rt.target()).id(),
-        case: format!("{} seqs, {rows} rows, {keys} keys", case.seqs.len()),
-        items: rows * h,
-        mismatches: bad,
-        first_mismatch: first,
-    })
+    (bad, first)
 }

@@ -153,32 +153,51 @@ pub fn split_rows(rows: &[bf16]) -> (Vec<bf16>, Vec<bf16>) {
     (nope, rope)
 }
 
-/// Builds an FP8 cache with the reference quantizer, gathers `n` slots (repeats
-/// included, plus −1 and out-of-pool entries when `with_rejects`) on the GPU and
-/// compares every output element with the reference dequantizer, bit for bit.
-pub fn dequant(rt: &Runtime, n: usize, seed: u64, with_rejects: bool) -> Result<Check> {
+/// Builds a cache in `format` (FP8 with the reference quantizer), reads `n` slots
+/// back as bf16 rows (repeats included, plus −1 and out-of-pool entries when
+/// `with_rejects`) on the GPU and compares every output element with the reference,
+/// bit for bit.
+pub fn dequant(rt: &Runtime, format: KvCacheFormat, n: usize, seed: u64, with_rejects: bool) -> Result<Check> {
     let stream = rt.gpu().stream();
     let tokens = n.max(1);
     let pool = pool_for(tokens);
     let rows = testdata::mla_rows(tokens, seed);
-    let (nope_h, rope_h) = split_rows(&rows);
-    let mut cache = vec![0u8; pool * FP8_TOKEN_BYTES];
-    reference::store_fp8(&nope_h, &rope_h, &testdata::distinct_slots(tokens, pool, seed ^ 2), &mut cache);
+    let slots = testdata::distinct_slots(tokens, pool, seed ^ 2);
     let mut rng = testdata::rng(seed ^ 3);
     let mut idx: Vec<i32> = (0..n).map(|_| rand::Rng::random_range(&mut rng, 0..pool as i32)).collect();
     if with_rejects && n >= 2 {
         idx[0] = -1;
         idx[n - 1] = pool as i32;
     }
-    let d_cache = upload(stream, &cache)?;
     let d_idx = upload(stream, &idx)?;
     let mut d_out = upload(stream, &vec![bf16::from_bits(0xa5a5); n * BF16_TOKEN_ELEMS])?;
-    kv_cache::dequant_fp8(rt, &d_cache.slice(0..), &d_idx.slice(0..n), &mut d_out.slice_mut(0..n * BF16_TOKEN_ELEMS))?;
+    let mut out = d_out.slice_mut(0..n * BF16_TOKEN_ELEMS);
+    let want = match format {
+        KvCacheFormat::Fp8 => {
+            let (nope_h, rope_h) = split_rows(&rows);
+            let mut cache = vec![0u8; pool * FP8_TOKEN_BYTES];
+            reference::store_fp8(&nope_h, &rope_h, &slots, &mut cache);
+            let d_cache = upload(stream, &cache)?;
+            kv_cache::dequant_fp8(rt, &d_cache.slice(0..), &d_idx.slice(0..n), &mut out)?;
+            reference::dequant_fp8(&cache, &idx).0
+        }
+        KvCacheFormat::Bf16 => {
+            // Unwritten slots hold a pattern, so a row read from the wrong slot differs.
+            let mut cache = vec![bf16::from_bits(0x3c5a); pool * BF16_TOKEN_ELEMS];
+            for (t, &s) in slots.iter().enumerate() {
+                cache[s as usize * BF16_TOKEN_ELEMS..][..BF16_TOKEN_ELEMS]
+                    .copy_from_slice(&rows[t * BF16_TOKEN_ELEMS..][..BF16_TOKEN_ELEMS]);
+            }
+            let d_cache = upload(stream, &cache)?;
+            kv_cache::gather_bf16(rt, &d_cache.slice(0..), &d_idx.slice(0..n), &mut out)?;
+            reference::gather_bf16(&cache, &idx).0
+        }
+    };
     let got: Vec<u16> = download(stream, &d_out, n * BF16_TOKEN_ELEMS)?.iter().map(|v| v.to_bits()).collect();
-    let want: Vec<u16> = reference::dequant_fp8(&cache, &idx).0.iter().map(|v| v.to_bits()).collect();
+    let want: Vec<u16> = want.iter().map(|v| v.to_bits()).collect();
     let (mismatches, first_mismatch) = compare_rows(&got, &want, BF16_TOKEN_ELEMS, "row");
     Ok(Check {
-        kernel: id(rt, KernelFamily::KvDequant),
+        kernel: id(rt, KernelFamily::KvDequant { format }),
         case: format!("n={n}{}", if with_rejects { " with -1/out-of-pool" } else { "" }),
         items: n,
         mismatches,
@@ -262,7 +281,8 @@ pub fn kv_cache_suite(rt: &Runtime, sizes: &[usize], seed: u64) -> Result<Vec<Ch
         let s = seed.wrapping_add(i as u64 * 1000);
         checks.push(store_mla(rt, KvCacheFormat::Fp8, n, s)?);
         checks.push(store_mla(rt, KvCacheFormat::Bf16, n, s + 1)?);
-        checks.push(dequant(rt, n, s + 2, false)?);
+        checks.push(dequant(rt, KvCacheFormat::Fp8, n, s + 2, false)?);
+        checks.push(dequant(rt, KvCacheFormat::Bf16, n, s + 5, n > 1)?);
         checks.push(store_indexer(rt, n, s + 3)?);
         checks.push(gather_indexer(rt, n, s + 4, n > 1)?);
     }
@@ -273,6 +293,7 @@ pub mod dense;
 pub mod indexer;
 pub mod layer;
 pub mod metadata;
+pub mod mha;
 pub mod sparse_decode;
 pub mod sparse_prefill;
 pub mod topk;

@@ -2,7 +2,9 @@
 //! reference (included by gpu.rs). Tolerance: nsa_runtime::verify::dense.
 
 use super::{assert_all, rt};
+use nsa_kernels::{KvCacheFormat, NsaConfig};
 use nsa_runtime::verify::dense::{run, DenseCase};
+use nsa_runtime::verify::mha::{self, MhaCase};
 
 /// Sequences of (query rows, key rows) mixing the lengths around the 64-row tiles and
 /// 64-key blocks; `prefix` adds that many keys before each sequence's new tokens.
@@ -42,4 +44,31 @@ fn rows_without_keys_empty_sequences_and_an_empty_batch() {
     let uneven = DenseCase { heads: 8, d_qk: 192, d_v: 128, seqs: vec![(70, 30), (0, 0), (5, 0), (3, 9)], seed: 4200 };
     let empty = DenseCase { heads: 8, d_qk: 192, d_v: 128, seqs: vec![], seed: 4201 };
     assert_all(&[run(&rt, &uneven).unwrap(), run(&rt, &empty).unwrap()]);
+}
+
+/// The layer's MHA one-shot path: stores, latent rows read back from either cache
+/// format (prefixes included), and dense attention over q/k/v expanded from them.
+#[test]
+fn layer_mha_one_shot_on_both_cache_formats() {
+    let rt = rt();
+    let model = |heads: u32, kv_cache: KvCacheFormat| NsaConfig {
+        num_q_heads: heads,
+        kv_cache,
+        targets: vec![rt.target()],
+        ..NsaConfig::preset("deepseek-v3.2").unwrap()
+    };
+    let cases = [
+        MhaCase {
+            model: model(16, KvCacheFormat::Fp8),
+            requests: vec![(0, 300), (700, 200), (1000, 48), (0, 1)],
+            seed: 4300,
+        },
+        MhaCase { model: model(16, KvCacheFormat::Bf16), requests: vec![(0, 65), (1500, 548)], seed: 4301 },
+        MhaCase { model: model(128, KvCacheFormat::Fp8), requests: vec![(0, 1000)], seed: 4302 },
+    ];
+    let mut checks = Vec::new();
+    for case in &cases {
+        checks.extend(mha::run(&rt, case).unwrap());
+    }
+    assert_all(&checks);
 }

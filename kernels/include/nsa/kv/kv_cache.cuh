@@ -189,6 +189,33 @@ NSA_DEVICE void dequant_fp8(const u8* __restrict__ cache, i64 pool_slots, const 
   if (lane < kRope / kChunk) dst[kLatent / kChunk + lane] = rope;
 }
 
+// Gathers bf16 cache rows idx[t] (576 elements) into bf16 [n, 576]. A rejected
+// index writes a zero row.
+template <int kBlockThreads>
+NSA_DEVICE void gather_bf16(const u16* __restrict__ cache, i64 pool_slots, const i32* __restrict__ idx,
+                            i32 num_tokens, u16* __restrict__ out, u32* status) {
+  const u32 tid = thread_x();
+  const i64 token = (i64)block_x() * (kBlockThreads / kMlaLanes) + tid / kMlaLanes;
+  const u32 lane = tid % kMlaLanes;
+  if (token >= num_tokens) return;
+  const i64 slot = idx[token];
+  Vec16* dst = reinterpret_cast<Vec16*>(out + token * kBf16TokenElems);
+  const Vec16 zero = {{0u, 0u, 0u, 0u}};
+  Vec16 a = zero, b = zero, c = zero;
+  if (slot_ok(slot, pool_slots)) {
+    // 72 vectors of 16 bytes per row: lanes take l, l + 32 and (l < 8) l + 64.
+    const Vec16* src = reinterpret_cast<const Vec16*>(cache + slot * kBf16TokenElems);
+    a = src[lane];
+    b = src[lane + kMlaLanes];
+    if (lane < kRope / kChunk) c = src[kLatent / kChunk + lane];
+  } else if (lane == 0) {
+    report_bad_entry(status, token);
+  }
+  dst[lane] = a;
+  dst[lane + kMlaLanes] = b;
+  if (lane < kRope / kChunk) dst[kLatent / kChunk + lane] = c;
+}
+
 // ---- Lightning-indexer K (spec §2.5): 128 e4m3 + f32 power-of-two scale, 64-token pages.
 constexpr int kIdxDim = 128;
 constexpr int kIdxPageTokens = 64;

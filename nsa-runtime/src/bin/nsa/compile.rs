@@ -223,7 +223,7 @@ pub fn verify(args: VerifyArgs) -> Result<()> {
             let seed = args.seed.wrapping_add(i as u64);
             let check = match spec.family {
                 KernelFamily::KvStore { format } => verify::store_mla(&rt, format, n, seed)?,
-                KernelFamily::KvDequant => verify::dequant(&rt, n, seed, n > 1)?,
+                KernelFamily::KvDequant { format } => verify::dequant(&rt, format, n, seed, n > 1)?,
                 KernelFamily::IndexerKStore => verify::store_indexer(&rt, n, seed)?,
                 KernelFamily::IndexerKGather => verify::gather_indexer(&rt, n, seed, n > 1)?,
                 // Each top-k kernel is checked on every transform it serves (plain,
