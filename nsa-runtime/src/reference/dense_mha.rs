@@ -67,6 +67,12 @@ fn sequences(b: &DenseBatch<'_>) -> Result<Vec<(usize, usize, usize, usize)>> {
 /// Causal varlen attention of every query row and head, the rows dealt round-robin
 /// over the machine's cores (a 2K-token sequence is ~20 GFLOP at 16 heads).
 pub fn dense_causal(b: &DenseBatch<'_>) -> Result<DenseOut> {
+    dense_causal_rows(b, |_| true)
+}
+
+/// [`dense_causal`] of the query rows `wanted` accepts only; the others keep zeros
+/// and +inf.
+pub fn dense_causal_rows(b: &DenseBatch<'_>, wanted: impl Fn(usize) -> bool + Sync) -> Result<DenseOut> {
     let seqs = sequences(b)?;
     let rows = *b.cu_seqlens_q.last().unwrap() as usize;
     let (h, dv) = (b.heads, b.d_v);
@@ -90,12 +96,12 @@ pub fn dense_causal(b: &DenseBatch<'_>) -> Result<DenseOut> {
     }
     std::thread::scope(|scope| {
         for share in shares {
-            let work = &work;
+            let (work, wanted) = (&work, &wanted);
             scope.spawn(move || {
                 for (t, o, l) in share {
                     let (row, k0, visible) = work[t];
                     debug_assert_eq!(row, t);
-                    if visible > 0 {
+                    if visible > 0 && wanted(t) {
                         row_heads(b, t, k0, visible, o, l);
                     }
                 }

@@ -15,7 +15,7 @@ use crate::metadata::{
 };
 use crate::ops::kv_cache::MlaCacheMut;
 use crate::ops::Rows;
-use crate::reference::dense_mha::{dense_causal, DenseBatch};
+use crate::reference::dense_mha::{dense_causal_rows, DenseBatch};
 use crate::reference::kv_cache as reference;
 use crate::runtime::Runtime;
 use crate::{testdata, Result};
@@ -31,6 +31,31 @@ pub struct MhaCase {
     pub model: NsaConfig,
     pub requests: Vec<(usize, usize)>,
     pub seed: u64,
+    /// `None`: k and v expanded from the latent rows read back, every query row
+    /// checked. `Some(n)`: random k and v (for timing large batches: the expansion
+    /// and the reference of every row would take minutes on the CPU), the first and
+    /// last `n` query rows of each request checked.
+    pub check_rows: Option<usize>,
+    /// Timed repetitions of the two calls (0: none).
+    pub timing_iters: usize,
+}
+
+/// Device time of the step's layer calls, per call (the model's `kv_b_proj`
+/// between them not included).
+#[derive(Clone, Copy, Debug)]
+pub struct MhaTiming {
+    /// [`NsaLayer::mha_store`]: both stores and the latent read-back.
+    pub store_us: f64,
+    /// [`NsaLayer::mha_attend`].
+    pub attend_us: f64,
+}
+
+#[derive(Debug)]
+pub struct MhaReport {
+    pub checks: Vec<Check>,
+    pub timing: Option<MhaTiming>,
+    /// What the step ran ([`crate::layer::MhaPlan::explain`]).
+    pub explain: String,
 }
 
 /// The pages of each request (shuffled over the pool) and the `req_to_token` table.
@@ -109,7 +134,7 @@ fn dq_nope() -> usize {
     MHA_QK_HEAD_DIM as usize - ROPE_DIM
 }
 
-pub fn run(rt: &Runtime, case: &MhaCase) -> Result<Vec<Check>> {
+pub fn run(rt: &Runtime, case: &MhaCase) -> Result<MhaReport> {
     let stream = rt.gpu().stream();
     let model = &case.model;
     let (heads, page) = (model.num_q_heads as usize, model.page_size as usize);
@@ -118,7 +143,10 @@ pub fn run(rt: &Runtime, case: &MhaCase) -> Result<Vec<Check>> {
     let pages = Pages::new(&totals, page, case.seed);
     let mut rng = testdata::rng(case.seed);
     let all: usize = totals.iter().sum();
-    let rows_all = testdata::mla_rows(all.max(1), case.seed ^ 1);
+    // Moderate latent values (the stores' edge values are tested with the cache
+    // family): softmax over expanded heads stays within f32 and bf16.
+    let rows_all: Vec<bf16> =
+        (0..all * BF16_TOKEN_ELEMS).map(|_| bf16::from_f32(rng.random_range(-1.0f32..1.0))).collect();
     let index_all = testdata::indexer_rows(all.max(1), case.seed ^ 2);
     // Every position's slot and row, request by request; the new tokens are the last of each.
     let (mut slots_all, mut old, mut new) = (Vec::new(), Vec::new(), Vec::new());
@@ -188,7 +216,7 @@ pub fn run(rt: &Runtime, case: &MhaCase) -> Result<Vec<Check>> {
     let mut d_fp8 = upload(stream, &ref_fp8)?;
     let mut d_bf16 = upload(stream, &ref_bf16)?;
     let mut d_latent = upload(stream, &vec![bf16::from_bits(0x7fc0); keys.max(1) * BF16_TOKEN_ELEMS])?;
-    {
+    let mut store = || -> Result<()> {
         let new_tokens = MhaNewTokens {
             k_nope: Rows { data: d_nope.slice(..), count: t, width: KV_LORA_RANK, stride: KV_LORA_RANK },
             k_rope: Rows { data: d_rope.slice(..), count: t, width: ROPE_DIM, stride: ROPE_DIM },
@@ -198,8 +226,10 @@ pub fn run(rt: &Runtime, case: &MhaCase) -> Result<Vec<Check>> {
         let kv = if fp8 { MlaCacheMut::Fp8(d_fp8.slice_mut(..)) } else { MlaCacheMut::Bf16(d_bf16.slice_mut(..)) };
         let mut caches = LayerCaches { kv, index_k: d_index.slice_mut(..) };
         let mut latent = d_latent.slice_mut(..keys * BF16_TOKEN_ELEMS);
-        layer.mha_store(&plan, &new_tokens, &mut caches, Some(&mut latent))?;
-    }
+        layer.mha_store(&plan, &new_tokens, &mut caches, Some(&mut latent))
+    };
+    store()?;
+    let store_us = (case.timing_iters > 0).then(|| time_us(rt, case.timing_iters, &mut store)).transpose()?;
     let latent = download(stream, &d_latent, keys * BF16_TOKEN_ELEMS)?;
 
     // The model's expansion, then dense attention.
@@ -207,8 +237,15 @@ pub fn run(rt: &Runtime, case: &MhaCase) -> Result<Vec<Check>> {
     let mut weights = |n: usize| -> Vec<f32> { (0..n).map(|_| rng.random_range(-scale..scale)).collect() };
     let w_uk = weights(heads * dq_nope() * KV_LORA_RANK);
     let w_uv = weights(heads * MHA_V_HEAD_DIM as usize * KV_LORA_RANK);
-    let (k, v) = expand(&latent, &w_uk, &w_uv, heads);
     let (dq, dv) = (MHA_QK_HEAD_DIM as usize, MHA_V_HEAD_DIM as usize);
+    let (k, v) = match case.check_rows {
+        None => expand(&latent, &w_uk, &w_uv, heads),
+        Some(_) => {
+            let mut random =
+                |n: usize| -> Vec<bf16> { (0..n).map(|_| bf16::from_f32(rng.random_range(-1.0..1.0))).collect() };
+            (random(keys * heads * dq), random(keys * heads * dv))
+        }
+    };
     let q: Vec<bf16> = (0..t * heads * dq).map(|_| bf16::from_f32(rng.random_range(-1.0..1.0))).collect();
     let (d_q, d_k, d_v) = (upload(stream, &q)?, upload(stream, &k)?, upload(stream, &v)?);
     let mut d_out = upload(stream, &vec![bf16::from_f32(7.0); t.max(1) * heads * dv])?;
@@ -218,8 +255,12 @@ pub fn run(rt: &Runtime, case: &MhaCase) -> Result<Vec<Check>> {
         k: d_k.slice(..keys * heads * dq),
         v: d_v.slice(..keys * heads * dv),
     };
-    let (mut out_view, mut lse_view) = (d_out.slice_mut(..t * heads * dv), d_lse.slice_mut(..t * heads));
-    layer.mha_attend(&plan, &inputs, MhaOutputs { out: &mut out_view, lse: &mut lse_view })?;
+    let mut attend = || {
+        let (mut out_view, mut lse_view) = (d_out.slice_mut(..t * heads * dv), d_lse.slice_mut(..t * heads));
+        layer.mha_attend(&plan, &inputs, MhaOutputs { out: &mut out_view, lse: &mut lse_view })
+    };
+    attend()?;
+    let attend_us = (case.timing_iters > 0).then(|| time_us(rt, case.timing_iters, &mut attend)).transpose()?;
     let got_out = download(stream, &d_out, t * heads * dv)?;
     let got_lse = download(stream, &d_lse, t * heads)?;
     let got_fp8 = download(stream, &d_fp8, ref_fp8.len())?;
@@ -237,17 +278,28 @@ pub fn run(rt: &Runtime, case: &MhaCase) -> Result<Vec<Check>> {
     };
     let f = |x: &[bf16]| x.iter().map(|b| b.to_f32()).collect::<Vec<f32>>();
     let (qf, kf, vf) = (f(&q), f(&k), f(&v));
-    let want = dense_causal(&DenseBatch {
-        q: &qf,
-        k: &kf,
-        v: &vf,
-        cu_seqlens_q: &md.cu_seqlens_q,
-        cu_seqlens_k: &md.cu_seqlens_k,
-        heads,
-        d_qk: dq,
-        d_v: dv,
-        sm_scale: layer.config().sm_scale,
-    })?;
+    // Query rows checked: all, or each request's first and last `n`.
+    let mut checked = vec![case.check_rows.is_none(); t];
+    if let Some(n) = case.check_rows {
+        for w in md.cu_seqlens_q.windows(2) {
+            let (a, b) = (w[0] as usize, w[1] as usize);
+            checked[a..b].iter_mut().enumerate().for_each(|(i, c)| *c = i < n || i + n >= b - a);
+        }
+    }
+    let want = dense_causal_rows(
+        &DenseBatch {
+            q: &qf,
+            k: &kf,
+            v: &vf,
+            cu_seqlens_q: &md.cu_seqlens_q,
+            cu_seqlens_k: &md.cu_seqlens_k,
+            heads,
+            d_qk: dq,
+            d_v: dv,
+            sm_scale: layer.config().sm_scale,
+        },
+        |r| checked[r],
+    )?;
     let name = format!("{} cache, h{heads}, (prefix, new) {:?}", model.kv_cache.tag(), case.requests);
     let rows_check = |kernel: &str, differ: Vec<bool>| Check {
         kernel: kernel.into(),
@@ -267,8 +319,9 @@ pub fn run(rt: &Runtime, case: &MhaCase) -> Result<Vec<Check>> {
     };
     let index_pages =
         got_index.chunks(INDEXER_PAGE_BYTES).zip(ref_index.chunks(INDEXER_PAGE_BYTES)).map(|(a, b)| a != b).collect();
-    let (bad, first) = compare(&got_out, &got_lse, &want, heads, dv);
-    Ok(vec![
+    let (bad, first) = compare(&got_out, &got_lse, &want, heads, dv, |r| checked[r]);
+    let explain = plan.explain(&dispatch);
+    let checks = vec![
         rows_check("layer MHA: KV store", kv_rows),
         rows_check("layer MHA: index-K store", index_pages),
         rows_check(
@@ -276,11 +329,30 @@ pub fn run(rt: &Runtime, case: &MhaCase) -> Result<Vec<Check>> {
             differ_rows(&bits(&latent), &bits(&want_latent), BF16_TOKEN_ELEMS),
         ),
         Check {
-            kernel: format!("layer MHA: {}", plan.explain(&dispatch)),
+            kernel: "layer MHA: dense attention".into(),
             case: name,
-            items: t * heads,
+            items: checked.iter().filter(|&&c| c).count() * heads,
             mismatches: bad,
             first_mismatch: first,
         },
-    ])
+    ];
+    let timing = store_us.zip(attend_us).map(|(store_us, attend_us)| MhaTiming { store_us, attend_us });
+    Ok(MhaReport { checks, timing, explain })
+}
+
+/// Device time per call of `f` over `iters` calls, between two events.
+fn time_us(rt: &Runtime, iters: usize, f: &mut dyn FnMut() -> Result<()>) -> Result<f64> {
+    let stream = rt.gpu().stream();
+    let event = || {
+        stream
+            .record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(crate::Error::driver("recording an event"))
+    };
+    let start = event()?;
+    for _ in 0..iters {
+        f()?;
+    }
+    let end = event()?;
+    end.synchronize().map_err(crate::Error::driver("waiting for the MHA step"))?;
+    Ok(start.elapsed_ms(&end).map_err(crate::Error::driver("reading event time"))? as f64 * 1e3 / iters as f64)
 }

@@ -200,20 +200,19 @@ NSA_DEVICE void gather_bf16(const u16* __restrict__ cache, i64 pool_slots, const
   if (token >= num_tokens) return;
   const i64 slot = idx[token];
   Vec16* dst = reinterpret_cast<Vec16*>(out + token * kBf16TokenElems);
-  const Vec16 zero = {{0u, 0u, 0u, 0u}};
-  Vec16 a = zero, b = zero, c = zero;
-  if (slot_ok(slot, pool_slots)) {
-    // 72 vectors of 16 bytes per row: lanes take l, l + 32 and (l < 8) l + 64.
-    const Vec16* src = reinterpret_cast<const Vec16*>(cache + slot * kBf16TokenElems);
-    a = src[lane];
-    b = src[lane + kMlaLanes];
-    if (lane < kRope / kChunk) c = src[kLatent / kChunk + lane];
-  } else if (lane == 0) {
-    report_bad_entry(status, token);
+  if (!slot_ok(slot, pool_slots)) {
+    if (lane == 0) report_bad_entry(status, token);
+    const Vec16 zero = {{0u, 0u, 0u, 0u}};
+    dst[lane] = zero;
+    dst[lane + kMlaLanes] = zero;
+    if (lane < kRope / kChunk) dst[kLatent / kChunk + lane] = zero;
+    return;
   }
-  dst[lane] = a;
-  dst[lane + kMlaLanes] = b;
-  if (lane < kRope / kChunk) dst[kLatent / kChunk + lane] = c;
+  // 72 vectors of 16 bytes per row: lanes take l, l + 32 and (l < 8) l + 64.
+  const Vec16* src = reinterpret_cast<const Vec16*>(cache + slot * kBf16TokenElems);
+  dst[lane] = src[lane];
+  dst[lane + kMlaLanes] = src[lane + kMlaLanes];
+  if (lane < kRope / kChunk) dst[kLatent / kChunk + lane] = src[kLatent / kChunk + lane];
 }
 
 // ---- Lightning-indexer K (spec §2.5): 128 e4m3 + f32 power-of-two scale, 64-token pages.
