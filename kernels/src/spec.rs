@@ -14,7 +14,9 @@ pub use crate::families::attention::{
     sparse_prefill_head_tile, wg_smem_bytes, DECODE_BLOCK_TOKENS, DECODE_HEADS, PREFILL_DQK, PREFILL_HEADS,
     WG_HEAD_TILE,
 };
-pub use crate::families::dense::{dense_smem_bytes, DENSE_HEAD_DIMS, DENSE_ROWS, MHA_HEAD_DIMS};
+pub use crate::families::dense::{
+    dense_rows, dense_smem_bytes, dense_wg_smem_bytes, DENSE_HEAD_DIMS, DENSE_ROWS, DENSE_WG_ROWS, MHA_HEAD_DIMS,
+};
 pub use crate::families::indexer::{
     indexer_wg_kernel, IndexerLayout, INDEXER_WG_HEADS, INDEXER_WG_RAGGED_ROWS, INDEXER_WG_SMEM_BYTES,
 };

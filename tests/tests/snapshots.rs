@@ -591,12 +591,24 @@ fn launch_geometry_matches_the_device_code() {
                 assert!(r_has_bounds(&spec, threads), "{spec}");
                 continue;
             }
-            // One CTA per (64 query rows, head, sequence): 4 warps of 16 rows.
+            // One CTA per (query rows, head, sequence): on sm_90a 128 rows over two
+            // consumer warp groups and a producer, elsewhere 64 rows over 4 warps.
+            KernelFamily::DensePrefill { .. } if spec.target == Target::Sm90a => {
+                let d = int_constants(header("nsa/attention/dense_prefill_wg.cuh").unwrap());
+                assert_eq!(spec.tokens_per_block(), 1, "{spec}");
+                assert_eq!(threads as i64, d["kThreads"], "{spec}");
+                assert_eq!(d["kRowsWg"] * 2, nsa_kernels::spec::DENSE_WG_ROWS as i64, "{spec}");
+                assert_eq!(nsa_kernels::spec::dense_rows(spec.target), nsa_kernels::spec::DENSE_WG_ROWS, "{spec}");
+                assert!(spec.dynamic_smem_bytes() <= 227 * 1024, "{spec}: {} bytes", spec.dynamic_smem_bytes());
+                assert!(r_has_bounds(&spec, threads), "{spec}");
+                continue;
+            }
             KernelFamily::DensePrefill { .. } => {
                 let d = int_constants(header("nsa/attention/dense_prefill.cuh").unwrap());
                 assert_eq!(spec.tokens_per_block(), 1, "{spec}");
                 assert_eq!(threads as i64, d["kThreads"], "{spec}");
                 assert_eq!(d["kRows"], nsa_kernels::spec::DENSE_ROWS as i64, "{spec}");
+                assert_eq!(nsa_kernels::spec::dense_rows(spec.target), nsa_kernels::spec::DENSE_ROWS, "{spec}");
                 assert_eq!(d["kRows"], 16 * d["kWarps"], "{spec}: 16 rows per warp");
                 assert!(spec.dynamic_smem_bytes() <= 227 * 1024, "{spec}: {} bytes", spec.dynamic_smem_bytes());
                 assert!(r_has_bounds(&spec, threads), "{spec}");

@@ -1,6 +1,7 @@
 //! Dense causal attention over variable-length sequences: the MHA one-shot
 //! prefill (spec §5.1), each head with its own q, k (`d_qk`) and v (`d_v`), the head
-//! count a constant (no padding). mma.sync kernel on every NVIDIA target.
+//! count a constant (no padding). Warp-group (wgmma) kernel on sm_90a, mma.sync on
+//! the other NVIDIA targets.
 
 use super::{number_after, FamilyRules};
 use crate::spec::{KernelFamily, KernelSpec};
@@ -9,11 +10,36 @@ use serde_json::{json, Map, Value};
 
 pub(crate) struct Dense;
 
-/// Threads of a CTA (4 warps of 16 query rows each).
+/// Threads of an mma.sync CTA (4 warps of 16 query rows each).
 const BLOCK_THREADS: u32 = 128;
-/// Query rows per CTA and keys per block (`nsa::dense::kRows`, `kKeys`).
+/// Query rows per mma.sync CTA and keys per block (`nsa::dense::kRows`, `kKeys`).
 pub const DENSE_ROWS: u32 = 64;
 const DENSE_KEYS: u32 = 64;
+/// The warp-group kernel (`nsa::dense_wg`): two consumer groups of 64 query rows and
+/// a producer group; 128 keys per block.
+const WG_THREADS: u32 = 384;
+pub const DENSE_WG_ROWS: u32 = 128;
+const DENSE_WG_KEYS: u32 = 128;
+
+/// Whether `target` runs the warp-group kernel.
+fn warp_group(target: Target) -> bool {
+    target == Target::Sm90a
+}
+
+/// Query rows per CTA of the dense kernel on `target` (the launcher's grid).
+pub fn dense_rows(target: Target) -> u32 {
+    if warp_group(target) {
+        DENSE_WG_ROWS
+    } else {
+        DENSE_ROWS
+    }
+}
+
+/// Dynamic shared memory of the warp-group kernel; mirrors `nsa::dense_wg::Smem`:
+/// the Q tile, two K and two V tiles (unpadded, swizzled) and 1024 bytes of alignment.
+pub fn dense_wg_smem_bytes(d_qk: u32, d_v: u32) -> u32 {
+    DENSE_WG_ROWS * d_qk * 2 + 2 * DENSE_WG_KEYS * (d_qk + d_v) * 2 + 1024
+}
 
 /// Dynamic shared memory; mirrors `nsa::dense::Smem` (dense_prefill.cuh): the Q
 /// tile and two K and two V buffers of 64 rows padded by 16 bytes, and each of the 4
@@ -44,16 +70,25 @@ impl FamilyRules for Dense {
         }
     }
 
-    fn template(&self, _spec: &KernelSpec) -> &'static str {
-        "dense_prefill.cu.tera"
+    fn template(&self, spec: &KernelSpec) -> &'static str {
+        if warp_group(spec.target) {
+            "dense_prefill_wg.cu.tera"
+        } else {
+            "dense_prefill.cu.tera"
+        }
     }
 
-    fn block_threads(&self, _spec: &KernelSpec) -> u32 {
-        BLOCK_THREADS
+    fn block_threads(&self, spec: &KernelSpec) -> u32 {
+        if warp_group(spec.target) {
+            WG_THREADS
+        } else {
+            BLOCK_THREADS
+        }
     }
 
     fn dynamic_smem_bytes(&self, spec: &KernelSpec) -> u32 {
         match spec.family {
+            KernelFamily::DensePrefill { d_qk, d_v, .. } if warp_group(spec.target) => dense_wg_smem_bytes(d_qk, d_v),
             KernelFamily::DensePrefill { d_qk, d_v, .. } => dense_smem_bytes(d_qk, d_v),
             _ => 0,
         }

@@ -8,7 +8,7 @@ use crate::runtime::Runtime;
 use crate::Result;
 use cudarc::driver::{CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr, PushKernelArg};
 use half::bf16;
-use nsa_kernels::spec::{DENSE_HEAD_DIMS, DENSE_ROWS};
+use nsa_kernels::spec::{dense_rows, DENSE_HEAD_DIMS};
 use nsa_kernels::{KernelFamily, Target};
 
 /// The shape of one call.
@@ -32,9 +32,15 @@ pub struct DenseShape {
 }
 
 impl DenseShape {
-    /// CTAs of the launch: (64-row tiles of the longest sequence) × heads × batch.
+    /// Row tiles per (sequence, head): the longest sequence in the target's tiles
+    /// (128 rows on sm_90a, 64 elsewhere).
+    pub fn row_tiles(&self) -> usize {
+        self.max_seqlen_q.div_ceil(dense_rows(self.target) as usize)
+    }
+
+    /// CTAs of the launch: row tiles × heads × batch.
     pub fn ctas(&self) -> usize {
-        self.max_seqlen_q.div_ceil(DENSE_ROWS as usize) * self.heads as usize * self.batch
+        self.row_tiles() * self.heads as usize * self.batch
     }
 
     fn check(&self) -> Result<()> {
@@ -150,7 +156,7 @@ pub fn dense_prefill(
         out,
         lse,
         batch: shape.batch as i32,
-        row_tiles: shape.max_seqlen_q.div_ceil(DENSE_ROWS as usize) as i32,
+        row_tiles: shape.row_tiles() as i32,
         rows: shape.rows as i32,
         keys: shape.keys as i32,
         sm_scale: inputs.sm_scale,
@@ -186,7 +192,8 @@ mod tests {
 
     #[test]
     fn grid_and_argument_errors() {
-        assert_eq!(shape().ctas(), 32 * 128 * 2);
+        assert_eq!(shape().ctas(), 16 * 128 * 2);
+        assert_eq!(DenseShape { target: Target::Sm100a, ..shape() }.ctas(), 32 * 128 * 2);
         assert!(shape().check().is_ok());
         let err = |s: DenseShape| s.check().unwrap_err().to_string();
         assert!(err(DenseShape { heads: 0, ..shape() }).contains("`heads`"));

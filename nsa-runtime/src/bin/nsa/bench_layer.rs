@@ -2,13 +2,15 @@
 //! `NsaLayer` call, eager and as a CUDA graph, and each stage's, on the
 //! DeepSeek-V3.2 preset (FP8 cache, page 64, top-k 2048): decode at small and large
 //! batches with 128 and 16 heads, an MTP verify step, and FP8 extend under the
-//! reference's rule and under nsa's kernel costs. Every step is also checked
-//! against the whole-layer CPU reference on a few rows.
+//! reference's rule and under nsa's kernel costs; short prompts both as sparse MLA
+//! and as MHA one-shot (the layer's two calls, the model's `kv_b_proj` between them
+//! not timed). Every step is also checked against the CPU reference on a few rows.
 
 use nsa_kernels::NsaConfig;
 use nsa_runtime::layer::Stage;
 use nsa_runtime::metadata::PrefillBackend;
 use nsa_runtime::verify::layer::{run as run_layer, LayerCase, LayerMode};
+use nsa_runtime::verify::mha::{run as run_mha, MhaCase};
 use nsa_runtime::{Error, Result, Runtime};
 use serde::Serialize;
 
@@ -29,7 +31,8 @@ pub struct LayerRow {
     /// Query tokens of the step.
     rows: usize,
     eager_us: f64,
-    graph_us: f64,
+    /// None for MHA one-shot rows (eager: the model's projection runs between the calls).
+    graph_us: Option<f64>,
     /// Each stage's time, from events between the stages of more eager calls.
     stages: Vec<StageUs>,
     /// The step's outputs matched the whole-layer CPU reference on the checked rows.
@@ -62,8 +65,13 @@ fn shapes() -> Vec<Shape> {
         s(extend, 4, 8_192, 128, true, 1),
         s(prefix, 1, 65_536, 128, true, 7),
         s(extend, 1, 16_384, 16, true, 1),
+        s(extend, 16, 1_024, 128, true, 1),
+        s(extend, 16, 1_024, 16, true, 1),
     ]
 }
+
+/// Short prompts as MHA one-shot: (requests, tokens each, heads).
+const MHA_SHAPES: [(usize, usize, u32); 2] = [(16, 1_024, 128), (16, 1_024, 16)];
 
 /// Each shape once; extend shapes under both prefill choices.
 pub fn layer_bench(rt: &Runtime, iters: usize) -> Result<Vec<LayerRow>> {
@@ -102,7 +110,7 @@ pub fn layer_bench(rt: &Runtime, iters: usize) -> Result<Vec<LayerRow>> {
                 prefill,
                 rows: report.rows,
                 eager_us: t.total_us,
-                graph_us: t.graph_us,
+                graph_us: Some(t.graph_us),
                 stages: Stage::ALL
                     .iter()
                     .filter_map(|s| {
@@ -112,6 +120,40 @@ pub fn layer_bench(rt: &Runtime, iters: usize) -> Result<Vec<LayerRow>> {
                 checks_passed: passed,
             });
         }
+    }
+    for (batch, context, heads) in MHA_SHAPES {
+        let mut model = base.clone();
+        model.num_q_heads = heads;
+        let case =
+            MhaCase { model, requests: vec![(0, context); batch], seed: 1, check_rows: Some(2), timing_iters: iters };
+        let report = run_mha(rt, &case)?;
+        let Some(t) = report.timing else {
+            return Err(Error::Other(format!("MHA b{batch} ctx{context}: the run returned no timing")));
+        };
+        let passed = report.checks.iter().all(|c| c.passed());
+        let eager = t.store_us + t.attend_us;
+        println!(
+            "layer extend b{batch} ctx{context} h{heads} MHA one-shot {:>6} rows: {eager:>9.1} µs ({:.1} stores and read-back, {:.1} attention){}",
+            batch * context,
+            t.store_us,
+            t.attend_us,
+            if passed { "" } else { "  (a check FAILED)" }
+        );
+        rows.push(LayerRow {
+            mode: "extend".into(),
+            batch,
+            context,
+            heads,
+            prefill: "mha",
+            rows: batch * context,
+            eager_us: eager,
+            graph_us: None,
+            stages: vec![
+                StageUs { stage: "kv store", us: t.store_us },
+                StageUs { stage: "dense MHA", us: t.attend_us },
+            ],
+            checks_passed: passed,
+        });
     }
     Ok(rows)
 }
