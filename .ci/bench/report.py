@@ -1,6 +1,6 @@
 """BENCHMARKS.md tables from what was measured: `nsa bench --json` reports, the
 peers' `peers.json` (../shared/peers, run in the same device call) and the Python
-package's `python_compat.json`, one table per family, each row nsa beside every
+package's `python_compat.json` and the dense peers' `torch_dense.json`, one table per family, each row nsa beside every
 peer measured on the same shape with the ratio (peer time / nsa time: above 1,
 nsa is faster) and nsa's roofline share.
 
@@ -23,7 +23,7 @@ import os
 import re
 import sys
 
-FAMILIES = ["kv", "topk", "decode", "prefill", "indexer", "layer", "plan", "metadata", "python", "host"]
+FAMILIES = ["kv", "topk", "decode", "prefill", "dense", "indexer", "layer", "plan", "metadata", "python", "host"]
 
 
 def load(path):
@@ -164,6 +164,25 @@ def topk_table(nsa, times, names):
     return with_peers(rows, times, names, peer_cases)
 
 
+def dense_table(nsa, torch_rows):
+    """Dense causal MHA beside each torch SDPA backend (and FA3 where installed)
+    on the same shapes, measured in the same call (`.ci/bench/torch_dense.py`); the
+    ratio is against the fastest peer."""
+    peers = {}
+    for r in torch_rows:
+        if r.get("us") is not None:
+            peers.setdefault((r["tokens"], r["heads"], r["d_qk"], r["d_v"]), []).append((r["us"], r["peer"]))
+    out = []
+    for r in nsa.get("dense", []):
+        key = (r["tokens"], r["heads"], r["d_qk"], r["d_v"])
+        best = min(peers.get(key, []), default=(None, "—"))
+        out.append([f"{r['tokens'] // r['seq']} × {r['seq']} h{r['heads']} d{r['d_qk']}/{r['d_v']}", fmt_us(r["us"]),
+                    f"{r['tflops']:.0f}", best[1], fmt_us(best[0]), ratio(best[0], r["us"]),
+                    f"{100 * r['roofline_us'] / r['us']:.0f}%"])
+    return table(["requests × tokens, heads, d_qk/d_v", "nsa µs", "nsa TFLOP/s", "fastest peer", "peer µs",
+                  "ratio", "nsa, share of bf16 peak"], out)
+
+
 def kv_table(nsa):
     """The KV-cache kernels beside the device-to-device copy of the same bytes
     (the practical roof), measured in the same run."""
@@ -192,21 +211,26 @@ def plan_table(nsa):
                   "step µs, device metadata", "step ratio"], out)
 
 
-# The layer's stages in call order (nsa_runtime::layer::Stage::ALL).
+# The layer's stages in call order (nsa_runtime::layer::Stage::ALL), and what an
+# MHA one-shot row (two layer calls) reports in the same columns.
 LAYER_STAGES = ["kv store", "index-K store", "indexer logits", "top-k", "sparse MLA"]
+MHA_STAGES = {"kv store": "stores and read-back", "sparse MLA": "dense MHA"}
 
 
 def layer_table(nsa):
     """Whole-layer steps: eager and CUDA-graph µs and each stage's; FP8 extend rows
-    under the reference's rule (auto) and nsa's kernel costs (cost) side by side."""
+    under the reference's rule (auto) and nsa's kernel costs (cost) side by side,
+    and short prompts as MHA one-shot (mha: the stores with the latent read-back,
+    then dense attention)."""
     out = []
     for r in nsa.get("layer", []):
         stages = {s["stage"]: s["us"] for s in r.get("stages", [])}
+        cols = [stages.get(s, stages.get(MHA_STAGES.get(s))) for s in LAYER_STAGES]
         out.append([f"{r['mode']} b{r['batch']} ctx{r['context']} h{r['heads']}", r["prefill"], str(r["rows"]),
-                    fmt_us(r["eager_us"]), fmt_us(r["graph_us"])] + [fmt_us(stages.get(s)) for s in LAYER_STAGES]
+                    fmt_us(r["eager_us"]), fmt_us(r.get("graph_us"))] + [fmt_us(c) for c in cols]
                    + ["yes" if r.get("checks_passed") else "NO"])
-    return table(["step", "prefill", "query rows", "eager µs", "graph µs"] + [f"{s} µs" for s in LAYER_STAGES]
-                 + ["matches the reference"], out)
+    return table(["step", "prefill", "query rows", "eager µs", "graph µs", "kv store µs", "index-K store µs",
+                  "indexer logits µs", "top-k µs", "attention µs", "matches the reference"], out)
 
 
 def metadata_table(nsa):
@@ -241,7 +265,7 @@ def python_device(rows):
     return next((r for r in rows if "gpu" in r), {})
 
 
-def tables(nsa_reports, peers, python_rows, command):
+def tables(nsa_reports, peers, python_rows, command, torch_dense=None):
     """The marked tables by family. `command`: the command that measured, or a dict
     of them by family (key "" for the rest)."""
     commands = command if isinstance(command, dict) else {"": command}
@@ -249,7 +273,8 @@ def tables(nsa_reports, peers, python_rows, command):
     merged = {}
     # Rows of every report together; the host table reads the last host rows per call.
     for rep in nsa_reports:
-        for fam in ("topk", "decode", "prefill", "indexer", "host", "layer", "bandwidth", "plans", "steps", "metadata"):
+        for fam in ("topk", "decode", "prefill", "dense", "indexer", "host", "layer", "bandwidth", "plans", "steps",
+                    "metadata"):
             merged.setdefault(fam, []).extend(rep.get(fam, []))
 
     def measured(source):
@@ -272,6 +297,8 @@ def tables(nsa_reports, peers, python_rows, command):
                               ("plan", "plans", plan_table), ("metadata", "metadata", metadata_table)):
         if merged.get(source):
             out[fam] = f"{where(fam, source)}\n\n{make(merged)}"
+    if merged.get("dense"):
+        out["dense"] = f"{where('dense', 'dense')}\n\n{dense_table(merged, (torch_dense or {}).get('rows', []))}"
     if python_rows:
         dev = python_device(python_rows)
         where_py = f"{dev.get('gpu', '?')}, {dev.get('date', '?')}, torch {dev.get('torch', '?')}"
@@ -298,9 +325,10 @@ def main(argv=None):
     ap.add_argument("--nsa", action="append", default=[], help="an `nsa bench --json` report (repeatable)")
     ap.add_argument("--peers", help="peers.json of the same device call")
     ap.add_argument("--python", help="python_compat.json of the same device call")
+    ap.add_argument("--torch-dense", help="torch_dense.json of the same device call (the dense peers)")
     ap.add_argument("--results", metavar="DIR",
-                    help="a folder of measurements: nsa_*.json, peers.json, python_compat.json, and commands.json "
-                         "({family: command})")
+                    help="a folder of measurements: nsa_*.json, peers.json, python_compat.json, torch_dense.json "
+                         "and commands.json ({family: command})")
     ap.add_argument("--command", action="append", default=[],
                     help="the command that measured; FAMILY=COMMAND for one family's table (repeatable)")
     group = ap.add_mutually_exclusive_group()
@@ -313,6 +341,7 @@ def main(argv=None):
         args.nsa += sorted(glob.glob(os.path.join(args.results, "nsa_*.json")))
         args.peers = args.peers or found("peers.json")
         args.python = args.python or found("python_compat.json")
+        args.torch_dense = args.torch_dense or found("torch_dense.json")
         if found("commands.json"):
             commands.update(load(found("commands.json")))
     reports = [load(p) for p in args.nsa]
@@ -323,7 +352,7 @@ def main(argv=None):
         else:
             commands[""] = c
     out = tables(reports, load(args.peers) if args.peers else None, load(args.python) if args.python else [],
-                 commands)
+                 commands, load(args.torch_dense) if args.torch_dense else None)
     target = args.write or args.check
     if not target:
         for fam in FAMILIES:

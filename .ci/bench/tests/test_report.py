@@ -35,8 +35,18 @@ NSA = {
     "metadata": [{"what": "host decode bs=32", "us": 359.0}],
     "layer": [{"mode": "extend", "batch": 1, "context": 16384, "heads": 128, "prefill": "cost", "rows": 16384,
                "eager_us": 21000.0, "graph_us": 20900.0, "checks_passed": True,
-               "stages": [{"stage": "kv store", "us": 9.0}, {"stage": "sparse MLA", "us": 18000.0}]}],
+               "stages": [{"stage": "kv store", "us": 9.0}, {"stage": "sparse MLA", "us": 18000.0}]},
+              {"mode": "extend", "batch": 16, "context": 1024, "heads": 128, "prefill": "mha", "rows": 16384,
+               "eager_us": 1500.0, "graph_us": None, "checks_passed": True,
+               "stages": [{"stage": "stores and read-back", "us": 30.0}, {"stage": "dense MHA", "us": 1470.0}]}],
+    "dense": [{"tokens": 8192, "seq": 2048, "heads": 128, "d_qk": 192, "d_v": 128, "us": 1000.0, "tflops": 690.0,
+               "roofline_us": 700.0}],
 }
+TORCH_DENSE = {"device": "NVIDIA H100 80GB HBM3", "rows": [
+    {"tokens": 8192, "heads": 128, "d_qk": 192, "d_v": 128, "peer": "flash", "error": "RuntimeError: no kernel"},
+    {"tokens": 8192, "heads": 128, "d_qk": 192, "d_v": 128, "peer": "cudnn", "us": 1250.0},
+    {"tokens": 8192, "heads": 128, "d_qk": 192, "d_v": 128, "peer": "efficient", "us": 5100.0},
+]}
 PEERS = {"rows": [
     {"peer": "FlashMLA@9241ae3", "case": "decode b128 s_q1 h64", "us": 160.0},
     {"peer": "FlashMLA@9241ae3", "case": "decode b1 s_q1 h128", "us": None, "error": "skipped"},
@@ -76,6 +86,12 @@ def test_rows_meet_their_peers():
     assert "| 32 | 16K | 900.0 | 4.50 | 6.00 | 200.00× | 1200.0 | 300.0 | 4.00× |" in out["plan"]
     assert "| host decode bs=32 | 359.0 |" in out["metadata"]
     assert "| extend b1 ctx16384 h128 | cost | 16384 | 21000.0 | 20900.0 | 9.00 | — | — | — | 18000.0 | yes |" in out["layer"]
+    assert "| extend b16 ctx1024 h128 | mha | 16384 | 1500.0 | — | 30.00 | — | — | — | 1470.0 | yes |" in out["layer"]
+
+
+def test_dense_rows_meet_the_fastest_torch_backend():
+    out = report.tables([NSA], PEERS, [], "nsa bench --suite dense", TORCH_DENSE)
+    assert "| 4 × 2048 h128 d192/128 | 1000.0 | 690 | cudnn | 1250.0 | 1.25× | 70% |" in out["dense"]
 
 
 def test_write_then_check(tmp_path):
@@ -85,13 +101,14 @@ def test_write_then_check(tmp_path):
         files[name].write_text(json.dumps(data))
     doc = tmp_path / "BENCH.md"
     blocks = "".join(f"## {f}\n\nprose\n\n<!-- report:{f} -->\nstale\n<!-- /report:{f} -->\n\n"
-                     for f in ("kv", "topk", "decode", "indexer", "layer", "plan", "metadata", "python", "host"))
+                     for f in ("kv", "topk", "decode", "dense", "indexer", "layer", "plan", "metadata", "python",
+                             "host"))
     doc.write_text(blocks)
     args = ["--nsa", str(files["nsa.json"]), "--peers", str(files["peers.json"]), "--python", str(files["py.json"])]
     assert report.main(args + ["--check", str(doc)]) == 1
     assert report.main(args + ["--write", str(doc)]) == 0
     text = doc.read_text()
-    assert "stale" not in text and text.count("prose") == 9 and "| b128 × s_q1 × h64 |" in text
+    assert "stale" not in text and text.count("prose") == 10 and "| b128 × s_q1 × h64 |" in text
     assert report.main(args + ["--check", str(doc)]) == 0
     doc.write_text(text.replace("0.80×", "0.90×"))
     assert report.main(args + ["--check", str(doc)]) == 1
@@ -127,7 +144,7 @@ def test_a_results_folder(tmp_path):
     doc.write_text("<!-- report:topk -->\n<!-- /report:topk -->\n<!-- report:decode -->\n<!-- /report:decode -->\n"
                    "<!-- report:indexer -->\n<!-- /report:indexer -->\n<!-- report:kv -->\n<!-- /report:kv -->\n"
                    "<!-- report:plan -->\n<!-- /report:plan -->\n<!-- report:metadata -->\n<!-- /report:metadata -->\n"
-                   "<!-- report:layer -->\n<!-- /report:layer -->\n")
+                   "<!-- report:layer -->\n<!-- /report:layer -->\n<!-- report:dense -->\n<!-- /report:dense -->\n")
     assert report.main(["--results", str(tmp_path), "--write", str(doc)]) == 0
     text = doc.read_text()
     assert "GPU T, 2026-12-07, `bench topk`" in text and "| b128 × s_q1 × h64 | 200.0 | 75% | 160.0 | 0.80× |" in text
