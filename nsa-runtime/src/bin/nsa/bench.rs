@@ -83,6 +83,10 @@ pub struct BenchArgs {
     /// verify, FP8 extend under the reference's rule and nsa's costs), or all.
     #[arg(long, value_enum, default_value_t = Suite::All)]
     pub suite: Suite,
+    /// Layer suite: only the short prompts (16 × 1K tokens at 128 and 16 heads), as
+    /// sparse MLA and as MHA one-shot.
+    #[arg(long)]
+    pub layer_short_prompts_only: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -723,7 +727,11 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let metadata = if want(Suite::Metadata) { metadata_bench(&rt, args.reps)? } else { vec![] };
     let (plans, steps) = if want(Suite::Plan) { crate::bench_plan::plan_bench(&rt)? } else { (vec![], vec![]) };
     let host = if want(Suite::Host) { crate::bench_host::host_bench(&rt)? } else { vec![] };
-    let layer = if want(Suite::Layer) { crate::bench_layer::layer_bench(&rt, args.reps.min(20))? } else { vec![] };
+    let layer = if want(Suite::Layer) {
+        crate::bench_layer::layer_bench(&rt, args.reps.min(20), args.layer_short_prompts_only)?
+    } else {
+        vec![]
+    };
     let bandwidth = if want(Suite::Kv) { bandwidth(&rt, &args.tokens, args.reps)? } else { vec![] };
     let (jit_cold, disk_ms, kernels, hit_ns) = if want(Suite::Kv) { jit(&rt)? } else { (vec![], 0.0, 0, 0.0) };
     for r in &jit_cold {

@@ -73,11 +73,13 @@ fn shapes() -> Vec<Shape> {
 /// Short prompts as MHA one-shot: (requests, tokens each, heads).
 const MHA_SHAPES: [(usize, usize, u32); 2] = [(16, 1_024, 128), (16, 1_024, 16)];
 
-/// Each shape once; extend shapes under both prefill choices.
-pub fn layer_bench(rt: &Runtime, iters: usize) -> Result<Vec<LayerRow>> {
+/// Each shape once; extend shapes under both prefill choices. `short_only`: the
+/// shapes of the MHA one-shot rows alone.
+pub fn layer_bench(rt: &Runtime, iters: usize, short_only: bool) -> Result<Vec<LayerRow>> {
     let base = NsaConfig::preset("deepseek-v3.2").map_err(|e| Error::Other(e.to_string()))?;
     let mut rows = Vec::new();
-    for shape in shapes() {
+    let short = |s: &Shape| MHA_SHAPES.iter().any(|&(b, c, h)| (s.batch, s.context, s.heads) == (b, c, h));
+    for shape in shapes().into_iter().filter(|s| !short_only || short(s)) {
         let auto = ("auto", PrefillBackend::Auto);
         let cost = ("cost", PrefillBackend::Cost { heads: shape.heads });
         let choices = if matches!(shape.mode, LayerMode::Extend { .. }) { vec![auto, cost] } else { vec![auto] };
