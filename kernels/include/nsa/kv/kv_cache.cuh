@@ -157,6 +157,15 @@ NSA_DEVICE Vec16 dequant8(const Vec8& q, float scale) {
   return o;
 }
 
+// A rejected index: reported (by lane 0 of its group), its bf16 576 output row zeroed.
+NSA_DEVICE void reject_row(Vec16* dst, u32 lane, u32* status, i64 token) {
+  if (lane == 0) report_bad_entry(status, token);
+  const Vec16 zero = {{0u, 0u, 0u, 0u}};
+  dst[lane] = zero;
+  dst[lane + kMlaLanes] = zero;
+  if (lane < kRope / kChunk) dst[kLatent / kChunk + lane] = zero;
+}
+
 // Gathers cache rows idx[t] (656-byte format) into bf16 [n, 576]:
 // out = bf16(f32(e4m3) * scale), rope copied. A rejected index writes a zero row.
 template <int kBlockThreads>
@@ -169,11 +178,7 @@ NSA_DEVICE void dequant_fp8(const u8* __restrict__ cache, i64 pool_slots, const 
   const i64 slot = idx[token];
   Vec16* dst = reinterpret_cast<Vec16*>(out + token * kBf16TokenElems);
   if (!slot_ok(slot, pool_slots)) {
-    if (lane == 0) report_bad_entry(status, token);
-    const Vec16 zero = {{0u, 0u, 0u, 0u}};
-    dst[lane] = zero;
-    dst[lane + kMlaLanes] = zero;
-    if (lane < kRope / kChunk) dst[kLatent / kChunk + lane] = zero;
+    reject_row(dst, lane, status, token);
     return;
   }
   const u8* row = cache + slot * kFp8TokenBytes;
@@ -201,11 +206,7 @@ NSA_DEVICE void gather_bf16(const u16* __restrict__ cache, i64 pool_slots, const
   const i64 slot = idx[token];
   Vec16* dst = reinterpret_cast<Vec16*>(out + token * kBf16TokenElems);
   if (!slot_ok(slot, pool_slots)) {
-    if (lane == 0) report_bad_entry(status, token);
-    const Vec16 zero = {{0u, 0u, 0u, 0u}};
-    dst[lane] = zero;
-    dst[lane + kMlaLanes] = zero;
-    if (lane < kRope / kChunk) dst[kLatent / kChunk + lane] = zero;
+    reject_row(dst, lane, status, token);
     return;
   }
   // 72 vectors of 16 bytes per row: lanes take l, l + 32 and (l < 8) l + 64.
