@@ -176,10 +176,11 @@ def dense_table(nsa, torch_rows):
     for r in nsa.get("dense", []):
         key = (r["tokens"], r["heads"], r["d_qk"], r["d_v"])
         best = min(peers.get(key, []), default=(None, "—"))
-        out.append([f"{r['tokens'] // r['seq']} × {r['seq']} h{r['heads']} d{r['d_qk']}/{r['d_v']}", fmt_us(r["us"]),
+        out.append([r.get("kernel", "mma_sync"),
+                    f"{r['tokens'] // r['seq']} × {r['seq']} h{r['heads']} d{r['d_qk']}/{r['d_v']}", fmt_us(r["us"]),
                     f"{r['tflops']:.0f}", best[1], fmt_us(best[0]), ratio(best[0], r["us"]),
                     f"{100 * r['roofline_us'] / r['us']:.0f}%"])
-    return table(["requests × tokens, heads, d_qk/d_v", "nsa µs", "nsa TFLOP/s", "fastest peer", "peer µs",
+    return table(["kernel", "requests × tokens, heads, d_qk/d_v", "nsa µs", "nsa TFLOP/s", "fastest peer", "peer µs",
                   "ratio", "nsa, share of bf16 peak"], out)
 
 

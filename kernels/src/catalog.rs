@@ -2,7 +2,9 @@
 //! sparse MLA, metadata) add their specs here.
 
 use crate::config::{KvCacheFormat, NsaConfig};
-use crate::spec::{IndexerLayout, KernelFamily, KernelSpec, MetadataMode, TopkLayout, TopkScore, MHA_HEAD_DIMS};
+use crate::spec::{
+    IndexerLayout, KernelFamily, KernelSpec, MetadataMode, TopkLayout, TopkScore, MHA_HEAD_DIMS, MHA_KERNEL,
+};
 use crate::target::Vendor;
 
 /// The kernel set of `cfg`, for every target it lists, sorted and without repeats.
@@ -40,7 +42,12 @@ pub fn kernel_set(cfg: &NsaConfig) -> Vec<KernelSpec> {
     }
     // MHA one-shot prefill (spec §5.1): dense attention over the expanded heads.
     let (mha_qk, mha_v) = MHA_HEAD_DIMS;
-    sparse_mla.push(KernelFamily::DensePrefill { heads: cfg.num_q_heads, d_qk: mha_qk, d_v: mha_v });
+    sparse_mla.push(KernelFamily::DensePrefill {
+        heads: cfg.num_q_heads,
+        d_qk: mha_qk,
+        d_v: mha_v,
+        kernel: MHA_KERNEL,
+    });
     if cfg.kv_cache == KvCacheFormat::Fp8 {
         sparse_mla.push(KernelFamily::SparseDecode {
             heads: cfg.num_q_heads,

@@ -15,7 +15,8 @@ pub use crate::families::attention::{
     WG_HEAD_TILE,
 };
 pub use crate::families::dense::{
-    dense_rows, dense_smem_bytes, dense_wg_smem_bytes, DENSE_HEAD_DIMS, DENSE_ROWS, DENSE_WG_ROWS, MHA_HEAD_DIMS,
+    dense_smem_bytes, dense_wg_smem_bytes, DenseKernel, DENSE_HEAD_DIMS, DENSE_ROWS, DENSE_WG_ROWS, MHA_HEAD_DIMS,
+    MHA_KERNEL,
 };
 pub use crate::families::indexer::{
     indexer_wg_kernel, IndexerLayout, INDEXER_WG_HEADS, INDEXER_WG_RAGGED_ROWS, INDEXER_WG_SMEM_BYTES,
@@ -91,8 +92,8 @@ pub enum KernelFamily {
     IndexerLogits { heads: u32, layout: IndexerLayout },
     /// Dense causal attention over variable-length sequences (the MHA one-shot
     /// prefill, spec §5.1): per-head q/k of `d_qk` and v of `d_v` values, the head
-    /// count a constant. One CTA per (64 query rows of a sequence, head).
-    DensePrefill { heads: u32, d_qk: u32, d_v: u32 },
+    /// count a constant. One CTA per (query rows of a sequence, head).
+    DensePrefill { heads: u32, d_qk: u32, d_v: u32, kernel: DenseKernel },
 }
 
 /// One kernel variant for one target.
@@ -225,7 +226,7 @@ impl KernelSpec {
         let target: Target = arch.parse().ok()?;
         let family = families::ALL.iter().find_map(|f| f.parse(family, knobs))?;
         let spec = KernelSpec::new(family, target);
-        (spec.id() == id).then_some(spec)
+        (spec.id() == id && families::rules(&family).exists(&spec)).then_some(spec)
     }
 }
 

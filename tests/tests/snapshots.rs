@@ -8,6 +8,7 @@
 
 use nsa_kernels::layout;
 use nsa_kernels::render::{render_with_context, TEMPLATES};
+use nsa_kernels::spec::DenseKernel;
 use nsa_kernels::{kernel_set, render, KernelFamily, KernelSpec, KvCacheFormat, NsaConfig, Target, HEADERS};
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet};
@@ -338,15 +339,16 @@ fn is_c_identifier(s: &str) -> bool {
 #[test]
 fn ids_and_symbols_are_unique_and_round_trip() {
     let specs = all_specs();
-    // 3 store kernels + 2 cache reads (FP8 dequant, bf16 gather) + 1 indexer gather + 3 top-k (k 512, 1024, 2048) + 1 deterministic
-    // + 1 throughput top-k + 1 index transform + 4 metadata modes × 2 page sizes + 1 split
-    // top-k per target, and bf16 scores for top-k, deterministic, throughput and split
-    // (4); every top-k kernel serves every output transform. On NVIDIA also 9 sparse
-    // decode variants, 5 combines, 7 sparse prefill variants, 2 indexer logits layouts,
-    // 3 cluster top-k (the cluster size is a launch attribute), 1 bf16 cluster top-k and
-    // 7 dense prefill variants.
+    // 3 store kernels + 2 cache reads (FP8 dequant, bf16 gather) + 1 indexer gather + 3
+    // top-k (k 512, 1024, 2048) + 1 deterministic + 1 throughput top-k + 1 index
+    // transform + 4 metadata modes × 2 page sizes + 1 split top-k per target, and bf16
+    // scores for top-k, deterministic, throughput and split (4); every top-k kernel
+    // serves every output transform. On NVIDIA also 9 sparse decode variants, 5
+    // combines, 7 sparse prefill variants, 2 indexer logits layouts, 3 cluster top-k
+    // (the cluster size is a launch attribute), 1 bf16 cluster top-k and 7 dense
+    // prefill variants; on sm_90a the same 7 with the warp-group kernel.
     let nvidia = Target::ALL.iter().filter(|t| t.vendor() == nsa_kernels::Vendor::Nvidia).count();
-    assert_eq!(specs.len(), 25 * Target::ALL.len() + 34 * nvidia);
+    assert_eq!(specs.len(), 25 * Target::ALL.len() + 34 * nvidia + 7);
     let mut ids = BTreeMap::new();
     let mut symbols = BTreeMap::new();
     let mut sources = BTreeSet::new();
@@ -379,7 +381,8 @@ fn ids_and_symbols_are_unique_and_round_trip() {
         let v = serde_json::to_value(spec).unwrap();
         assert_eq!(serde_json::from_value::<KernelSpec>(v).unwrap(), *spec);
     }
-    for bad in ["", "kv_store", "kv_store.fp8_656", "kv_store.fp8_656.sm_80", "kv_dequant.f16_576.sm_90a"] {
+    for bad in ["", "kv_store", "kv_store.fp8_656", "kv_store.fp8_656.sm_80", "kv_dequant.f16_576.sm_90a",
+        "dense_prefill.h16.d192.v128.wg.sm_100a", "dense_prefill.h16.d192.v128.tc.sm_90a"] {
         assert_eq!(KernelSpec::from_id(bad), None, "{bad:?}");
     }
 }
@@ -591,14 +594,15 @@ fn launch_geometry_matches_the_device_code() {
                 assert!(r_has_bounds(&spec, threads), "{spec}");
                 continue;
             }
-            // One CTA per (query rows, head, sequence): on sm_90a 128 rows over two
-            // consumer warp groups and a producer, elsewhere 64 rows over 4 warps.
-            KernelFamily::DensePrefill { .. } if spec.target == Target::Sm90a => {
+            // One CTA per (query rows, head, sequence): warp-group, 128 rows over two
+            // consumer groups and a producer; mma.sync, 64 rows over 4 warps.
+            KernelFamily::DensePrefill { kernel: DenseKernel::WarpGroup, .. } => {
                 let d = int_constants(header("nsa/attention/dense_prefill_wg.cuh").unwrap());
                 assert_eq!(spec.tokens_per_block(), 1, "{spec}");
                 assert_eq!(threads as i64, d["kThreads"], "{spec}");
                 assert_eq!(d["kRowsWg"] * 2, nsa_kernels::spec::DENSE_WG_ROWS as i64, "{spec}");
-                assert_eq!(nsa_kernels::spec::dense_rows(spec.target), nsa_kernels::spec::DENSE_WG_ROWS, "{spec}");
+                assert_eq!(DenseKernel::WarpGroup.rows(), nsa_kernels::spec::DENSE_WG_ROWS, "{spec}");
+                assert_eq!(spec.target, Target::Sm90a, "{spec}: wgmma");
                 assert!(spec.dynamic_smem_bytes() <= 227 * 1024, "{spec}: {} bytes", spec.dynamic_smem_bytes());
                 assert!(r_has_bounds(&spec, threads), "{spec}");
                 continue;
@@ -608,7 +612,7 @@ fn launch_geometry_matches_the_device_code() {
                 assert_eq!(spec.tokens_per_block(), 1, "{spec}");
                 assert_eq!(threads as i64, d["kThreads"], "{spec}");
                 assert_eq!(d["kRows"], nsa_kernels::spec::DENSE_ROWS as i64, "{spec}");
-                assert_eq!(nsa_kernels::spec::dense_rows(spec.target), nsa_kernels::spec::DENSE_ROWS, "{spec}");
+                assert_eq!(DenseKernel::MmaSync.rows(), nsa_kernels::spec::DENSE_ROWS, "{spec}");
                 assert_eq!(d["kRows"], 16 * d["kWarps"], "{spec}: 16 rows per warp");
                 assert!(spec.dynamic_smem_bytes() <= 227 * 1024, "{spec}: {} bytes", spec.dynamic_smem_bytes());
                 assert!(r_has_bounds(&spec, threads), "{spec}");

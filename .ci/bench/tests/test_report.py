@@ -39,7 +39,7 @@ NSA = {
               {"mode": "extend", "batch": 16, "context": 1024, "heads": 128, "prefill": "mha", "rows": 16384,
                "eager_us": 1500.0, "graph_us": None, "checks_passed": True,
                "stages": [{"stage": "stores and read-back", "us": 30.0}, {"stage": "dense MHA", "us": 1470.0}]}],
-    "dense": [{"tokens": 8192, "seq": 2048, "heads": 128, "d_qk": 192, "d_v": 128, "us": 1000.0, "tflops": 690.0,
+    "dense": [{"kernel": "warp_group", "tokens": 8192, "seq": 2048, "heads": 128, "d_qk": 192, "d_v": 128, "us": 1000.0, "tflops": 690.0,
                "roofline_us": 700.0}],
 }
 TORCH_DENSE = {"device": "NVIDIA H100 80GB HBM3", "rows": [
@@ -91,7 +91,7 @@ def test_rows_meet_their_peers():
 
 def test_dense_rows_meet_the_fastest_torch_backend():
     out = report.tables([NSA], PEERS, [], "nsa bench --suite dense", TORCH_DENSE)
-    assert "| 4 × 2048 h128 d192/128 | 1000.0 | 690 | cudnn | 1250.0 | 1.25× | 70% |" in out["dense"]
+    assert "| warp_group | 4 × 2048 h128 d192/128 | 1000.0 | 690 | cudnn | 1250.0 | 1.25× | 70% |" in out["dense"]
 
 
 def test_write_then_check(tmp_path):

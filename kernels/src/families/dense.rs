@@ -1,12 +1,43 @@
 //! Dense causal attention over variable-length sequences: the MHA one-shot
 //! prefill (spec §5.1), each head with its own q, k (`d_qk`) and v (`d_v`), the head
-//! count a constant (no padding). Warp-group (wgmma) kernel on sm_90a, mma.sync on
-//! the other NVIDIA targets.
+//! count a constant (no padding). Two kernels: mma.sync on every NVIDIA target,
+//! and a warp-group (wgmma) kernel on sm_90a.
 
 use super::{number_after, FamilyRules};
 use crate::spec::{KernelFamily, KernelSpec};
 use crate::target::{Target, Vendor};
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
+
+/// Which dense kernel a spec builds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DenseKernel {
+    /// mma.sync m16n8k16: 64 query rows per CTA of 4 warps (every NVIDIA target).
+    MmaSync,
+    /// wgmma (sm_90a only): 128 query rows per CTA of two consumer warp groups and
+    /// a producer group. Compiled and snapshot-tested; the catalog takes it once it
+    /// has passed the GPU suite.
+    WarpGroup,
+}
+
+impl DenseKernel {
+    /// Whether `target` can run this kernel.
+    pub fn runs_on(self, target: Target) -> bool {
+        match self {
+            DenseKernel::MmaSync => target.vendor() == Vendor::Nvidia,
+            DenseKernel::WarpGroup => target == Target::Sm90a,
+        }
+    }
+
+    /// Query rows per CTA (the launcher's grid).
+    pub fn rows(self) -> u32 {
+        match self {
+            DenseKernel::MmaSync => DENSE_ROWS,
+            DenseKernel::WarpGroup => DENSE_WG_ROWS,
+        }
+    }
+}
 
 pub(crate) struct Dense;
 
@@ -21,17 +52,10 @@ const WG_THREADS: u32 = 384;
 pub const DENSE_WG_ROWS: u32 = 128;
 const DENSE_WG_KEYS: u32 = 128;
 
-/// Whether `target` runs the warp-group kernel.
-fn warp_group(target: Target) -> bool {
-    target == Target::Sm90a
-}
-
-/// Query rows per CTA of the dense kernel on `target` (the launcher's grid).
-pub fn dense_rows(target: Target) -> u32 {
-    if warp_group(target) {
-        DENSE_WG_ROWS
-    } else {
-        DENSE_ROWS
+fn kernel_of(spec: &KernelSpec) -> DenseKernel {
+    match spec.family {
+        KernelFamily::DensePrefill { kernel, .. } => kernel,
+        _ => unreachable!("not the dense prefill family"),
     }
 }
 
@@ -49,6 +73,10 @@ pub fn dense_smem_bytes(d_qk: u32, d_v: u32) -> u32 {
     3 * rows(d_qk) + 2 * rows(d_v) + 4 * 16 * (DENSE_KEYS * 2 + 16)
 }
 
+/// The kernel the catalog and the layer's MHA one-shot path take: mma.sync, until
+/// the warp-group kernel has passed the GPU suite.
+pub const MHA_KERNEL: DenseKernel = DenseKernel::MmaSync;
+
 /// DeepSeek V3.2's expanded heads, (q/k, v): 128 nope + 64 rope, and 128.
 pub const MHA_HEAD_DIMS: (u32, u32) = (192, 128);
 
@@ -63,39 +91,43 @@ impl FamilyRules for Dense {
 
     fn knobs(&self, spec: &KernelSpec) -> Vec<String> {
         match spec.family {
-            KernelFamily::DensePrefill { heads, d_qk, d_v } => {
-                vec![format!("h{heads}"), format!("d{d_qk}"), format!("v{d_v}")]
+            KernelFamily::DensePrefill { heads, d_qk, d_v, kernel } => {
+                let mut knobs = vec![format!("h{heads}"), format!("d{d_qk}"), format!("v{d_v}")];
+                if kernel == DenseKernel::WarpGroup {
+                    knobs.push("wg".into());
+                }
+                knobs
             }
             _ => unreachable!("not the dense prefill family"),
         }
     }
 
     fn template(&self, spec: &KernelSpec) -> &'static str {
-        if warp_group(spec.target) {
-            "dense_prefill_wg.cu.tera"
-        } else {
-            "dense_prefill.cu.tera"
+        match kernel_of(spec) {
+            DenseKernel::WarpGroup => "dense_prefill_wg.cu.tera",
+            DenseKernel::MmaSync => "dense_prefill.cu.tera",
         }
     }
 
     fn block_threads(&self, spec: &KernelSpec) -> u32 {
-        if warp_group(spec.target) {
-            WG_THREADS
-        } else {
-            BLOCK_THREADS
+        match kernel_of(spec) {
+            DenseKernel::WarpGroup => WG_THREADS,
+            DenseKernel::MmaSync => BLOCK_THREADS,
         }
     }
 
     fn dynamic_smem_bytes(&self, spec: &KernelSpec) -> u32 {
         match spec.family {
-            KernelFamily::DensePrefill { d_qk, d_v, .. } if warp_group(spec.target) => dense_wg_smem_bytes(d_qk, d_v),
-            KernelFamily::DensePrefill { d_qk, d_v, .. } => dense_smem_bytes(d_qk, d_v),
+            KernelFamily::DensePrefill { d_qk, d_v, kernel: DenseKernel::WarpGroup, .. } => {
+                dense_wg_smem_bytes(d_qk, d_v)
+            }
+            KernelFamily::DensePrefill { d_qk, d_v, kernel: DenseKernel::MmaSync, .. } => dense_smem_bytes(d_qk, d_v),
             _ => 0,
         }
     }
 
     fn context(&self, spec: &KernelSpec, ctx: &mut Map<String, Value>) {
-        if let KernelFamily::DensePrefill { heads, d_qk, d_v } = spec.family {
+        if let KernelFamily::DensePrefill { heads, d_qk, d_v, .. } = spec.family {
             ctx.insert("heads".into(), json!(heads));
             ctx.insert("d_qk".into(), json!(d_qk));
             ctx.insert("d_v".into(), json!(d_v));
@@ -104,29 +136,36 @@ impl FamilyRules for Dense {
     }
 
     /// On NVIDIA: 128 and 16 heads (a whole node and TP8 of V3.2) at both head shapes,
-    /// and 8, 32 and 64 heads at V3.2's.
+    /// and 8, 32 and 64 heads at V3.2's; each with every kernel the target runs.
     fn representatives(&self, target: Target) -> Vec<KernelFamily> {
-        if target.vendor() != Vendor::Nvidia {
-            return Vec::new();
-        }
-        let mut families = Vec::new();
+        let mut shapes = Vec::new();
         for (d_qk, d_v) in DENSE_HEAD_DIMS {
-            for heads in [16, 128] {
-                families.push(KernelFamily::DensePrefill { heads, d_qk, d_v });
-            }
+            shapes.extend([16, 128].map(|heads| (heads, d_qk, d_v)));
         }
-        for heads in [8, 32, 64] {
-            families.push(KernelFamily::DensePrefill { heads, d_qk: 192, d_v: 128 });
-        }
-        families
+        shapes.extend([8, 32, 64].map(|heads| (heads, MHA_HEAD_DIMS.0, MHA_HEAD_DIMS.1)));
+        let kernels = [DenseKernel::MmaSync, DenseKernel::WarpGroup].into_iter().filter(|k| k.runs_on(target));
+        kernels
+            .flat_map(|kernel| {
+                shapes.iter().map(move |&(heads, d_qk, d_v)| KernelFamily::DensePrefill { heads, d_qk, d_v, kernel })
+            })
+            .collect()
+    }
+
+    fn exists(&self, spec: &KernelSpec) -> bool {
+        kernel_of(spec).runs_on(spec.target)
     }
 
     fn parse(&self, name: &str, knobs: &[&str]) -> Option<KernelFamily> {
         match (name, knobs) {
-            ("dense_prefill", [h, d, v]) => Some(KernelFamily::DensePrefill {
+            ("dense_prefill", [h, d, v, rest @ ..]) => Some(KernelFamily::DensePrefill {
                 heads: number_after(h, 'h')?,
                 d_qk: number_after(d, 'd')?,
                 d_v: number_after(v, 'v')?,
+                kernel: match rest {
+                    [] => DenseKernel::MmaSync,
+                    ["wg"] => DenseKernel::WarpGroup,
+                    _ => return None,
+                },
             }),
             _ => None,
         }

@@ -45,6 +45,10 @@ pub(crate) trait FamilyRules: Sync {
     fn representatives(&self, target: Target) -> Vec<KernelFamily>;
     /// The variant an id names from its family name and knobs, if this module's.
     fn parse(&self, name: &str, knobs: &[&str]) -> Option<KernelFamily>;
+    /// Whether `spec`'s variant exists for its target (ids of others do not parse).
+    fn exists(&self, _spec: &KernelSpec) -> bool {
+        true
+    }
 }
 
 /// Every family module, in the order [`KernelSpec::all_for`] lists their kernels.

@@ -216,6 +216,7 @@ impl NsaLayer<'_> {
             keys: plan.keys,
             max_seqlen_q: plan.max_seqlen_q,
             target: self.rt.target(),
+            kernel: nsa_kernels::spec::MHA_KERNEL,
         };
         let dense = DenseInputs {
             q: inputs.q.slice(..),

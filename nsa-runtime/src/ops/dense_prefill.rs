@@ -8,7 +8,7 @@ use crate::runtime::Runtime;
 use crate::Result;
 use cudarc::driver::{CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr, PushKernelArg};
 use half::bf16;
-use nsa_kernels::spec::{dense_rows, DENSE_HEAD_DIMS};
+use nsa_kernels::spec::{DenseKernel, DENSE_HEAD_DIMS};
 use nsa_kernels::{KernelFamily, Target};
 
 /// The shape of one call.
@@ -29,13 +29,15 @@ pub struct DenseShape {
     /// (a sequence with more is reported through the launch's status, not computed).
     pub max_seqlen_q: usize,
     pub target: Target,
+    /// The kernel: mma.sync (every NVIDIA target) or warp-group (sm_90a).
+    pub kernel: DenseKernel,
 }
 
 impl DenseShape {
-    /// Row tiles per (sequence, head): the longest sequence in the target's tiles
-    /// (128 rows on sm_90a, 64 elsewhere).
+    /// Row tiles per (sequence, head): the longest sequence in the kernel's tiles
+    /// (64 rows mma.sync, 128 warp-group).
     pub fn row_tiles(&self) -> usize {
-        self.max_seqlen_q.div_ceil(dense_rows(self.target) as usize)
+        self.max_seqlen_q.div_ceil(self.kernel.rows() as usize)
     }
 
     /// CTAs of the launch: row tiles × heads × batch.
@@ -54,8 +56,12 @@ impl DenseShape {
                 format!("one of {DENSE_HEAD_DIMS:?}"),
             ));
         }
-        if self.target.vendor() != nsa_kernels::Vendor::Nvidia {
-            return Err(invalid("target", self.target.to_string(), "an NVIDIA target (sm_90a, sm_100a)"));
+        if !self.kernel.runs_on(self.target) {
+            let allowed = match self.kernel {
+                DenseKernel::MmaSync => "an NVIDIA target (sm_90a, sm_100a)",
+                DenseKernel::WarpGroup => "sm_90a for the warp-group kernel (DenseKernel::MmaSync elsewhere)",
+            };
+            return Err(invalid("target", format!("{} with {:?}", self.target, self.kernel), allowed));
         }
         if self.max_seqlen_q > self.rows {
             return Err(invalid(
@@ -139,7 +145,9 @@ pub fn dense_prefill(
     check_aligned("k", &inputs.k, 16, stream)?;
     check_aligned("v", &inputs.v, 16, stream)?;
     check_aligned("out", outputs.out, 16, stream)?;
-    let kernel = rt.kernel(KernelFamily::DensePrefill { heads: shape.heads, d_qk: shape.d_qk, d_v: shape.d_v })?;
+    let family =
+        KernelFamily::DensePrefill { heads: shape.heads, d_qk: shape.d_qk, d_v: shape.d_v, kernel: shape.kernel };
+    let kernel = rt.kernel(family)?;
     let (q, _g1) = inputs.q.device_ptr(stream);
     let (k, _g2) = inputs.k.device_ptr(stream);
     let (v, _g3) = inputs.v.device_ptr(stream);
@@ -187,18 +195,21 @@ mod tests {
             keys: 6000,
             max_seqlen_q: 2048,
             target: Target::Sm90a,
+            kernel: DenseKernel::MmaSync,
         }
     }
 
     #[test]
     fn grid_and_argument_errors() {
-        assert_eq!(shape().ctas(), 16 * 128 * 2);
-        assert_eq!(DenseShape { target: Target::Sm100a, ..shape() }.ctas(), 32 * 128 * 2);
+        assert_eq!(shape().ctas(), 32 * 128 * 2);
+        assert_eq!(DenseShape { kernel: DenseKernel::WarpGroup, ..shape() }.ctas(), 16 * 128 * 2);
         assert!(shape().check().is_ok());
         let err = |s: DenseShape| s.check().unwrap_err().to_string();
         assert!(err(DenseShape { heads: 0, ..shape() }).contains("`heads`"));
         assert!(err(DenseShape { d_qk: 576, ..shape() }).contains("`d_qk, d_v`"));
         assert!(err(DenseShape { max_seqlen_q: 5000, ..shape() }).contains("`max_seqlen_q`"));
         assert!(err(DenseShape { target: Target::Gfx942, ..shape() }).contains("`target`"));
+        let wg_on_sm100 = DenseShape { target: Target::Sm100a, kernel: DenseKernel::WarpGroup, ..shape() };
+        assert!(err(wg_on_sm100).contains("`target`"));
     }
 }

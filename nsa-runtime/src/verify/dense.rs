@@ -14,6 +14,7 @@ use crate::runtime::Runtime;
 use crate::testdata;
 use crate::Result;
 use half::bf16;
+use nsa_kernels::spec::DenseKernel;
 use nsa_kernels::{KernelFamily, KernelSpec};
 use rand::Rng;
 
@@ -26,6 +27,7 @@ pub struct DenseCase {
     pub d_v: u32,
     pub seqs: Vec<(usize, usize)>,
     pub seed: u64,
+    pub kernel: DenseKernel,
 }
 
 pub(crate) fn offsets(lens: impl Iterator<Item = usize>) -> Vec<i32> {
@@ -55,6 +57,7 @@ pub fn run(rt: &Runtime, case: &DenseCase) -> Result<Check> {
         keys,
         max_seqlen_q: case.seqs.iter().map(|s| s.0).max().unwrap_or(0),
         target: rt.target(),
+        kernel: case.kernel,
     };
     let (d_q, d_k, d_v) = (upload(stream, &q)?, upload(stream, &k)?, upload(stream, &v)?);
     let (d_cq, d_ck) = (upload(stream, &cu_q)?, upload(stream, &cu_k)?);
@@ -87,7 +90,7 @@ pub fn run(rt: &Runtime, case: &DenseCase) -> Result<Check> {
         sm_scale,
     })?;
     let (bad, first) = compare(&got_out, &got_lse, &want, h, dv, |_| true);
-    let family = KernelFamily::DensePrefill { heads: case.heads, d_qk: case.d_qk, d_v: case.d_v };
+    let family = KernelFamily::DensePrefill { heads: case.heads, d_qk: case.d_qk, d_v: case.d_v, kernel: case.kernel };
     Ok(Check {
         kernel: KernelSpec::new(family, rt.target()).id(),
         case: format!("{} seqs, {rows} rows, {keys} keys", case.seqs.len()),

@@ -2,9 +2,15 @@
 //! reference (included by gpu.rs). Tolerance: nsa_runtime::verify::dense.
 
 use super::{assert_all, rt};
-use nsa_kernels::{KvCacheFormat, NsaConfig};
+use nsa_kernels::spec::DenseKernel;
+use nsa_kernels::{KvCacheFormat, NsaConfig, Target};
 use nsa_runtime::verify::dense::{run, DenseCase};
 use nsa_runtime::verify::mha::{self, MhaCase};
+
+/// Every dense kernel `target` runs (the warp-group one on sm_90a as well).
+fn kernels(target: Target) -> Vec<DenseKernel> {
+    [DenseKernel::MmaSync, DenseKernel::WarpGroup].into_iter().filter(|k| k.runs_on(target)).collect()
+}
 
 /// Sequences of (query rows, key rows) mixing the lengths around the 64-row tiles and
 /// 64-key blocks; `prefix` adds that many keys before each sequence's new tokens.
@@ -17,10 +23,12 @@ fn mixed(count: usize, prefix: usize) -> Vec<(usize, usize)> {
 fn every_head_count_and_head_shape() {
     let rt = rt();
     let mut checks = Vec::new();
-    for (heads, d_qk) in [(8, 192), (16, 192), (32, 192), (64, 192), (128, 192), (16, 128), (128, 128)] {
-        let case =
-            DenseCase { heads, d_qk, d_v: 128, seqs: vec![(1, 1), (65, 65), (200, 330)], seed: 4000 + heads as u64 };
-        checks.push(run(&rt, &case).unwrap());
+    for kernel in kernels(rt.target()) {
+        for (heads, d_qk) in [(8, 192), (16, 192), (32, 192), (64, 192), (128, 192), (16, 128), (128, 128)] {
+            let seqs = vec![(1, 1), (65, 65), (200, 330)];
+            let case = DenseCase { heads, d_qk, d_v: 128, seqs, seed: 4000 + heads as u64, kernel };
+            checks.push(run(&rt, &case).unwrap());
+        }
     }
     assert_all(&checks);
 }
@@ -29,9 +37,12 @@ fn every_head_count_and_head_shape() {
 fn mixed_lengths_with_and_without_prefixes() {
     let rt = rt();
     let mut checks = Vec::new();
-    for (count, prefix) in [(1, 0), (7, 0), (7, 100), (64, 0), (16, 2048)] {
-        let case = DenseCase { heads: 16, d_qk: 192, d_v: 128, seqs: mixed(count, prefix), seed: 4100 + count as u64 };
-        checks.push(run(&rt, &case).unwrap());
+    for kernel in kernels(rt.target()) {
+        for (count, prefix) in [(1, 0), (7, 0), (7, 100), (64, 0), (16, 2048)] {
+            let seqs = mixed(count, prefix);
+            let case = DenseCase { heads: 16, d_qk: 192, d_v: 128, seqs, seed: 4100 + count as u64, kernel };
+            checks.push(run(&rt, &case).unwrap());
+        }
     }
     assert_all(&checks);
 }
@@ -41,9 +52,14 @@ fn rows_without_keys_empty_sequences_and_an_empty_batch() {
     let rt = rt();
     // Fewer keys than rows: the first rows see nothing (zeros, +inf lse); empty
     // sequences between others; no sequence at all.
-    let uneven = DenseCase { heads: 8, d_qk: 192, d_v: 128, seqs: vec![(70, 30), (0, 0), (5, 0), (3, 9)], seed: 4200 };
-    let empty = DenseCase { heads: 8, d_qk: 192, d_v: 128, seqs: vec![], seed: 4201 };
-    assert_all(&[run(&rt, &uneven).unwrap(), run(&rt, &empty).unwrap()]);
+    let mut checks = Vec::new();
+    for kernel in kernels(rt.target()) {
+        let seqs = vec![(70, 30), (0, 0), (5, 0), (3, 9), (200, 0)];
+        let uneven = DenseCase { heads: 8, d_qk: 192, d_v: 128, seqs, seed: 4200, kernel };
+        let empty = DenseCase { heads: 8, d_qk: 192, d_v: 128, seqs: vec![], seed: 4201, kernel };
+        checks.extend([run(&rt, &uneven).unwrap(), run(&rt, &empty).unwrap()]);
+    }
+    assert_all(&checks);
 }
 
 /// The layer's MHA one-shot path: stores, latent rows read back from either cache

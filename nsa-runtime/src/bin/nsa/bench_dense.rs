@@ -1,9 +1,11 @@
 //! `nsa bench --suite dense`: dense causal varlen attention (the MHA one-shot
-//! prefill) over batches of equal-length requests, with FLOP/s against the bf16 peak.
+//! prefill) over batches of equal-length requests, with FLOP/s against the bf16
+//! peak, for every dense kernel the GPU runs (mma.sync; warp-group on sm_90a).
 
 use crate::bench::time_us;
 use cudarc::driver::CudaSlice;
 use half::bf16;
+use nsa_kernels::spec::DenseKernel;
 use nsa_runtime::ops::dense_prefill::{dense_prefill, DenseInputs, DenseOutputs, DenseShape};
 use nsa_runtime::verify::upload;
 use nsa_runtime::{testdata, Error, Result, Runtime};
@@ -28,6 +30,8 @@ const CASES: [(usize, u32, u32, u32); 7] = [
 
 #[derive(Serialize, Debug)]
 pub struct DenseRow {
+    /// The kernel: mma_sync or warp_group.
+    kernel: DenseKernel,
     tokens: usize,
     seq: usize,
     heads: u32,
@@ -49,53 +53,70 @@ pub fn dense_bench(rt: &Runtime, reps: usize) -> Result<Vec<DenseRow>> {
     let values: Vec<bf16> = block.iter().cycle().take(max).copied().collect();
     let (d_q, d_k, d_v) = (upload(&stream, &values)?, upload(&stream, &values)?, upload(&stream, &values)?);
     let mut rows = Vec::new();
-    for (tokens, heads, d_qk, d_v_dim) in CASES {
-        let batch = tokens / SEQ;
-        let cu: Vec<i32> = (0..=batch).map(|b| (b * SEQ) as i32).collect();
-        let d_cu = upload(&stream, &cu)?;
-        let (h, dq, dv) = (heads as usize, d_qk as usize, d_v_dim as usize);
-        let shape = DenseShape {
-            heads,
-            d_qk,
-            d_v: d_v_dim,
-            batch,
-            rows: tokens,
-            keys: tokens,
-            max_seqlen_q: SEQ,
-            target: rt.target(),
-        };
-        let mut d_out: CudaSlice<bf16> = stream.alloc_zeros(tokens * h * dv).map_err(Error::driver("alloc"))?;
-        let mut d_lse: CudaSlice<f32> = stream.alloc_zeros(tokens * h).map_err(Error::driver("alloc"))?;
-        let inputs = DenseInputs {
-            q: d_q.slice(0..tokens * h * dq),
-            k: d_k.slice(0..tokens * h * dq),
-            v: d_v.slice(0..tokens * h * dv),
-            cu_seqlens_q: d_cu.slice(0..),
-            cu_seqlens_k: d_cu.slice(0..),
-            sm_scale: 1.0 / (d_qk as f32).sqrt(),
-        };
-        let us = time_us(&stream, reps, || {
-            let outputs = DenseOutputs { out: &mut d_out.slice_mut(0..), lse: &mut d_lse.slice_mut(0..) };
-            dense_prefill(rt, &shape, &inputs, outputs)
-        })?;
-        let pairs = batch as f64 * (SEQ * (SEQ + 1) / 2) as f64;
-        let flops = 2.0 * pairs * heads as f64 * (d_qk + d_v_dim) as f64;
-        let row = DenseRow {
-            tokens,
-            seq: SEQ,
-            heads,
-            d_qk,
-            d_v: d_v_dim,
-            us,
-            tflops: flops / us / 1e6,
-            roofline_us: flops / (BF16_PEAK_TFLOPS * 1e6),
-        };
-        println!(
-            "dense prefill {tokens:>6} tokens ({batch} × {SEQ}) h{heads:<4} d{d_qk}/{d_v_dim}: {us:>9.1} µs  {:>6.1} TFLOP/s  ({:.0}% of {BF16_PEAK_TFLOPS})",
+    let kernels = [DenseKernel::MmaSync, DenseKernel::WarpGroup].into_iter().filter(|k| k.runs_on(rt.target()));
+    for kernel in kernels {
+        for (tokens, heads, d_qk, d_v_dim) in CASES {
+            rows.push(time_case(rt, kernel, (tokens, heads, d_qk, d_v_dim), reps, (&d_q, &d_k, &d_v))?);
+        }
+    }
+    Ok(rows)
+}
+
+/// One case on one kernel.
+fn time_case(
+    rt: &Runtime,
+    kernel: DenseKernel,
+    (tokens, heads, d_qk, d_v_dim): (usize, u32, u32, u32),
+    reps: usize,
+    (d_q, d_k, d_v): (&CudaSlice<bf16>, &CudaSlice<bf16>, &CudaSlice<bf16>),
+) -> Result<DenseRow> {
+    let stream = rt.gpu().stream().clone();
+    let batch = tokens / SEQ;
+    let cu: Vec<i32> = (0..=batch).map(|b| (b * SEQ) as i32).collect();
+    let d_cu = upload(&stream, &cu)?;
+    let (h, dq, dv) = (heads as usize, d_qk as usize, d_v_dim as usize);
+    let shape = DenseShape {
+        heads,
+        d_qk,
+        d_v: d_v_dim,
+        batch,
+        rows: tokens,
+        keys: tokens,
+        max_seqlen_q: SEQ,
+        target: rt.target(),
+        kernel,
+    };
+    let mut d_out: CudaSlice<bf16> = stream.alloc_zeros(tokens * h * dv).map_err(Error::driver("alloc"))?;
+    let mut d_lse: CudaSlice<f32> = stream.alloc_zeros(tokens * h).map_err(Error::driver("alloc"))?;
+    let inputs = DenseInputs {
+        q: d_q.slice(0..tokens * h * dq),
+        k: d_k.slice(0..tokens * h * dq),
+        v: d_v.slice(0..tokens * h * dv),
+        cu_seqlens_q: d_cu.slice(0..),
+        cu_seqlens_k: d_cu.slice(0..),
+        sm_scale: 1.0 / (d_qk as f32).sqrt(),
+    };
+    let us = time_us(&stream, reps, || {
+        let outputs = DenseOutputs { out: &mut d_out.slice_mut(0..), lse: &mut d_lse.slice_mut(0..) };
+        dense_prefill(rt, &shape, &inputs, outputs)
+    })?;
+    let pairs = batch as f64 * (SEQ * (SEQ + 1) / 2) as f64;
+    let flops = 2.0 * pairs * heads as f64 * (d_qk + d_v_dim) as f64;
+    let row = DenseRow {
+        kernel,
+        tokens,
+        seq: SEQ,
+        heads,
+        d_qk,
+        d_v: d_v_dim,
+        us,
+        tflops: flops / us / 1e6,
+        roofline_us: flops / (BF16_PEAK_TFLOPS * 1e6),
+    };
+    println!(
+            "dense prefill {kernel:?} {tokens:>6} tokens ({batch} × {SEQ}) h{heads:<4} d{d_qk}/{d_v_dim}: {us:>9.1} µs  {:>6.1} TFLOP/s  ({:.0}% of {BF16_PEAK_TFLOPS})",
             row.tflops,
             100.0 * row.tflops / BF16_PEAK_TFLOPS
         );
-        rows.push(row);
-    }
-    Ok(rows)
+    Ok(row)
 }

@@ -280,10 +280,10 @@ pub fn verify(args: VerifyArgs) -> Result<()> {
                 }
                 // Checked with its decode kernel (split plans).
                 KernelFamily::SparseDecodeCombine { .. } => continue,
-                KernelFamily::DensePrefill { heads, d_qk, d_v } => {
+                KernelFamily::DensePrefill { heads, d_qk, d_v, kernel } => {
                     // A short sequence, one with a prefix, one with fewer keys than rows.
                     let seqs = vec![(1 + n % 97, 1 + n % 97), (65, 65 + 130 + n % 61), (70, 30)];
-                    vdense::run(&rt, &vdense::DenseCase { heads, d_qk, d_v, seqs, seed })?
+                    vdense::run(&rt, &vdense::DenseCase { heads, d_qk, d_v, seqs, seed, kernel })?
                 }
                 KernelFamily::IndexerLogits { heads, layout } => {
                     let case = match layout {
