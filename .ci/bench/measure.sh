@@ -1,17 +1,18 @@
 #!/usr/bin/env bash
 # The measurements behind BENCHMARKS.md's generated tables, on a machine with an NVIDIA GPU:
 # each `nsa bench` suite into DIR/nsa_<suite>.json, then (with PEERS, a copy of
-# ../shared/peers) the peer libraries into DIR/peers.json, in the same call, and
+# ../shared/peers) the peer libraries into DIR/peers.json, the dense suite's torch
+# peers into DIR/torch_dense.json (where torch is installed), in the same call, and
 # DIR/commands.json naming what ran. Then, where Rust runs:
 #   python3 .ci/bench/report.py --results DIR --write BENCHMARKS.md
 # and copy DIR's files into .ci/bench/results/.
 #   NSA=path/to/nsa PEERS=peers bash .ci/bench/measure.sh DIR [suite ...]
-# Suites default to every family with a table: topk decode prefill indexer kv plan metadata layer.
+# Suites default to every family with a table: topk decode prefill dense indexer kv plan metadata layer.
 # Each suite runs under SUITE_TIMEOUT seconds (120); the peers under PEERS_BUDGET_S (their default).
 set -u
 dir=${1:?usage: measure.sh DIR [suite ...]}
 shift
-suites=${*:-topk decode prefill indexer kv plan metadata layer}
+suites=${*:-topk decode prefill dense indexer kv plan metadata layer}
 nsa=${NSA:-nsa}
 mkdir -p "$dir"
 declare -A args=(
@@ -24,6 +25,11 @@ for s in $suites; do
   echo "nsa bench --suite $s: rc $? in $((SECONDS - start)) s"
   cmd="nsa bench --suite $s ${args[$s]:+${args[$s]} }--json"
   [ -n "${PEERS:-}" ] && case $s in topk | decode | prefill | indexer) cmd="$cmd, then bash peers/run.sh, one call" ;; esac
+  if [ "$s" = dense ]; then
+    OUT="$dir" timeout "${SUITE_TIMEOUT:-120}" python3 "$(dirname "$0")/torch_dense.py" > "$dir/torch_dense.txt" 2>&1
+    echo "torch dense peers: rc $?"
+    cmd="$cmd, then python3 .ci/bench/torch_dense.py, one call"
+  fi
   commands="$commands\"$s\": \"${cmd//  / }\", "
 done
 echo "${commands%, }}" > "$dir/commands.json"
