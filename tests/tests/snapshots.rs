@@ -381,8 +381,15 @@ fn ids_and_symbols_are_unique_and_round_trip() {
         let v = serde_json::to_value(spec).unwrap();
         assert_eq!(serde_json::from_value::<KernelSpec>(v).unwrap(), *spec);
     }
-    for bad in ["", "kv_store", "kv_store.fp8_656", "kv_store.fp8_656.sm_80", "kv_dequant.f16_576.sm_90a",
-        "dense_prefill.h16.d192.v128.wg.sm_100a", "dense_prefill.h16.d192.v128.tc.sm_90a"] {
+    for bad in [
+        "",
+        "kv_store",
+        "kv_store.fp8_656",
+        "kv_store.fp8_656.sm_80",
+        "kv_dequant.f16_576.sm_90a",
+        "dense_prefill.h16.d192.v128.wg.sm_100a",
+        "dense_prefill.h16.d192.v128.tc.sm_90a",
+    ] {
         assert_eq!(KernelSpec::from_id(bad), None, "{bad:?}");
     }
 }

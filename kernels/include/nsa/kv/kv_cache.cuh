@@ -157,8 +157,22 @@ NSA_DEVICE Vec16 dequant8(const Vec8& q, float scale) {
   return o;
 }
 
-// A rejected index: reported (by lane 0 of its group), its bf16 576 output row zeroed.
-NSA_DEVICE void reject_row(Vec16* dst, u32 lane, u32* status, i64 token) {
+// Token t of a read-back (a group of kMlaLanes lanes per token): its slot idx[t]
+// checked against the pool, then `row(dst, slot, lane)` writes its bf16 576 output
+// row; a rejected index is reported (by lane 0 of the group) and its row zeroed.
+template <int kBlockThreads, class Row>
+NSA_DEVICE void read_rows(i64 pool_slots, const i32* __restrict__ idx, i32 num_tokens, u16* __restrict__ out,
+                          u32* status, Row row) {
+  const u32 tid = thread_x();
+  const i64 token = (i64)block_x() * (kBlockThreads / kMlaLanes) + tid / kMlaLanes;
+  const u32 lane = tid % kMlaLanes;
+  if (token >= num_tokens) return;
+  const i64 slot = idx[token];
+  Vec16* dst = reinterpret_cast<Vec16*>(out + token * kBf16TokenElems);
+  if (slot_ok(slot, pool_slots)) {
+    row(dst, slot, lane);
+    return;
+  }
   if (lane == 0) report_bad_entry(status, token);
   const Vec16 zero = {{0u, 0u, 0u, 0u}};
   dst[lane] = zero;
@@ -171,27 +185,19 @@ NSA_DEVICE void reject_row(Vec16* dst, u32 lane, u32* status, i64 token) {
 template <int kBlockThreads>
 NSA_DEVICE void dequant_fp8(const u8* __restrict__ cache, i64 pool_slots, const i32* __restrict__ idx,
                             i32 num_tokens, u16* __restrict__ out, u32* status) {
-  const u32 tid = thread_x();
-  const i64 token = (i64)block_x() * (kBlockThreads / kMlaLanes) + tid / kMlaLanes;
-  const u32 lane = tid % kMlaLanes;
-  if (token >= num_tokens) return;
-  const i64 slot = idx[token];
-  Vec16* dst = reinterpret_cast<Vec16*>(out + token * kBf16TokenElems);
-  if (!slot_ok(slot, pool_slots)) {
-    reject_row(dst, lane, status, token);
-    return;
-  }
-  const u8* row = cache + slot * kFp8TokenBytes;
-  const Vec8 qa = reinterpret_cast<const Vec8*>(row)[lane];
-  const Vec8 qb = reinterpret_cast<const Vec8*>(row)[lane + kMlaLanes];
-  const float* scales = reinterpret_cast<const float*>(row + kFp8ScalesOffset);
-  const float scale_a = scales[lane / kLanesPerTile];
-  const float scale_b = scales[2 + lane / kLanesPerTile];
-  Vec16 rope = {{0u, 0u, 0u, 0u}};
-  if (lane < kRope / kChunk) rope = reinterpret_cast<const Vec16*>(row + kFp8RopeOffset)[lane];
-  dst[lane] = dequant8(qa, scale_a);
-  dst[lane + kMlaLanes] = dequant8(qb, scale_b);
-  if (lane < kRope / kChunk) dst[kLatent / kChunk + lane] = rope;
+  read_rows<kBlockThreads>(pool_slots, idx, num_tokens, out, status, [&](Vec16* dst, i64 slot, u32 lane) {
+    const u8* row = cache + slot * kFp8TokenBytes;
+    const Vec8 qa = reinterpret_cast<const Vec8*>(row)[lane];
+    const Vec8 qb = reinterpret_cast<const Vec8*>(row)[lane + kMlaLanes];
+    const float* scales = reinterpret_cast<const float*>(row + kFp8ScalesOffset);
+    const float scale_a = scales[lane / kLanesPerTile];
+    const float scale_b = scales[2 + lane / kLanesPerTile];
+    Vec16 rope = {{0u, 0u, 0u, 0u}};
+    if (lane < kRope / kChunk) rope = reinterpret_cast<const Vec16*>(row + kFp8RopeOffset)[lane];
+    dst[lane] = dequant8(qa, scale_a);
+    dst[lane + kMlaLanes] = dequant8(qb, scale_b);
+    if (lane < kRope / kChunk) dst[kLatent / kChunk + lane] = rope;
+  });
 }
 
 // Gathers bf16 cache rows idx[t] (576 elements) into bf16 [n, 576]. A rejected
@@ -199,21 +205,13 @@ NSA_DEVICE void dequant_fp8(const u8* __restrict__ cache, i64 pool_slots, const 
 template <int kBlockThreads>
 NSA_DEVICE void gather_bf16(const u16* __restrict__ cache, i64 pool_slots, const i32* __restrict__ idx,
                             i32 num_tokens, u16* __restrict__ out, u32* status) {
-  const u32 tid = thread_x();
-  const i64 token = (i64)block_x() * (kBlockThreads / kMlaLanes) + tid / kMlaLanes;
-  const u32 lane = tid % kMlaLanes;
-  if (token >= num_tokens) return;
-  const i64 slot = idx[token];
-  Vec16* dst = reinterpret_cast<Vec16*>(out + token * kBf16TokenElems);
-  if (!slot_ok(slot, pool_slots)) {
-    reject_row(dst, lane, status, token);
-    return;
-  }
-  // 72 vectors of 16 bytes per row: lanes take l, l + 32 and (l < 8) l + 64.
-  const Vec16* src = reinterpret_cast<const Vec16*>(cache + slot * kBf16TokenElems);
-  dst[lane] = src[lane];
-  dst[lane + kMlaLanes] = src[lane + kMlaLanes];
-  if (lane < kRope / kChunk) dst[kLatent / kChunk + lane] = src[kLatent / kChunk + lane];
+  read_rows<kBlockThreads>(pool_slots, idx, num_tokens, out, status, [&](Vec16* dst, i64 slot, u32 lane) {
+    // 72 vectors of 16 bytes per row: lanes take l, l + 32 and (l < 8) l + 64.
+    const Vec16* src = reinterpret_cast<const Vec16*>(cache + slot * kBf16TokenElems);
+    dst[lane] = src[lane];
+    dst[lane + kMlaLanes] = src[lane + kMlaLanes];
+    if (lane < kRope / kChunk) dst[kLatent / kChunk + lane] = src[kLatent / kChunk + lane];
+  });
 }
 
 // ---- Lightning-indexer K (spec §2.5): 128 e4m3 + f32 power-of-two scale, 64-token pages.
