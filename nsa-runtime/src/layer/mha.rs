@@ -32,6 +32,7 @@ pub const MHA_V_HEAD_DIM: u32 = nsa_kernels::spec::MHA_HEAD_DIMS.1;
 #[derive(Debug)]
 pub struct MhaPlan {
     heads: u32,
+    target: nsa_kernels::Target,
     batch: usize,
     rows: usize,
     keys: usize,
@@ -70,11 +71,22 @@ impl MhaPlan {
         self.buf.slice(self.cu_k.clone())
     }
 
+    /// The dense kernel the step runs.
+    pub fn kernel(&self) -> nsa_kernels::KernelSpec {
+        let family = nsa_kernels::KernelFamily::DensePrefill {
+            heads: self.heads,
+            d_qk: MHA_QK_HEAD_DIM,
+            d_v: MHA_V_HEAD_DIM,
+            kernel: nsa_kernels::spec::MHA_KERNEL,
+        };
+        nsa_kernels::KernelSpec::new(family, self.target)
+    }
+
     /// One line: what the step runs and why.
     pub fn explain(&self, dispatch: &Dispatch) -> String {
         format!(
-            "attention: dense_prefill.h{}.d{MHA_QK_HEAD_DIM}.v{MHA_V_HEAD_DIM} over {} requests, {} query rows, {} keys{} ({})",
-            self.heads,
+            "attention: {} over {} requests, {} query rows, {} keys{} ({})",
+            self.kernel().id(),
             self.batch,
             self.rows,
             self.keys,
@@ -148,6 +160,7 @@ impl NsaLayer<'_> {
         for (r, &len) in md.cache_seqlens.iter().enumerate() {
             staging.extend_from_slice(&md.page_table_1.row(r)[..len as usize]);
         }
+        staging.resize(staging.len().max(1), 0); // an empty batch still gets a buffer
         let buf = self
             .rt
             .gpu()
@@ -157,6 +170,7 @@ impl NsaLayer<'_> {
         let max_seqlen_q = cu_q.windows(2).map(|w| (w[1] - w[0]) as usize).max().unwrap_or(0);
         Ok(MhaPlan {
             heads: self.cfg.model.num_q_heads,
+            target: self.rt.target(),
             batch,
             rows,
             keys,
