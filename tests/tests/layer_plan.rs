@@ -161,7 +161,8 @@ fn batches_the_layer_does_not_run_are_named() {
     );
     assert!(s.dispatch.use_mha);
     let err = StepDecisions::new(&c, &s.md, &s.dispatch, 100, H200).unwrap_err().to_string();
-    assert!(err.contains("`dispatch.use_mha`") && err.contains("force_mla"), "{err}");
+    // The error points at the MHA one-shot entry.
+    assert!(err.contains("`dispatch.use_mha`") && err.contains("plan_mha") && err.contains("force_mla"), "{err}");
 
     let other = cfg(KvCacheFormat::Bf16, 32, 16);
     let s = step(&c, ForwardMode::Decode, &[100], &[1], PrefillBackend::Auto);
