@@ -151,7 +151,7 @@ pub fn layer_bench(rt: &Runtime, iters: usize, short_only: bool) -> Result<Vec<L
             eager_us: eager,
             graph_us: None,
             stages: vec![
-                StageUs { stage: "kv store", us: t.store_us },
+                StageUs { stage: "stores and read-back", us: t.store_us },
                 StageUs { stage: "dense MHA", us: t.attend_us },
             ],
             checks_passed: passed,
