@@ -71,6 +71,37 @@ NSA_DEVICE void load_rows(u32 dst, const u16* src, i64 stride, i32 valid) {
   }
 }
 
+// The work of one CTA: rows [row0, row0 + tile rows) of sequence `seq`, whose query
+// rows are q0 .. q0 + lq of q and key rows k0 .. k0 + lk of k and v; row i sees keys
+// [0, shift + i], and the tile's rows see keys [0, key_end).
+struct SeqTile {
+  i32 q0, lq, k0, lk, row0, shift, key_end;
+};
+
+// Row tile `tile` (kTileRows rows) of sequence `seq`, or false when the CTA has
+// nothing to do: its tile starts past the sequence's rows, or the sequence's
+// offsets lie outside the tensors, decrease, or hold more rows than the grid's
+// tiles cover (reported once per sequence, nothing computed for it).
+template <int kTileRows>
+NSA_DEVICE bool seq_tile(const Params& p, i32 seq, i32 tile, i32 head, u32* status, SeqTile& st) {
+  st.q0 = p.cu_seqlens_q[seq];
+  st.lq = p.cu_seqlens_q[seq + 1] - st.q0;
+  st.k0 = p.cu_seqlens_k[seq];
+  st.lk = p.cu_seqlens_k[seq + 1] - st.k0;
+  if (st.q0 < 0 || st.lq < 0 || st.q0 + st.lq > p.rows || st.k0 < 0 || st.lk < 0 || st.k0 + st.lk > p.keys ||
+      st.lq > p.row_tiles * kTileRows) {
+    if (tile == 0 && head == 0 && thread_x() == 0 && status != nullptr) report_bad_entry(status, seq);
+    return false;
+  }
+  st.row0 = tile * kTileRows;
+  if (st.row0 >= st.lq) return false;
+  st.shift = st.lk - st.lq;
+  // Keys the tile's last row sees, at most all of the sequence's.
+  const i32 end = st.shift + (st.row0 + kTileRows < st.lq ? st.row0 + kTileRows : st.lq);
+  st.key_end = end < 0 ? 0 : (end > st.lk ? st.lk : end);
+  return true;
+}
+
 template <int kHeads, int kDqk, int kDv>
 NSA_DEVICE void dense_prefill(const Params& p, u32* status) {
   static_assert(kDqk % 16 == 0 && kDv % 16 == 0, "head dims: multiples of 16");
@@ -85,21 +116,10 @@ NSA_DEVICE void dense_prefill(const Params& p, u32* status) {
   const i32 head = (i32)((bid / (u32)p.row_tiles) % (u32)kHeads);
   const i32 seq = (i32)(bid / ((u32)p.row_tiles * (u32)kHeads));
   if (seq >= p.batch) return;
-  const i32 q0 = p.cu_seqlens_q[seq], lq = p.cu_seqlens_q[seq + 1] - q0;
-  const i32 k0 = p.cu_seqlens_k[seq], lk = p.cu_seqlens_k[seq + 1] - k0;
-  // Offsets outside the tensors, decreasing, or more rows than max_seqlen_q covers:
-  // reported (sequence b), nothing computed for the sequence.
-  if (q0 < 0 || lq < 0 || q0 + lq > p.rows || k0 < 0 || lk < 0 || k0 + lk > p.keys ||
-      lq > p.row_tiles * kRows) {
-    if (tile == 0 && head == 0 && thread_x() == 0 && status != nullptr) report_bad_entry(status, seq);
-    return;
-  }
-  const i32 row0 = tile * kRows;
-  if (row0 >= lq) return;
-  const i32 shift = lk - lq;  // row i sees keys [0, shift + i]
-  // Keys the tile's last row sees, at most all of the sequence's.
-  i32 key_end = shift + (row0 + kRows < lq ? row0 + kRows : lq);
-  key_end = key_end < 0 ? 0 : (key_end > lk ? lk : key_end);
+  SeqTile st;
+  if (!seq_tile<kRows>(p, seq, tile, head, status, st)) return;
+  // Plain copies: lambdas below capture them (structured bindings cannot be captured in C++17).
+  const i32 q0 = st.q0, lq = st.lq, k0 = st.k0, lk = st.lk, row0 = st.row0, shift = st.shift, key_end = st.key_end;
   const i32 blocks = (key_end + kKeys - 1) / kKeys;
 
   extern NSA_SHARED Vec16 smem_vec[];

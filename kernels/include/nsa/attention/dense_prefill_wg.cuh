@@ -94,17 +94,10 @@ NSA_DEVICE void dense_prefill(const Params& p, u32* status) {
   const i32 head = (i32)(bid % per_tile % (u32)kHeads);
   const i32 seq = (i32)(bid % per_tile / (u32)kHeads);
   if (tile < 0 || seq >= p.batch) return;
-  const i32 q0 = p.cu_seqlens_q[seq], lq = p.cu_seqlens_q[seq + 1] - q0;
-  const i32 k0 = p.cu_seqlens_k[seq], lk = p.cu_seqlens_k[seq + 1] - k0;
-  if (q0 < 0 || lq < 0 || q0 + lq > p.rows || k0 < 0 || lk < 0 || k0 + lk > p.keys || lq > p.row_tiles * kRows) {
-    if (tile == 0 && head == 0 && thread_x() == 0 && status != nullptr) report_bad_entry(status, seq);
-    return;
-  }
-  const i32 row0 = tile * kRows;
-  if (row0 >= lq) return;
-  const i32 shift = lk - lq;  // row i sees keys [0, shift + i]
-  i32 key_end = shift + (row0 + kRows < lq ? row0 + kRows : lq);
-  key_end = key_end < 0 ? 0 : (key_end > lk ? lk : key_end);
+  dense::SeqTile st;
+  if (!dense::seq_tile<kRows>(p, seq, tile, head, status, st)) return;
+  // Plain copies: lambdas below capture them (structured bindings cannot be captured in C++17).
+  const i32 q0 = st.q0, lq = st.lq, k0 = st.k0, lk = st.lk, row0 = st.row0, shift = st.shift, key_end = st.key_end;
   const i32 steps = (key_end + kKeys - 1) / kKeys;
 
   extern NSA_SHARED Vec16 smem_vec[];
