@@ -740,18 +740,11 @@ fn time_layer(rt: &Runtime, iters: usize, forward: &mut Forward<'_>) -> Result<L
         b.synchronize().map_err(crate::Error::driver("waiting for the layer"))?;
         Ok(a.elapsed_ms(b).map_err(crate::Error::driver("reading event time"))? as f64 * 1e3)
     };
-    let start = event()?;
-    for _ in 0..iters {
-        forward(&mut |_| Ok(()))?;
-    }
-    let total_us = elapsed(&start, &event()?)? / iters as f64;
+    let total_us = super::device_us(rt, iters, &mut || forward(&mut |_| Ok(())))?;
     let graph = capture(rt, &mut |mark| forward(mark))?;
-    graph.launch().map_err(crate::Error::driver("launching the layer graph"))?;
-    let start = event()?;
-    for _ in 0..iters {
-        graph.launch().map_err(crate::Error::driver("launching the layer graph"))?;
-    }
-    let graph_us = elapsed(&start, &event()?)? / iters as f64;
+    let mut launch = || graph.launch().map_err(crate::Error::driver("launching the layer graph"));
+    launch()?;
+    let graph_us = super::device_us(rt, iters, &mut launch)?;
     let mut sums = vec![0.0f64; Stage::ALL.len()];
     for _ in 0..iters {
         let mut marks = vec![(None, event()?)];

@@ -229,7 +229,7 @@ pub fn run(rt: &Runtime, case: &MhaCase) -> Result<MhaReport> {
         layer.mha_store(&plan, &new_tokens, &mut caches, Some(&mut latent))
     };
     store()?;
-    let store_us = (case.timing_iters > 0).then(|| time_us(rt, case.timing_iters, &mut store)).transpose()?;
+    let store_us = (case.timing_iters > 0).then(|| super::device_us(rt, case.timing_iters, &mut store)).transpose()?;
     let latent = download(stream, &d_latent, keys * BF16_TOKEN_ELEMS)?;
 
     // The model's expansion, then dense attention.
@@ -260,7 +260,8 @@ pub fn run(rt: &Runtime, case: &MhaCase) -> Result<MhaReport> {
         layer.mha_attend(&plan, &inputs, MhaOutputs { out: &mut out_view, lse: &mut lse_view })
     };
     attend()?;
-    let attend_us = (case.timing_iters > 0).then(|| time_us(rt, case.timing_iters, &mut attend)).transpose()?;
+    let attend_us =
+        (case.timing_iters > 0).then(|| super::device_us(rt, case.timing_iters, &mut attend)).transpose()?;
     let got_out = download(stream, &d_out, t * heads * dv)?;
     let got_lse = download(stream, &d_lse, t * heads)?;
     let got_fp8 = download(stream, &d_fp8, ref_fp8.len())?;
@@ -338,21 +339,4 @@ pub fn run(rt: &Runtime, case: &MhaCase) -> Result<MhaReport> {
     ];
     let timing = store_us.zip(attend_us).map(|(store_us, attend_us)| MhaTiming { store_us, attend_us });
     Ok(MhaReport { checks, timing, explain })
-}
-
-/// Device time per call of `f` over `iters` calls, between two events.
-fn time_us(rt: &Runtime, iters: usize, f: &mut dyn FnMut() -> Result<()>) -> Result<f64> {
-    let stream = rt.gpu().stream();
-    let event = || {
-        stream
-            .record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
-            .map_err(crate::Error::driver("recording an event"))
-    };
-    let start = event()?;
-    for _ in 0..iters {
-        f()?;
-    }
-    let end = event()?;
-    end.synchronize().map_err(crate::Error::driver("waiting for the MHA step"))?;
-    Ok(start.elapsed_ms(&end).map_err(crate::Error::driver("reading event time"))? as f64 * 1e3 / iters as f64)
 }

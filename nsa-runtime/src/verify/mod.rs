@@ -288,6 +288,24 @@ pub fn kv_cache_suite(rt: &Runtime, sizes: &[usize], seed: u64) -> Result<Vec<Ch
     }
     Ok(checks)
 }
+
+/// Device time per call of `f` over `iters` calls, between two events.
+pub(crate) fn device_us(rt: &Runtime, iters: usize, f: &mut dyn FnMut() -> Result<()>) -> Result<f64> {
+    let stream = rt.gpu().stream();
+    let event = || {
+        stream
+            .record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(crate::Error::driver("recording an event"))
+    };
+    let start = event()?;
+    for _ in 0..iters {
+        f()?;
+    }
+    let end = event()?;
+    end.synchronize().map_err(crate::Error::driver("waiting for the timed calls"))?;
+    Ok(start.elapsed_ms(&end).map_err(crate::Error::driver("reading event time"))? as f64 * 1e3 / iters as f64)
+}
+
 pub mod attention;
 pub mod dense;
 pub mod indexer;
