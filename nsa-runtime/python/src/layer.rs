@@ -6,17 +6,14 @@
 use crate::config::Config;
 use crate::device::{launch_stream, runtime, RestoreContext};
 use crate::error::IntoPy;
+use crate::mha::{check_caches, check_new_tokens, int_vector, rows, CacheBuffers, MhaAttend, MhaStore};
 use crate::plan::{ExtendHeldTryBuilder, GraphBuffers, GraphHeldTryBuilder, Held, Plan, Pools};
 use crate::tensor::{import, import_opt, same_device, DType, Tensor};
 use half::bf16;
-use nsa_runtime::foreign::ForeignBuffer;
-use nsa_runtime::kernels::layout::{
-    BF16_TOKEN_ELEMS, FP8_TOKEN_BYTES, INDEXER_HEAD_DIM, INDEXER_PAGE_BYTES, INDEXER_PAGE_TOKENS, KV_LORA_RANK,
-    ROPE_DIM,
-};
+use nsa_runtime::kernels::layout::{BF16_TOKEN_ELEMS, INDEXER_HEAD_DIM, KV_LORA_RANK, ROPE_DIM};
 use nsa_runtime::kernels::KvCacheFormat;
 use nsa_runtime::layer::{
-    DeviceBatch, HostLens, LayerCaches, LayerConfig, LayerInputs, LayerOutputs, LayerWorkspace, NsaLayer, StepPlan,
+    DeviceBatch, HostLens, LayerConfig, LayerInputs, LayerOutputs, LayerWorkspace, MhaPlan, NsaLayer, StepPlan,
 };
 use nsa_runtime::metadata::extend_device::{DeviceExtendState, ExtendCapacity};
 use nsa_runtime::metadata::graph_device::{DeviceGraphState, DeviceRequests};
@@ -24,8 +21,6 @@ use nsa_runtime::metadata::{
     decide, AttnImpl, BatchSummary, DispatchPolicy, ForwardMode, GraphCapacity, GraphMode, MetadataParams,
     PrefillBackend,
 };
-use nsa_runtime::ops::kv_cache::MlaCacheMut;
-use nsa_runtime::ops::Rows;
 use nsa_runtime::Runtime;
 use ouroboros::self_referencing;
 use pyo3::exceptions::{PyTypeError, PyValueError};
@@ -122,12 +117,6 @@ fn forward_mode(mode: GraphMode) -> ForwardMode {
     }
 }
 
-fn int_vector(t: &Tensor, len: usize, what: &str) -> PyResult<()> {
-    t.dtype_in(&[DType::I32])?;
-    t.shape_is(&[len], what)?;
-    t.contiguous()
-}
-
 /// The server's device tables of a step.
 struct Tables {
     table: Tensor,
@@ -189,6 +178,30 @@ impl Layer {
         DeviceGraphState::new(rt, self.params, mode, cap).py()
     }
 
+    fn new_extend_state(&self, rt: &Runtime) -> PyResult<DeviceExtendState> {
+        let l = self.limits;
+        let cap = ExtendCapacity {
+            max_bs: l.max_bs,
+            max_tokens: l.max_tokens,
+            max_keys: l.max_keys,
+            max_context_len: l.max_context_len,
+        };
+        DeviceExtendState::new(rt, self.params, cap).py()
+    }
+
+    /// `f` on `plan`'s MHA one-shot plan; an error for any other plan.
+    fn with_mha<R>(&self, plan: &Plan, f: impl FnOnce(&MhaPlan) -> PyResult<R>) -> PyResult<R> {
+        match plan.lock().as_ref() {
+            Some(Held::Mha(mha)) => f(mha),
+            Some(_) => Err(PyValueError::new_err(format!(
+                "`plan`: a sparse {} plan, expected an MHA one-shot plan (plan.use_mha: an extend step of a layer \
+                 made with mha_one_shot=True whose requests all fit in the top-k)",
+                plan.mode
+            ))),
+            None => Err(PyValueError::new_err("`plan`: released, expected a live plan")),
+        }
+    }
+
     fn check_plan(&self, plan: &Plan) -> PyResult<()> {
         if plan.layer_id != self.id {
             return Err(PyValueError::new_err(
@@ -205,7 +218,7 @@ impl Layer {
     #[pyo3(signature = (
         config, *, pool_slots, max_bs, max_context_len, max_tokens=None, max_keys=None, draft_tokens=0,
         sm_scale=None, deterministic_topk=false, batch_invariant=false, logits_budget_bytes=1usize << 30,
-        prefill_backend="auto", device=0, stream=None
+        prefill_backend="auto", mha_one_shot=false, device=0, stream=None
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -222,6 +235,7 @@ impl Layer {
         batch_invariant: bool,
         logits_budget_bytes: usize,
         prefill_backend: &str,
+        mha_one_shot: bool,
         device: i32,
         stream: Option<usize>,
     ) -> PyResult<Self> {
@@ -250,10 +264,10 @@ impl Layer {
             kv_cache: model.kv_cache,
             prefill_backend: backend,
             topk: model.topk,
-            max_chunk_capacity: usize::MAX,
+            // An MHA step holds every request's keys at once: at most max_keys.
+            max_chunk_capacity: max_keys,
             cp_enabled: false,
-            // nsa runs absorbed MLA for every batch (no dense MHA one-shot path).
-            force_mla: true,
+            force_mla: !mha_one_shot,
         };
         // Compiling a cold kernel set takes seconds: other Python threads run meanwhile.
         let checked =
@@ -350,6 +364,18 @@ impl Layer {
         };
         let summary = BatchSummary { mode: fmode, seq_lens: &seq_lens_cpu, extend_num_tokens: tokens };
         let dispatch = decide(&self.policy, Some(&summary));
+        if dispatch.use_mha {
+            let mut state = match self.pools.take_extend() {
+                Some(s) => s,
+                None => self.new_extend_state(&rt)?,
+            };
+            let made = layer.plan_mha_on_device(&mut state, &batch, host, &dispatch);
+            // The plan copied what it needs: the state serves the next step.
+            self.pools.put_extend(state);
+            let mha = made.py()?;
+            let explain = mha.explain(&dispatch);
+            return Ok(Plan::new(Held::Mha(mha), self.pools.clone(), self.device, self.id, explain));
+        }
         let held = match gm {
             Some(gm) => {
                 let state = match self.pools.take_graph(gm) {
@@ -372,16 +398,7 @@ impl Layer {
             None => {
                 let state = match self.pools.take_extend() {
                     Some(s) => s,
-                    None => {
-                        let l = self.limits;
-                        let cap = ExtendCapacity {
-                            max_bs: l.max_bs,
-                            max_tokens: l.max_tokens,
-                            max_keys: l.max_keys,
-                            max_context_len: l.max_context_len,
-                        };
-                        DeviceExtendState::new(&rt, self.params, cap).py()?
-                    }
+                    None => self.new_extend_state(&rt)?,
                 };
                 let built = ExtendHeldTryBuilder {
                     state,
@@ -400,7 +417,7 @@ impl Layer {
         let explain = match &held {
             Held::Decode(h) => h.with_plan(|p| p.explain()),
             Held::Extend(h) => h.with_plan(|p| p.explain()),
-            Held::Graph(_) => unreachable!("eager plans only"),
+            Held::Graph(_) | Held::Mha(_) => unreachable!("eager sparse plans only"),
         };
         Ok(Plan::new(held, self.pools.clone(), self.device, self.id, explain))
     }
@@ -498,6 +515,12 @@ impl Layer {
         stream: Option<usize>,
     ) -> PyResult<()> {
         self.check_plan(plan)?;
+        if plan.mha_keys.is_some() {
+            return Err(PyValueError::new_err(
+                "`plan`: an MHA one-shot plan (plan.use_mha), expected a sparse plan: run MHA steps with \
+                 Layer.mha_store and Layer.mha_attend",
+            ));
+        }
         let model = &self.checked.borrow_layer().config().model;
         let (heads, ih) = (model.num_q_heads as usize, model.index_n_heads as usize);
         let t = plan.padded_rows;
@@ -519,8 +542,63 @@ impl Layer {
             }
             Some(Held::Decode(h)) => h.with_plan(|sp| self.with_workspace(&rt, sp, |ws| run(sp, ws))),
             Some(Held::Extend(h)) => h.with_plan(|sp| self.with_workspace(&rt, sp, |ws| run(sp, ws))),
+            Some(Held::Mha(_)) => unreachable!("refused above"),
             None => Err(PyValueError::new_err("`plan`: released, expected a live plan")),
         }
+    }
+
+    /// An MHA one-shot step's stores: the new tokens' latent KV and indexer keys into
+    /// the caches, then every request's latent rows (prefix and new tokens, in
+    /// `cu_seqlens_k` order) read back into `latent` `(plan.keys, 576)` bf16 for the
+    /// model's `kv_b_proj` (required when the step has prefixes).
+    #[pyo3(signature = (plan, k_nope, k_rope, out_cache_loc, index_k, kv_cache, index_k_cache, latent=None, *, stream=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn mha_store(
+        &self,
+        plan: &Plan,
+        k_nope: &Bound<'_, PyAny>,
+        k_rope: &Bound<'_, PyAny>,
+        out_cache_loc: &Bound<'_, PyAny>,
+        index_k: &Bound<'_, PyAny>,
+        kv_cache: &Bound<'_, PyAny>,
+        index_k_cache: &Bound<'_, PyAny>,
+        latent: Option<&Bound<'_, PyAny>>,
+        stream: Option<usize>,
+    ) -> PyResult<()> {
+        self.check_plan(plan)?;
+        let a = MhaStore::import([k_nope, k_rope, out_cache_loc, index_k, kv_cache, index_k_cache], latent, stream)?;
+        let format = self.checked.borrow_layer().config().model.kv_cache;
+        self.with_mha(plan, |mha| a.check(mha, format, self.params.pool_slots))?;
+        same_device(self.device, a.all())?;
+        let (_restore, rt) = self.enter(stream)?;
+        let layer = self.on(&rt)?;
+        self.with_mha(plan, |mha| a.run(&rt, &layer, mha))
+    }
+
+    /// An MHA one-shot step's attention: dense causal attention of each request's
+    /// query rows over its keys, `q` `(plan.rows, heads, 192)`, `k` `(plan.keys,
+    /// heads, 192)`, `v` `(plan.keys, heads, 128)` bf16 into `out` `(plan.rows, heads,
+    /// 128)` bf16 and `lse` `(plan.rows, heads)` f32 (natural log).
+    #[pyo3(signature = (plan, q, k, v, out, lse, *, stream=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn mha_attend(
+        &self,
+        plan: &Plan,
+        q: &Bound<'_, PyAny>,
+        k: &Bound<'_, PyAny>,
+        v: &Bound<'_, PyAny>,
+        out: &Bound<'_, PyAny>,
+        lse: &Bound<'_, PyAny>,
+        stream: Option<usize>,
+    ) -> PyResult<()> {
+        self.check_plan(plan)?;
+        let a = MhaAttend::import([q, k, v, out, lse], stream)?;
+        let heads = self.heads() as usize;
+        self.with_mha(plan, |mha| a.check(mha, heads))?;
+        same_device(self.device, a.all())?;
+        let (_restore, rt) = self.enter(stream)?;
+        let layer = self.on(&rt)?;
+        self.with_mha(plan, |mha| a.run(&rt, &layer, mha))
     }
 }
 
@@ -586,42 +664,14 @@ impl Activations {
         q.dtype_in(&[DType::Bf16])?;
         q.shape_is(&[t, heads, BF16_TOKEN_ELEMS], "the plan's padded_rows × heads × 576 (q_nope 512 ‖ q_rope 64)")?;
         q.contiguous()?;
-        for (x, width) in [(k_nope, KV_LORA_RANK), (k_rope, ROPE_DIM), (index_k, INDEXER_HEAD_DIM)] {
-            x.dtype_in(&[DType::Bf16])?;
-            x.shape_is(&[t, width], "one row per query row (any row stride)")?;
-            x.packed_from(1)?;
-        }
-        int_vector(loc, t, "one cache slot per query row")?;
+        check_new_tokens(k_nope, k_rope, loc, index_k, t)?;
         index_q.dtype_in(&[DType::U8, DType::F8E4M3])?;
         index_q.shape_is(&[t, ih, INDEXER_HEAD_DIM], "query rows × index heads × 128 (e4m3)")?;
         index_q.contiguous()?;
         weights.dtype_in(&[DType::F32])?;
         weights.shape_is(&[t, ih], "query rows × index heads")?;
         weights.contiguous()?;
-        let (dtypes, width): (&[DType], usize) = match format {
-            KvCacheFormat::Fp8 => (&[DType::U8, DType::F8E4M3], FP8_TOKEN_BYTES),
-            KvCacheFormat::Bf16 => (&[DType::Bf16], BF16_TOKEN_ELEMS),
-        };
-        kv.dtype_in(dtypes)?;
-        kv.contiguous()?;
-        let slots = kv.shape.iter().product::<usize>() / width;
-        if kv.shape.last() != Some(&width) || slots < pool_slots {
-            return Err(PyValueError::new_err(format!(
-                "`kv_cache`: shape {:?}, expected ≥ {pool_slots} slots (pool_slots) of {width} {} in its last dimension",
-                kv.shape,
-                if format == KvCacheFormat::Fp8 { "bytes (the FP8 record)" } else { "bf16 (latent 512 ‖ rope 64)" }
-            )));
-        }
-        index_cache.dtype_in(&[DType::U8])?;
-        index_cache.contiguous()?;
-        let bytes = index_cache.shape.iter().product::<usize>();
-        let pages = pool_slots.div_ceil(INDEXER_PAGE_TOKENS);
-        if bytes % INDEXER_PAGE_BYTES != 0 || bytes / INDEXER_PAGE_BYTES < pages {
-            return Err(PyValueError::new_err(format!(
-                "`index_k_cache`: {bytes} bytes, expected ≥ {pages} whole pages of {INDEXER_PAGE_BYTES} bytes \
-                 (64 keys × 128 e4m3, then 64 f32 scales), e.g. shape ({pages}, {INDEXER_PAGE_BYTES})"
-            )));
-        }
+        check_caches(kv, index_cache, format, pool_slots)?;
         out.dtype_in(&[DType::Bf16])?;
         out.shape_is(&[t, heads, KV_LORA_RANK], "the plan's padded_rows × heads × 512")?;
         out.contiguous()?;
@@ -638,11 +688,7 @@ impl Activations {
         let (qb, nb, rb) = (q.buffer::<bf16>(rt)?, k_nope.buffer::<bf16>(rt)?, k_rope.buffer::<bf16>(rt)?);
         let (lb, iqb, wb) = (loc.buffer::<i32>(rt)?, index_q.buffer::<u8>(rt)?, weights.buffer::<f32>(rt)?);
         let ikb = index_k.buffer::<bf16>(rt)?;
-        let mut icb = index_cache.buffer::<u8>(rt)?;
         let (mut ob, mut lsb) = (out.buffer::<bf16>(rt)?, lse.buffer::<f32>(rt)?);
-        fn rows<'b>(b: &'b ForeignBuffer<bf16>, x: &Tensor, t: usize, width: usize) -> PyResult<Rows<'b, bf16>> {
-            Ok(Rows { data: b.view(), count: t, width, stride: x.stride(0)? })
-        }
         let inputs = LayerInputs {
             q: qb.view(),
             k_nope: rows(&nb, k_nope, t, KV_LORA_RANK)?,
@@ -652,15 +698,8 @@ impl Activations {
             index_weights: wb.view(),
             index_k: rows(&ikb, index_k, t, INDEXER_HEAD_DIM)?,
         };
-        let (mut kv8, mut kv16);
-        let cache = if kv.dtype == DType::Bf16 {
-            kv16 = kv.buffer::<bf16>(rt)?;
-            MlaCacheMut::Bf16(kv16.view_mut())
-        } else {
-            kv8 = kv.buffer::<u8>(rt)?;
-            MlaCacheMut::Fp8(kv8.view_mut())
-        };
-        let mut caches = LayerCaches { kv: cache, index_k: icb.view_mut() };
+        let mut cb = CacheBuffers::new(rt, kv, index_cache)?;
+        let mut caches = cb.caches();
         let outputs = LayerOutputs { out: &mut ob.view_mut(), lse: &mut lsb.view_mut() };
         layer.forward(plan, &inputs, &mut caches, ws, outputs).py()
     }

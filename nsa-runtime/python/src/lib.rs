@@ -8,6 +8,7 @@ mod device;
 mod error;
 mod indexer;
 mod layer;
+mod mha;
 mod mla;
 mod plan;
 mod tensor;

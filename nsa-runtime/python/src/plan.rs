@@ -7,7 +7,7 @@
 //! them once. Reuse is ordered by the stream: the next plan's metadata launch
 //! runs after the dropped plan's last forward on the same stream.
 
-use nsa_runtime::layer::{LayerWorkspace, StepPlan};
+use nsa_runtime::layer::{LayerWorkspace, MhaPlan, StepPlan};
 use nsa_runtime::metadata::extend_device::DeviceExtendState;
 use nsa_runtime::metadata::graph_device::DeviceGraphState;
 use nsa_runtime::metadata::GraphMode;
@@ -45,6 +45,9 @@ pub enum Held {
     Decode(GraphHeld),
     Extend(ExtendHeld),
     Graph(GraphBuffers),
+    /// An MHA one-shot extend step (its offsets and slots copied out of the pooled
+    /// extend state, which went back to the pool when the plan was made).
+    Mha(MhaPlan),
 }
 
 impl std::fmt::Debug for Held {
@@ -53,6 +56,7 @@ impl std::fmt::Debug for Held {
             Held::Decode(h) => h.with_plan(|p| f.debug_tuple("Decode").field(p).finish()),
             Held::Extend(h) => h.with_plan(|p| f.debug_tuple("Extend").field(p).finish()),
             Held::Graph(g) => f.debug_tuple("Graph").field(g).finish(),
+            Held::Mha(p) => f.debug_tuple("Mha").field(p).finish(),
         }
     }
 }
@@ -98,6 +102,8 @@ pub struct Plan {
     pub mode: &'static str,
     pub rows: usize,
     pub padded_rows: usize,
+    /// Keys of an MHA one-shot step (`None` for sparse steps).
+    pub mha_keys: Option<usize>,
     explain: String,
     /// The layer that made it (a plan runs only there).
     pub layer_id: usize,
@@ -112,8 +118,13 @@ impl Plan {
                 let rows = g.state.shape(g.bs).rows;
                 (g.state.mode().name(), rows, rows)
             }
+            Held::Mha(p) => ("extend", p.rows(), p.rows()),
         };
-        Plan { held: Mutex::new(Some(held)), pools, device, mode, rows, padded_rows, explain, layer_id }
+        let mha_keys = match &held {
+            Held::Mha(p) => Some(p.keys()),
+            _ => None,
+        };
+        Plan { held: Mutex::new(Some(held)), pools, device, mode, rows, padded_rows, mha_keys, explain, layer_id }
     }
 
     /// The held plan or buffers, locked for a call.
@@ -127,7 +138,7 @@ impl Drop for Plan {
         match lock(&self.held).take() {
             Some(Held::Decode(h)) => self.pools.put_graph(h.into_heads().state),
             Some(Held::Extend(h)) => self.pools.put_extend(h.into_heads().state),
-            Some(Held::Graph(_)) | None => {}
+            Some(Held::Graph(_) | Held::Mha(_)) | None => {}
         }
     }
 }
@@ -158,6 +169,20 @@ impl Plan {
         matches!(*self.lock(), Some(Held::Graph(_)))
     }
 
+    /// Whether the step runs MHA one-shot (`Layer.mha_store` + `Layer.mha_attend`, the
+    /// model expanding the heads) rather than `Layer.forward`.
+    #[getter]
+    fn use_mha(&self) -> bool {
+        self.mha_keys.is_some()
+    }
+
+    /// An MHA one-shot step's keys (Σ seq_lens: the rows of `latent`, `k` and `v`);
+    /// `None` for sparse steps.
+    #[getter]
+    fn keys(&self) -> Option<usize> {
+        self.mha_keys
+    }
+
     #[getter]
     fn device(&self) -> i32 {
         self.device
@@ -169,7 +194,11 @@ impl Plan {
     }
 
     fn __repr__(&self) -> String {
-        let kind = if self.is_graph() { "graph" } else { "eager" };
+        let kind = match (self.is_graph(), self.use_mha()) {
+            (true, _) => "graph",
+            (false, true) => "eager, MHA one-shot",
+            (false, false) => "eager",
+        };
         format!("Plan(mode={:?}, rows={}, {kind}, device={})", self.mode, self.rows, self.device)
     }
 }

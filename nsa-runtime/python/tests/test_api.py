@@ -231,6 +231,11 @@ def test_layer_signatures():
         "plan", "q", "k_nope", "k_rope", "out_cache_loc", "index_q", "index_weights", "index_k", "kv_cache",
         "index_k_cache", "out", "lse",
     ]
+    assert list(inspect.signature(nsa.Layer.mha_store).parameters)[1:] == [
+        "plan", "k_nope", "k_rope", "out_cache_loc", "index_k", "kv_cache", "index_k_cache", "latent", "read_back",
+    ]
+    assert list(inspect.signature(nsa.Layer.mha_attend).parameters)[1:] == ["plan", "q", "k", "v", "out", "lse"]
+    assert sig.parameters["mha_one_shot"].default is False
     assert nsa.MODES == ("decode", "target_verify", "draft_extend", "draft_extend_v2", "extend")
 
 

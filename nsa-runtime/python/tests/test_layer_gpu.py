@@ -290,3 +290,73 @@ def test_extend_lengths_go_with_the_modes_that_take_them():
         srv.layer.plan("extend", *tables(srv, [0], seq), seq)
     with pytest.raises(ValueError, match=r"`extend_lens`/`extend_lens_cpu`: both given for mode \"decode\""):
         plan(srv, "decode", [0], seq, [1])
+
+
+def expand(latent, w_uk, w_uv):
+    """The model's ``kv_b_proj``: per head, k = (latent[:512] · W_UK) ‖ rope and
+    v = latent[:512] · W_UV, bf16."""
+    nope = latent[:, :512].float()
+    k_nope = torch.einsum("kc,hcd->khd", nope, w_uk)
+    rope = latent[:, None, 512:].float().expand(-1, w_uk.shape[0], -1)
+    k = torch.cat([k_nope, rope], dim=2).to(torch.bfloat16).contiguous()
+    v = torch.einsum("kc,hcd->khd", nope, w_uv).to(torch.bfloat16).contiguous()
+    return k, v
+
+
+@pytest.mark.parametrize("kv_cache", ["fp8", "bf16"])
+@pytest.mark.parametrize("heads", [16, 128])
+def test_mha_one_shot(kv_cache, heads):
+    """Short prompts, then chunks over their prefixes, as MHA one-shot steps: the
+    stores, the latent read back from the cache (prefixes included) and dense causal
+    attention over the q/k/v expanded from it, against torch."""
+    srv = Server(heads, kv_cache, mha_one_shot=True)
+    g = srv.gen
+    w_uk = (torch.rand(heads, 512, 128, generator=g, device=DEV) * 2 - 1) / 512**0.5
+    w_uv = (torch.rand(heads, 512, 128, generator=g, device=DEV) * 2 - 1) / 512**0.5
+    reqs, prompts = [0, 1, 2], [700, 64, 1]
+    for done, chunk in [([0, 0, 0], prompts), (prompts, [150, 40, 1])]:
+        seq = [d + c for d, c in zip(done, chunk)]
+        slots = torch.cat([srv.table[r, d : d + c] for r, d, c in zip(reqs, done, chunk)])
+        acts = srv.activations(sum(chunk), slots)
+        step = plan(srv, "extend", reqs, seq, chunk)
+        assert step.use_mha and step.rows == sum(chunk) and step.keys == sum(seq), step.explain()
+        assert "dense_prefill" in step.explain() and "MHA one-shot" in step.explain(), step.explain()
+        latent = srv.layer.mha_store(step, acts["k_nope"], acts["k_rope"], acts["out_cache_loc"], acts["index_k"],
+                                     srv.kv, srv.index_cache)
+        torch.cuda.synchronize()
+        srv.check_stores(acts)
+        # The read-back: every request's rows [0, L) out of the cache, bf16.
+        key_slots = torch.cat([srv.table[r, :s] for r, s in zip(reqs, seq)]).long()
+        want = srv.stored_kv()[key_slots]
+        assert latent.shape == (sum(seq), 576)
+        assert torch.equal(latent.float(), want.to(torch.bfloat16).float()), "latent read-back differs"
+        q = ((torch.rand(sum(chunk), heads, 192, generator=g, device=DEV) * 2 - 1) * 2).to(torch.bfloat16)
+        k, v = expand(latent, w_uk, w_uv)
+        out, lse = srv.layer.mha_attend(step, q, k, v)
+        torch.cuda.synchronize()
+        row, key0 = 0, 0
+        for d, c, s in zip(done, chunk, seq):
+            for j in sample_rows(c):
+                vis = d + j + 1
+                sc = torch.einsum("hd,khd->hk", q[row + j].float(), k[key0 : key0 + vis].float()) * SM_SCALE
+                want_out = torch.einsum("hk,khd->hd", torch.softmax(sc, dim=1), v[key0 : key0 + vis].float())
+                err = (out[row + j].float() - want_out).abs().max().item()
+                assert err < 2e-2, f"query {row + j} ({vis} keys): out differs by {err}"
+                lse_err = (lse[row + j] - torch.logsumexp(sc, dim=1)).abs().max().item()
+                assert lse_err < 1e-2, f"query {row + j}: lse differs by {lse_err}"
+            row, key0 = row + c, key0 + s
+    # A request past the top-k takes sparse MLA, and each path refuses the other's plan.
+    seq = [851 + 2048]
+    sparse = plan(srv, "extend", [0], seq, [2048])
+    assert not sparse.use_mha and sparse.keys is None
+    acts = srv.activations(2048, srv.table[0, 851:seq[0]])
+    with pytest.raises(ValueError, match=r"`plan`: a sparse extend plan, expected an MHA one-shot plan"):
+        srv.layer.mha_store(sparse, acts["k_nope"], acts["k_rope"], acts["out_cache_loc"], acts["index_k"], srv.kv,
+                            srv.index_cache)
+    short = plan(srv, "extend", [1], [105], [1])
+    with pytest.raises(ValueError, match=r"`plan`: an MHA one-shot plan \(plan.use_mha\)"):
+        srv.forward(short, srv.activations(1, srv.table[1, 104:105]))
+    with pytest.raises(ValueError, match=r"`latent`: None, expected a \(105, 576\) bfloat16 tensor"):
+        one = srv.activations(1, srv.table[1, 104:105])
+        srv.layer.mha_store(short, one["k_nope"], one["k_rope"], one["out_cache_loc"], one["index_k"], srv.kv,
+                            srv.index_cache, read_back=False)

@@ -10,7 +10,9 @@
 //! 2. the model: `k = (latent[..512] · W_UK) ‖ rope`, `v = latent[..512] · W_UV`, per head;
 //! 3. [`NsaLayer::mha_attend`]: dense causal attention of the expanded q/k/v.
 
+use super::device_plan::{DeviceBatch, HostLens};
 use super::{check_store, NsaLayer};
+use crate::metadata::extend_device::DeviceExtendState;
 use crate::metadata::{Dispatch, ForwardMode, NsaMetadata};
 use crate::ops::dense_prefill::{dense_prefill, DenseInputs, DenseOutputs, DenseShape};
 use crate::ops::kv_cache::{self, MlaCacheMut};
@@ -69,6 +71,11 @@ impl MhaPlan {
     /// `[batch + 1]` key offsets (`cu_seqlens_k`), the rows of `latent`, `k` and `v`.
     pub fn cu_seqlens_k(&self) -> CudaView<'_, i32> {
         self.buf.slice(self.cu_k.clone())
+    }
+
+    /// `[keys]` cache slots of the keys, `cu_seqlens_k` order.
+    pub fn slots(&self) -> CudaView<'_, i32> {
+        self.buf.slice(self.slots.clone())
     }
 
     /// The dense kernel the step runs.
@@ -130,13 +137,7 @@ impl NsaLayer<'_> {
     /// The plan of an MHA one-shot extend step (`dispatch.use_mha`): uploads the
     /// offsets and the keys' slots (`page_table_1` rows) in one copy.
     pub fn plan_mha(&self, md: &NsaMetadata, dispatch: &Dispatch) -> Result<MhaPlan> {
-        if !dispatch.use_mha {
-            return Err(invalid(
-                "dispatch.use_mha",
-                format!("false ({})", dispatch.reason),
-                "an MHA one-shot dispatch; plan sparse batches with NsaLayer::plan",
-            ));
-        }
+        check_mha_dispatch(dispatch)?;
         if md.mode != ForwardMode::Extend || md.bs_idx.is_some() {
             return Err(invalid(
                 "metadata.mode",
@@ -168,7 +169,59 @@ impl NsaLayer<'_> {
             .clone_htod(&staging)
             .map_err(Error::driver("uploading the MHA offsets and slots"))?;
         let max_seqlen_q = cu_q.windows(2).map(|w| (w[1] - w[0]) as usize).max().unwrap_or(0);
-        Ok(MhaPlan {
+        Ok(self.mha_plan_over(buf, batch, rows, keys, max_seqlen_q))
+    }
+
+    /// [`NsaLayer::plan_mha`] from the server's device tables, as
+    /// [`NsaLayer::plan_extend_on_device`] builds a sparse step: one metadata launch
+    /// into `state`, whose offsets and ragged slots are then copied into the plan
+    /// (device to device), so `state` is free for the next step as soon as this
+    /// returns. `host` gives the lengths (`extend_lens` required), which must equal
+    /// the device ones.
+    pub fn plan_mha_on_device(
+        &self,
+        state: &mut DeviceExtendState,
+        batch: &DeviceBatch<'_>,
+        host: HostLens<'_>,
+        dispatch: &Dispatch,
+    ) -> Result<MhaPlan> {
+        check_mha_dispatch(dispatch)?;
+        let e = host
+            .extend_lens
+            .ok_or_else(|| invalid("host.extend_lens", "none", "the query length of every request (extend)"))?;
+        let d_ext = batch
+            .extend_lens
+            .ok_or_else(|| invalid("batch.extend_lens", "none", "the query lengths on the device (extend)"))?;
+        let x = state.extent(host.seq_lens, e)?;
+        check_len("batch.reqs.seq_lens", batch.reqs.seq_lens.len(), x.bs, "one entry per request of host.seq_lens")?;
+        state.build(self.rt, &batch.reqs, d_ext)?;
+        let b = state.buffers(&x);
+        let stream = self.rt.gpu().stream();
+        let n = 2 * x.bs + 2 + x.num_keys;
+        let mut buf = stream.alloc_zeros::<i32>(n).map_err(Error::driver("allocating the MHA offsets and slots"))?;
+        let parts = [(&b.cu_seqlens_q, 0), (&b.cu_seqlens_k, x.bs + 1), (&b.slots, 2 * x.bs + 2)];
+        for (src, at) in parts {
+            if !src.is_empty() {
+                stream
+                    .memcpy_dtod(src, &mut buf.slice_mut(at..at + src.len()))
+                    .map_err(Error::driver("copying the MHA offsets and slots"))?;
+            }
+        }
+        let max_seqlen_q = e.iter().map(|&v| v as usize).max().unwrap_or(0);
+        Ok(self.mha_plan_over(buf, x.bs, x.rows, x.num_keys, max_seqlen_q))
+    }
+
+    /// A plan over `buf`: `[batch + 1]` query offsets, `[batch + 1]` key offsets,
+    /// then `keys` slots.
+    fn mha_plan_over(
+        &self,
+        buf: CudaSlice<i32>,
+        batch: usize,
+        rows: usize,
+        keys: usize,
+        max_seqlen_q: usize,
+    ) -> MhaPlan {
+        MhaPlan {
             heads: self.cfg.model.num_q_heads,
             target: self.rt.target(),
             batch,
@@ -180,7 +233,7 @@ impl NsaLayer<'_> {
             cu_q: 0..batch + 1,
             cu_k: batch + 1..2 * batch + 2,
             slots: 2 * batch + 2..2 * batch + 2 + keys,
-        })
+        }
     }
 
     /// Stores the new tokens' latent KV and indexer keys, then reads every request's
@@ -253,4 +306,15 @@ impl NsaLayer<'_> {
         }
         Ok(())
     }
+}
+
+fn check_mha_dispatch(dispatch: &Dispatch) -> Result<()> {
+    if !dispatch.use_mha {
+        return Err(invalid(
+            "dispatch.use_mha",
+            format!("false ({})", dispatch.reason),
+            "an MHA one-shot dispatch; plan sparse batches with NsaLayer::plan",
+        ));
+    }
+    Ok(())
 }

@@ -7,11 +7,14 @@
 use super::dense::compare;
 use super::{download, split_rows, upload, Check};
 use crate::layer::{
-    LayerCaches, LayerConfig, MhaInputs, MhaNewTokens, MhaOutputs, NsaLayer, MHA_QK_HEAD_DIM, MHA_V_HEAD_DIM,
+    DeviceBatch, HostLens, LayerCaches, LayerConfig, MhaInputs, MhaNewTokens, MhaOutputs, MhaPlan, NsaLayer,
+    MHA_QK_HEAD_DIM, MHA_V_HEAD_DIM,
 };
+use crate::metadata::extend_device::{DeviceExtendState, ExtendCapacity};
+use crate::metadata::graph_device::DeviceRequests;
 use crate::metadata::{
-    decide, BatchSummary, DispatchPolicy, ExtendBatch, ForwardMode, MetadataBuilder, MetadataParams, PrefillBackend,
-    ReqToToken,
+    decide, BatchSummary, Dispatch, DispatchPolicy, ExtendBatch, ForwardMode, MetadataBuilder, MetadataParams,
+    PrefillBackend, ReqToToken,
 };
 use crate::ops::kv_cache::MlaCacheMut;
 use crate::ops::Rows;
@@ -208,6 +211,7 @@ pub fn run(rt: &Runtime, case: &MhaCase) -> Result<MhaReport> {
     let layer = NsaLayer::new(rt, LayerConfig::new(model.clone())?)?;
     let plan = layer.plan_mha(&md, &dispatch)?;
     let (t, keys) = (plan.rows(), plan.keys());
+    let device_plan = same_plan_from_device_tables(rt, &layer, &plan, &pages, &seq_lens, &extend_lens, &dispatch)?;
 
     // GPU: the stores and the latent read-back.
     let (d_nope, d_rope) = (upload(stream, &new_nope)?, upload(stream, &new_rope)?);
@@ -323,6 +327,7 @@ pub fn run(rt: &Runtime, case: &MhaCase) -> Result<MhaReport> {
     let (bad, first) = compare(&got_out, &got_lse, &want, heads, dv, |r| checked[r]);
     let explain = plan.explain(&dispatch);
     let checks = vec![
+        rows_check("layer MHA: plan from device tables (offsets, slots, extents)", device_plan),
         rows_check("layer MHA: KV store", kv_rows),
         rows_check("layer MHA: index-K store", index_pages),
         rows_check(
@@ -339,4 +344,64 @@ pub fn run(rt: &Runtime, case: &MhaCase) -> Result<MhaReport> {
     ];
     let timing = store_us.zip(attend_us).map(|(store_us, attend_us)| MhaTiming { store_us, attend_us });
     Ok(MhaReport { checks, timing, explain })
+}
+
+/// [`NsaLayer::plan_mha_on_device`] over the same batch as device tables (rows wider
+/// than the host's, requests in reverse rows) against the host plan: per part
+/// (query offsets, key offsets, slots, extents), whether it differs.
+fn same_plan_from_device_tables(
+    rt: &Runtime,
+    layer: &NsaLayer<'_>,
+    host_plan: &MhaPlan,
+    pages: &Pages,
+    seq_lens: &[i32],
+    extend_lens: &[i32],
+    dispatch: &Dispatch,
+) -> Result<Vec<bool>> {
+    let stream = rt.gpu().stream();
+    let bs = seq_lens.len();
+    let width = pages.width + 7;
+    let mut table = vec![-1i32; bs.max(1) * width];
+    for r in 0..bs {
+        table[r * width..][..pages.width].copy_from_slice(&pages.table[r * pages.width..][..pages.width]);
+    }
+    // Request i lives in table row bs - 1 - i.
+    let rpi: Vec<i32> = (0..bs as i32).rev().collect();
+    let mut rows = vec![0i32; table.len()];
+    for (i, &row) in rpi.iter().enumerate() {
+        rows[row as usize * width..][..width].copy_from_slice(&table[i * width..][..width]);
+    }
+    let (d_table, d_rpi) = (upload(stream, &rows)?, upload(stream, &rpi)?);
+    let (d_seq, d_ext) = (upload(stream, seq_lens)?, upload(stream, extend_lens)?);
+    let (v_table, v_rpi, v_seq, v_ext) = (d_table.slice(..), d_rpi.slice(..bs), d_seq.slice(..bs), d_ext.slice(..bs));
+    let batch = DeviceBatch {
+        reqs: DeviceRequests {
+            req_to_token: &v_table,
+            req_to_token_width: width,
+            req_pool_indices: &v_rpi,
+            seq_lens: &v_seq,
+        },
+        extend_lens: Some(&v_ext),
+    };
+    let capacity = ExtendCapacity {
+        max_bs: bs.max(1),
+        max_tokens: host_plan.rows().max(1),
+        max_keys: host_plan.keys().max(1),
+        max_context_len: width,
+    };
+    let mut state =
+        DeviceExtendState::new(rt, MetadataParams::from_config(&layer.config().model, pages.pool_slots), capacity)?;
+    let host = HostLens { seq_lens, extend_lens: Some(extend_lens) };
+    let dev_plan = layer.plan_mha_on_device(&mut state, &batch, host, dispatch)?;
+    let get = |p: &MhaPlan| -> Result<[Vec<i32>; 3]> {
+        let dl = |v: &cudarc::driver::CudaView<'_, i32>| {
+            stream.clone_dtoh(v).map_err(crate::Error::driver("downloading an MHA plan"))
+        };
+        Ok([dl(&p.cu_seqlens_q())?, dl(&p.cu_seqlens_k())?, dl(&p.slots())?])
+    };
+    let (want, got) = (get(host_plan)?, get(&dev_plan)?);
+    let mut differ: Vec<bool> = want.iter().zip(&got).map(|(w, g)| w != g).collect();
+    let extents = |p: &MhaPlan| (p.rows(), p.keys(), p.has_prefix());
+    differ.push(extents(&dev_plan) != extents(host_plan));
+    Ok(differ)
 }

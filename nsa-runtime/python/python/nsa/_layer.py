@@ -68,19 +68,22 @@ class Layer:
     extend batch takes whichever of the two paths nsa's kernel costs estimate
     faster; ``explain()`` gives both estimates), ``"flashmla_sparse"`` (FP8 extend
     dequantizes and runs the prefill kernel) or ``"flashmla_kv"``.
-    Every batch runs absorbed sparse MLA (nsa has no dense MHA one-shot path).
-    Constructing compiles (or loads from the cache) every kernel the layer runs.
+    ``mha_one_shot``: extend steps whose every request fits in the top-k (and whose
+    keys fit in ``max_keys``) run dense MHA one-shot, as the reference does:
+    ``plan.use_mha`` says so, and the step takes ``mha_store``, the model's
+    ``kv_b_proj`` expansion and ``mha_attend`` instead of ``forward``. Off, every
+    batch runs absorbed sparse MLA. Constructing compiles (or loads from the cache) every kernel the layer runs.
     """
 
     def __init__(self, config, *, pool_slots, max_bs, max_context_len, max_tokens=None, max_keys=None,
                  draft_tokens=0, sm_scale=None, deterministic_topk=False, batch_invariant=False,
-                 logits_budget_bytes=1 << 30, prefill_backend="auto", device=None):
+                 logits_budget_bytes=1 << 30, prefill_backend="auto", mha_one_shot=False, device=None):
         index, stream = _device_stream(device)
         self._layer = _Layer(
             config, pool_slots=pool_slots, max_bs=max_bs, max_context_len=max_context_len, max_tokens=max_tokens,
             max_keys=max_keys, draft_tokens=draft_tokens, sm_scale=sm_scale, deterministic_topk=deterministic_topk,
             batch_invariant=batch_invariant, logits_budget_bytes=logits_budget_bytes,
-            prefill_backend=prefill_backend, device=index, stream=stream,
+            prefill_backend=prefill_backend, mha_one_shot=mha_one_shot, device=index, stream=stream,
         )
         self.config = config
         # The per-step calls read the current stream of a known device: no torch.device parsing there.
@@ -138,6 +141,44 @@ class Layer:
             plan, q, k_nope, k_rope, out_cache_loc, index_q, index_weights, index_k, kv_cache, index_k_cache, out,
             lse, stream=current_stream(q) or self._stream(),
         )
+        return out, lse
+
+    def mha_store(self, plan, k_nope, k_rope, out_cache_loc, index_k, kv_cache, index_k_cache, latent=None,
+                  read_back=True):
+        """An MHA one-shot step's stores (``plan.use_mha``; ``T`` = ``plan.rows``):
+        the new tokens' ``k_nope`` ``(T, 512)``, ``k_rope`` ``(T, 64)`` and
+        ``index_k`` ``(T, 128)`` into the caches at ``out_cache_loc``, as
+        ``forward`` stores them; then every request's latent rows (prefix and new
+        tokens, requests in order) read back out of ``kv_cache`` into ``latent``
+        ``(plan.keys, 576)`` bf16 (FP8 records dequantized) for the model to expand
+        with ``kv_b_proj``. Without cached prefixes (``plan.keys == plan.rows``)
+        the model may expand its own rows: ``read_back=False`` skips the read-back
+        and returns None. Returns ``latent`` (allocated on the current stream
+        unless given)."""
+        if not read_back:
+            if latent is not None:
+                raise ValueError("`latent`: given with read_back=False, expected None (nothing is read back)")
+        elif latent is None:
+            latent = empty(k_nope, (plan.keys, 576), "bfloat16", "k_nope")
+        self._layer.mha_store(
+            plan, k_nope, k_rope, out_cache_loc, index_k, kv_cache, index_k_cache, latent,
+            stream=current_stream(k_nope) or self._stream(),
+        )
+        return latent
+
+    def mha_attend(self, plan, q, k, v, out=None, lse=None):
+        """An MHA one-shot step's attention: each request's query rows attend
+        causally to its keys (its prefix, then its new tokens). ``q`` ``(plan.rows,
+        heads, 192)``, ``k`` ``(plan.keys, heads, 192)`` (nope 128 ‖ rope 64) and
+        ``v`` ``(plan.keys, heads, 128)`` bf16, keys in ``latent``'s order. Returns
+        ``(out, lse)``: ``(plan.rows, heads, 128)`` bf16 and ``(plan.rows, heads)``
+        f32 (natural log), allocated on the current stream unless given."""
+        heads, t = self._layer.heads, plan.rows
+        if out is None:
+            out = empty(q, (t, heads, 128), "bfloat16", "q")
+        if lse is None:
+            lse = empty(q, (t, heads), "float32", "q")
+        self._layer.mha_attend(plan, q, k, v, out, lse, stream=current_stream(q) or self._stream())
         return out, lse
 
     def __repr__(self):

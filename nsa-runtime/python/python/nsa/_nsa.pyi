@@ -119,6 +119,10 @@ class Plan:
     @property
     def is_graph(self) -> bool: ...
     @property
+    def use_mha(self) -> bool: ...
+    @property
+    def keys(self) -> Optional[int]: ...
+    @property
     def device(self) -> int: ...
     def explain(self) -> str: ...
 
@@ -139,6 +143,7 @@ class Layer:
         batch_invariant: bool = False,
         logits_budget_bytes: int = 1 << 30,
         prefill_backend: str = "auto",
+        mha_one_shot: bool = False,
         device: int = 0,
         stream: Optional[int] = None,
     ) -> None: ...
@@ -178,4 +183,20 @@ class Layer:
         lse: Any,
         *,
         stream: Optional[int] = None,
+    ) -> None: ...
+    def mha_store(
+        self,
+        plan: Plan,
+        k_nope: Any,
+        k_rope: Any,
+        out_cache_loc: Any,
+        index_k: Any,
+        kv_cache: Any,
+        index_k_cache: Any,
+        latent: Any = None,
+        *,
+        stream: Optional[int] = None,
+    ) -> None: ...
+    def mha_attend(
+        self, plan: Plan, q: Any, k: Any, v: Any, out: Any, lse: Any, *, stream: Optional[int] = None
     ) -> None: ...
