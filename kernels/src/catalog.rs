@@ -3,7 +3,7 @@
 
 use crate::config::{KvCacheFormat, NsaConfig};
 use crate::spec::{
-    IndexerLayout, KernelFamily, KernelSpec, MetadataMode, TopkLayout, TopkScore, MHA_HEAD_DIMS, MHA_KERNEL,
+    mha_kernel, IndexerLayout, KernelFamily, KernelSpec, MetadataMode, TopkLayout, TopkScore, MHA_HEAD_DIMS,
 };
 use crate::target::Vendor;
 
@@ -40,14 +40,6 @@ pub fn kernel_set(cfg: &NsaConfig) -> Vec<KernelSpec> {
     for layout in IndexerLayout::ALL {
         sparse_mla.push(KernelFamily::IndexerLogits { heads: cfg.index_n_heads, layout });
     }
-    // MHA one-shot prefill (spec §5.1): dense attention over the expanded heads.
-    let (mha_qk, mha_v) = MHA_HEAD_DIMS;
-    sparse_mla.push(KernelFamily::DensePrefill {
-        heads: cfg.num_q_heads,
-        d_qk: mha_qk,
-        d_v: mha_v,
-        kernel: MHA_KERNEL,
-    });
     if cfg.kv_cache == KvCacheFormat::Fp8 {
         sparse_mla.push(KernelFamily::SparseDecode {
             heads: cfg.num_q_heads,
@@ -67,7 +59,11 @@ pub fn kernel_set(cfg: &NsaConfig) -> Vec<KernelSpec> {
             let nvidia = t.vendor() == Vendor::Nvidia;
             let extra = if nvidia { &sparse_mla[..] } else { &[][..] };
             let clusters = if t.has_clusters() { &clustered[..] } else { &[][..] };
-            families.iter().chain(extra).chain(clusters).map(move |f| KernelSpec::new(*f, *t))
+            // MHA one-shot prefill (spec §5.1): dense attention over the expanded heads.
+            let (d_qk, d_v) = MHA_HEAD_DIMS;
+            let dense = KernelFamily::DensePrefill { heads: cfg.num_q_heads, d_qk, d_v, kernel: mha_kernel(*t) };
+            let dense = nvidia.then_some(dense);
+            families.iter().chain(extra).chain(clusters).copied().chain(dense).map(move |f| KernelSpec::new(f, *t))
         })
         .collect();
     specs.sort();

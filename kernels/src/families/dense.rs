@@ -16,8 +16,7 @@ pub enum DenseKernel {
     /// mma.sync m16n8k16: 64 query rows per CTA of 4 warps (every NVIDIA target).
     MmaSync,
     /// wgmma (sm_90a only): 128 query rows per CTA of two consumer warp groups and
-    /// a producer group. Compiled and snapshot-tested; the catalog takes it once it
-    /// has passed the GPU suite.
+    /// a producer group.
     WarpGroup,
 }
 
@@ -73,9 +72,16 @@ pub fn dense_smem_bytes(d_qk: u32, d_v: u32) -> u32 {
     3 * rows(d_qk) + 2 * rows(d_v) + 4 * 16 * (DENSE_KEYS * 2 + 16)
 }
 
-/// The kernel the catalog and the layer's MHA one-shot path take: mma.sync, until
-/// the warp-group kernel has passed the GPU suite.
-pub const MHA_KERNEL: DenseKernel = DenseKernel::MmaSync;
+/// The kernel the catalog and the layer's MHA one-shot path take on `target`: the
+/// warp-group kernel where it runs (about 2× the mma.sync kernel on an H200), mma.sync
+/// elsewhere.
+pub fn mha_kernel(target: Target) -> DenseKernel {
+    if DenseKernel::WarpGroup.runs_on(target) {
+        DenseKernel::WarpGroup
+    } else {
+        DenseKernel::MmaSync
+    }
+}
 
 /// DeepSeek V3.2's expanded heads, (q/k, v): 128 nope + 64 rope, and 128.
 pub const MHA_HEAD_DIMS: (u32, u32) = (192, 128);

@@ -84,7 +84,7 @@ impl MhaPlan {
             heads: self.heads,
             d_qk: MHA_QK_HEAD_DIM,
             d_v: MHA_V_HEAD_DIM,
-            kernel: nsa_kernels::spec::MHA_KERNEL,
+            kernel: nsa_kernels::spec::mha_kernel(self.target),
         };
         nsa_kernels::KernelSpec::new(family, self.target)
     }
@@ -283,7 +283,7 @@ impl NsaLayer<'_> {
             keys: plan.keys,
             max_seqlen_q: plan.max_seqlen_q,
             target: self.rt.target(),
-            kernel: nsa_kernels::spec::MHA_KERNEL,
+            kernel: nsa_kernels::spec::mha_kernel(self.rt.target()),
         };
         let dense = DenseInputs {
             q: inputs.q.slice(..),

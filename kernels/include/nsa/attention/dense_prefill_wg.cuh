@@ -3,10 +3,15 @@
 //   WG0, WG1 (consumers): 64 query rows each; per 128-key block S = Q K^T
 //     (wgmma m64n128k16, Q and K from shared memory), causal mask, online softmax,
 //     O += P V (wgmma m64n128k16, P from registers). A block's P V is issued
-//     without a wait so that it overlaps the next block's Q K^T.
+//     without a wait so that it overlaps the next block's Q K^T. The two groups
+//     take turns issuing Q K^T (the turn barriers), so one's softmax runs while
+//     the other's products keep the tensor cores busy.
 //   WG2 (producer): copies each K and V block into a double-buffered tile with
-//     16-byte cp.async (zeros past the sequence) and hands it over with the
-//     full/empty named barriers.
+//     16-byte cp.async (zeros past the sequence) and hands it over with a full
+//     barrier per consumer group (so neither waits for the other's softmax) and
+//     takes it back with the empty barrier.
+// CTAs of one (sequence, head) are adjacent, heaviest row tile first: the few heads
+// in flight keep their K and V in L2 for every row tile that re-reads them.
 // Q, K and V tiles use the 128-byte swizzle layout (dims 64 b .. 64 b + 63 of every
 // row form block b; row r at r * 128 in it, its 16-byte chunk c at (c ^ r % 8) * 16):
 // K is the K-major B operand of Q K^T, V the MN-major B operand of P V.
@@ -27,8 +32,11 @@ constexpr int kKeys = 128;              // keys per block: the wgmma N of Q K^T
 constexpr int kGroupThreads = 128;
 constexpr int kConsumerThreads = 2 * kGroupThreads;
 constexpr int kThreads = 3 * kGroupThreads;
-constexpr u32 kBarFull = 1;   // + buffer: producer -> consumers, the block landed
-constexpr u32 kBarEmpty = 3;  // + buffer: consumers -> producer, the block was read
+// Named barriers (0 is sync_block).
+constexpr u32 kBarFull = 1;   // + 2 group + buffer: producer -> a consumer group, the block landed
+constexpr u32 kBarEmpty = 5;  // + buffer: consumers -> producer, the block was read
+constexpr u32 kBarTurn = 7;   // + group: the other group issued its Q K^T, this one may
+constexpr u32 kPairThreads = 2 * kGroupThreads;
 
 // setmaxnreg budgets: launched with 64K / 384 registers per thread (168); the
 // producer gives most of its share to the consumers.
@@ -87,12 +95,13 @@ NSA_DEVICE void dense_prefill(const Params& p, u32* status) {
   typedef typename L::K TK;
   typedef typename L::V TV;
 
-  // Heaviest row tiles first: a causal tile's work grows with its index.
+  // A (sequence, head)'s row tiles adjacent, heaviest first: a causal tile's work
+  // grows with its index, and the tiles in flight share their K and V in L2.
   const u32 bid = block_x();
-  const u32 per_tile = (u32)kHeads * (u32)p.batch;
-  const i32 tile = p.row_tiles - 1 - (i32)(bid / per_tile);
-  const i32 head = (i32)(bid % per_tile % (u32)kHeads);
-  const i32 seq = (i32)(bid % per_tile / (u32)kHeads);
+  const i32 tile = p.row_tiles - 1 - (i32)(bid % (u32)p.row_tiles);
+  const u32 pair = bid / (u32)p.row_tiles;
+  const i32 head = (i32)(pair % (u32)kHeads);
+  const i32 seq = (i32)(pair / (u32)kHeads);
   if (tile < 0 || seq >= p.batch) return;
   dense::SeqTile st;
   if (!dense::seq_tile<kRows>(p, seq, tile, head, status, st)) return;
@@ -129,7 +138,8 @@ NSA_DEVICE void dense_prefill(const Params& p, u32* status) {
     auto publish = [&](i32 step) {
       mma::cp_async_wait<0>();
       mma::fence_proxy_async();
-      mma::bar_arrive(kBarFull + (step & 1), kThreads);
+      mma::bar_arrive(kBarFull + (step & 1), kPairThreads);
+      mma::bar_arrive(kBarFull + 2 + (step & 1), kPairThreads);
     };
     for (i32 step = 0; step < steps; ++step) {
       const u32 buf = step & 1;
@@ -159,11 +169,15 @@ NSA_DEVICE void dense_prefill(const Params& p, u32* status) {
 #pragma unroll
   for (int i = 0; i < 64; ++i) o[i] = 0.0f;
   float m_run[2] = {kMaxInit, kMaxInit}, l_run[2] = {0.0f, 0.0f};
+  // Group 0 issues first. Each group waits for its turn as often as the other
+  // hands it one (steps times), so no arrival is left over at exit.
+  if (group == 1 && steps > 0) mma::bar_arrive(kBarTurn, kPairThreads);
 
   for (i32 step = 0; step < steps; ++step) {
     const u32 buf = step & 1;
     const u32 kbuf = base + L::kK + buf * TK::kBytes, vbuf = base + L::kV + buf * TV::kBytes;
-    mma::bar_sync(kBarFull + buf, kThreads);
+    mma::bar_sync(kBarFull + 2 * group + buf, kPairThreads);
+    mma::bar_sync(kBarTurn + group, kPairThreads);
 
     float s[64];
 #pragma unroll
@@ -176,6 +190,7 @@ NSA_DEVICE void dense_prefill(const Params& p, u32* status) {
                                true);
     }
     wg::commit();
+    if (group == 0 || step + 1 < steps) mma::bar_arrive(kBarTurn + (group ^ 1), kPairThreads);
     // The previous block's P V overlapped these scores; once it retires its buffer
     // goes back to the producer.
     if (step >= 1) {

@@ -158,7 +158,7 @@ class Layer:
         if not read_back:
             if latent is not None:
                 raise ValueError("`latent`: given with read_back=False, expected None (nothing is read back)")
-        elif latent is None:
+        elif latent is None and plan.use_mha:  # a sparse plan is refused below, naming it
             latent = empty(k_nope, (plan.keys, 576), "bfloat16", "k_nope")
         self._layer.mha_store(
             plan, k_nope, k_rope, out_cache_loc, index_k, kv_cache, index_k_cache, latent,
