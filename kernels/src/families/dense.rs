@@ -59,9 +59,10 @@ fn kernel_of(spec: &KernelSpec) -> DenseKernel {
 }
 
 /// Dynamic shared memory of the warp-group kernel; mirrors `nsa::dense_wg::Smem`:
-/// the Q tile, two K and two V tiles (unpadded, swizzled) and 1024 bytes of alignment.
+/// the Q tile, two K and two V tiles (unpadded, swizzled), four mbarriers and 1024
+/// bytes of alignment.
 pub fn dense_wg_smem_bytes(d_qk: u32, d_v: u32) -> u32 {
-    DENSE_WG_ROWS * d_qk * 2 + 2 * DENSE_WG_KEYS * (d_qk + d_v) * 2 + 1024
+    DENSE_WG_ROWS * d_qk * 2 + 2 * DENSE_WG_KEYS * (d_qk + d_v) * 2 + 4 * 8 + 1024
 }
 
 /// Dynamic shared memory; mirrors `nsa::dense::Smem` (dense_prefill.cuh): the Q

@@ -45,6 +45,14 @@ impl DenseShape {
         self.row_tiles() * self.heads as usize * self.batch
     }
 
+    /// The warp-group kernel's (sequence, head) pairs whose row tiles run
+    /// interleaved, heaviest first: about two waves of CTAs, so the pairs in flight
+    /// share their K and V in L2 (a smaller grid is one group: longest tiles first).
+    pub fn pair_group(&self, sm_count: u32) -> usize {
+        let pairs = (self.heads as usize * self.batch).max(1);
+        (2 * sm_count as usize).div_ceil(self.row_tiles().max(1)).clamp(1, pairs)
+    }
+
     fn check(&self) -> Result<()> {
         if !(1..=128).contains(&self.heads) {
             return Err(invalid("heads", self.heads.to_string(), "1..=128 query heads"));
@@ -113,10 +121,19 @@ struct DensePrefillParams {
     rows: i32,
     keys: i32,
     sm_scale: f32,
-    pad: i32,
+    pair_group: i32,
 }
 // SAFETY: plain old data with the C layout the kernel declares.
 unsafe impl DeviceRepr for DensePrefillParams {}
+
+/// The softmax scale the kernels take: finite and positive (the warp-group kernel
+/// takes row maxima of the unscaled scores).
+fn check_scale(sm_scale: f32) -> Result<()> {
+    if !(sm_scale.is_finite() && sm_scale > 0.0) {
+        return Err(invalid("sm_scale", sm_scale.to_string(), "a finite softmax scale > 0 (e.g. 1/sqrt(d_qk))"));
+    }
+    Ok(())
+}
 
 /// `out[t, h] = Σ_j softmax_j(sm_scale · q[t, h]·k[j, h]) · v[j, h]` over the keys
 /// query row t sees, and `lse[t, h]`.
@@ -128,6 +145,7 @@ pub fn dense_prefill(
 ) -> Result<()> {
     check_target("shape.target", shape.target, rt)?;
     shape.check()?;
+    check_scale(inputs.sm_scale)?;
     let (h, dq, dv) = (shape.heads as usize, shape.d_qk as usize, shape.d_v as usize);
     check_len("q", inputs.q.len(), shape.rows * h * dq, "rows × heads × d_qk")?;
     check_len("k", inputs.k.len(), shape.keys * h * dq, "keys × heads × d_qk")?;
@@ -168,7 +186,7 @@ pub fn dense_prefill(
         rows: shape.rows as i32,
         keys: shape.keys as i32,
         sm_scale: inputs.sm_scale,
-        pad: 0,
+        pair_group: shape.pair_group(rt.gpu().caps().sm_count) as i32,
     };
     let mut args = rt.args(&kernel);
     args.arg(&params);
@@ -211,5 +229,27 @@ mod tests {
         assert!(err(DenseShape { target: Target::Gfx942, ..shape() }).contains("`target`"));
         let wg_on_sm100 = DenseShape { target: Target::Sm100a, kernel: DenseKernel::WarpGroup, ..shape() };
         assert!(err(wg_on_sm100).contains("`target`"));
+        for bad in [0.0, -0.1, f32::NAN, f32::INFINITY] {
+            assert!(check_scale(bad).unwrap_err().to_string().contains("`sm_scale`"), "{bad}");
+        }
+        assert!(check_scale(0.0723).is_ok());
+    }
+
+    #[test]
+    fn pair_groups_cover_two_waves_and_a_small_grid_whole() {
+        let wg = |heads, batch, max_seqlen_q| DenseShape {
+            heads,
+            batch,
+            rows: batch * max_seqlen_q,
+            max_seqlen_q,
+            kernel: DenseKernel::WarpGroup,
+            ..shape()
+        };
+        // 16 row tiles: 17 pairs make two waves of 132 SMs.
+        assert_eq!(wg(128, 16, 2048).pair_group(132), 17);
+        // 16 heads of one sequence: every pair in one group.
+        assert_eq!(wg(16, 1, 2048).pair_group(132), 16);
+        // One row tile per pair: capped at the pairs there are.
+        assert_eq!(wg(8, 2, 100).pair_group(132), 16);
     }
 }

@@ -36,7 +36,7 @@ struct Params {
   i32 rows;                  // query rows of q and out (cu_seqlens_q must stay inside)
   i32 keys;                  // key rows of k and v (cu_seqlens_k must stay inside)
   float sm_scale;
-  i32 pad;
+  i32 pair_group;            // the warp-group kernel's (sequence, head) pairs per CTA group (dense_prefill_wg.cuh)
 };
 
 // Shared rows of `kDim` bf16 padded by 16 bytes (ldmatrix rows on distinct banks).

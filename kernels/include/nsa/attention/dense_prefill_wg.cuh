@@ -6,18 +6,21 @@
 //     without a wait so that it overlaps the next block's Q K^T. The two groups
 //     take turns issuing Q K^T (the turn barriers), so one's softmax runs while
 //     the other's products keep the tensor cores busy.
-//   WG2 (producer): copies each K and V block into a double-buffered tile with
-//     16-byte cp.async (zeros past the sequence) and hands it over with a full
-//     barrier per consumer group (so neither waits for the other's softmax) and
-//     takes it back with the empty barrier.
-// CTAs of one (sequence, head) are adjacent, heaviest row tile first: the few heads
-// in flight keep their K and V in L2 for every row tile that re-reads them.
+//   WG2 (producer): copies K and V blocks into double-buffered tiles with 16-byte
+//     cp.async (zeros past the sequence), K one block ahead of V. Each copy
+//     signals an mbarrier when it lands (cp.async.mbarrier.arrive), so the
+//     producer never waits for its own copies, only for a buffer to be given back
+//     (the empty barriers: K after the block's Q K^T, V after its P V).
+// CTAs of `pair_group` (sequence, head) pairs are interleaved, heaviest row tile
+// first: the pairs in flight keep their K and V in L2 for every row tile that
+// re-reads them, and a small grid is one group (longest tiles first overall).
 // Q, K and V tiles use the 128-byte swizzle layout (dims 64 b .. 64 b + 63 of every
 // row form block b; row r at r * 128 in it, its 16-byte chunk c at (c ^ r % 8) * 16):
 // K is the K-major B operand of Q K^T, V the MN-major B operand of P V.
 // Semantics, parameters and outputs as dense_prefill.cuh (the mma.sync kernel).
 #pragma once
 #include "nsa/attention/dense_prefill.cuh"
+#include "nsa/cuda/bulk.cuh"
 #include "nsa/cuda/wgmma.cuh"
 
 namespace nsa {
@@ -32,10 +35,10 @@ constexpr int kKeys = 128;              // keys per block: the wgmma N of Q K^T
 constexpr int kGroupThreads = 128;
 constexpr int kConsumerThreads = 2 * kGroupThreads;
 constexpr int kThreads = 3 * kGroupThreads;
-// Named barriers (0 is sync_block).
-constexpr u32 kBarFull = 1;   // + 2 group + buffer: producer -> a consumer group, the block landed
-constexpr u32 kBarEmpty = 5;  // + buffer: consumers -> producer, the block was read
-constexpr u32 kBarTurn = 7;   // + group: the other group issued its Q K^T, this one may
+// Named barriers (0 is sync_block): consumers -> producer, a buffer was read.
+constexpr u32 kBarEmptyK = 1;  // + buffer
+constexpr u32 kBarEmptyV = 3;  // + buffer
+constexpr u32 kBarTurn = 5;    // + group: the other group issued its Q K^T, this one may
 constexpr u32 kPairThreads = 2 * kGroupThreads;
 
 // setmaxnreg budgets: launched with 64K / 384 registers per thread (168); the
@@ -64,8 +67,10 @@ struct Smem {
   static constexpr u32 kQ = 0;
   static constexpr u32 kK = kQ + Q::kBytes;
   static constexpr u32 kV = kK + 2 * K::kBytes;
+  // mbarriers, producer -> consumers, a block landed: K of buffer 0, 1, V of 0, 1.
+  static constexpr u32 kFull = kV + 2 * V::kBytes;
   // The swizzle follows address bits: the layout starts 1024-byte aligned.
-  static constexpr u32 kBytes = kV + 2 * V::kBytes + 1024;
+  static constexpr u32 kBytes = kFull + 4 * 8 + 1024;
 };
 
 // Rows [0, valid) of a kR-row block of kDim-wide rows (`stride` elements apart in
@@ -95,11 +100,14 @@ NSA_DEVICE void dense_prefill(const Params& p, u32* status) {
   typedef typename L::K TK;
   typedef typename L::V TV;
 
-  // A (sequence, head)'s row tiles adjacent, heaviest first: a causal tile's work
-  // grows with its index, and the tiles in flight share their K and V in L2.
-  const u32 bid = block_x();
-  const i32 tile = p.row_tiles - 1 - (i32)(bid % (u32)p.row_tiles);
-  const u32 pair = bid / (u32)p.row_tiles;
+  // Groups of pair_group (sequence, head) pairs, each group's row tiles heaviest
+  // first (a causal tile's work grows with its index).
+  const u32 bid = block_x(), tiles = (u32)p.row_tiles;
+  const u32 pairs = (u32)kHeads * (u32)p.batch, per_group = (u32)p.pair_group;
+  const u32 first_pair = bid / (per_group * tiles) * per_group, in_group = bid % (per_group * tiles);
+  const u32 group_pairs = pairs - first_pair < per_group ? pairs - first_pair : per_group;
+  const i32 tile = (i32)tiles - 1 - (i32)(in_group / group_pairs);
+  const u32 pair = first_pair + in_group % group_pairs;
   const i32 head = (i32)(pair % (u32)kHeads);
   const i32 seq = (i32)(pair / (u32)kHeads);
   if (tile < 0 || seq >= p.batch) return;
@@ -125,35 +133,39 @@ NSA_DEVICE void dense_prefill(const Params& p, u32* status) {
       mma::sts_v4(base + L::kQ + TQ::offset(r, c), v);
     }
     mma::fence_proxy_async();
+    if (tid == 0) {
+      for (u32 b = 0; b < 4; ++b) bulk::mbar_init(base + L::kFull + 8 * b, kGroupThreads);
+      bulk::mbar_init_fence();
+    }
   }
   sync_block();
+  const u32 full_k = base + L::kFull, full_v = full_k + 16;  // + 8 buffer
 
   if (tid >= (u32)kConsumerThreads) {
-    // Producer. Publish the previous block (landed, fenced for the async proxy)
-    // before waiting for this block's buffer: the consumers release a buffer only
-    // after the next block's Q K^T, so the other order would deadlock.
+    // Producer: K of block 0, then per step K of the next block and V of this one,
+    // each once its buffer is back (from block step - 2). Every lane arrives on the
+    // block's mbarrier when its own copies land.
     wg::regs_set<kLaunchRegs, kRegsProducer>();
     const u32 ptid = tid - kConsumerThreads;
     const u64 keep = mma::l2_evict_last_policy();  // every row tile of the head re-reads K and V
-    auto publish = [&](i32 step) {
-      mma::cp_async_wait<0>();
-      mma::fence_proxy_async();
-      mma::bar_arrive(kBarFull + (step & 1), kPairThreads);
-      mma::bar_arrive(kBarFull + 2 + (step & 1), kPairThreads);
+    auto copy_k = [&](i32 step) {
+      const u32 buf = step & 1;
+      if (step >= 2) mma::bar_sync(kBarEmptyK + buf, kThreads);
+      const i32 key0 = step * kKeys;
+      copy_rows<kKeys, kDqk>(base + L::kK + buf * TK::kBytes, p.k + (i64)(k0 + key0) * qk_stride + (i64)head * kDqk,
+                             qk_stride, lk - key0, ptid, keep);
+      bulk::mbar_arrive_on_cp_async(full_k + 8 * buf);
     };
+    if (steps > 0) copy_k(0);
     for (i32 step = 0; step < steps; ++step) {
       const u32 buf = step & 1;
-      if (step >= 1) publish(step - 1);
-      if (step >= 2) mma::bar_sync(kBarEmpty + buf, kThreads);
+      if (step + 1 < steps) copy_k(step + 1);
+      if (step >= 2) mma::bar_sync(kBarEmptyV + buf, kThreads);
       const i32 key0 = step * kKeys;
-      const i64 row = (i64)(k0 + key0);
-      copy_rows<kKeys, kDqk>(base + L::kK + buf * TK::kBytes, p.k + row * qk_stride + (i64)head * kDqk, qk_stride,
-                             lk - key0, ptid, keep);
-      copy_rows<kKeys, kDv>(base + L::kV + buf * TV::kBytes, p.v + row * v_stride + (i64)head * kDv, v_stride,
-                            lk - key0, ptid, keep);
-      mma::cp_async_commit();
+      copy_rows<kKeys, kDv>(base + L::kV + buf * TV::kBytes, p.v + (i64)(k0 + key0) * v_stride + (i64)head * kDv,
+                            v_stride, lk - key0, ptid, keep);
+      bulk::mbar_arrive_on_cp_async(full_v + 8 * buf);
     }
-    if (steps > 0) publish(steps - 1);
     return;
   }
 
@@ -176,7 +188,9 @@ NSA_DEVICE void dense_prefill(const Params& p, u32* status) {
   for (i32 step = 0; step < steps; ++step) {
     const u32 buf = step & 1;
     const u32 kbuf = base + L::kK + buf * TK::kBytes, vbuf = base + L::kV + buf * TV::kBytes;
-    mma::bar_sync(kBarFull + 2 * group + buf, kPairThreads);
+    const u32 parity = (u32)(step >> 1) & 1u;
+    bulk::mbar_wait(full_k + 8 * buf, parity);
+    mma::fence_proxy_async();  // the producer's cp.async writes, read by wgmma
     mma::bar_sync(kBarTurn + group, kPairThreads);
 
     float s[64];
@@ -196,34 +210,63 @@ NSA_DEVICE void dense_prefill(const Params& p, u32* status) {
     if (step >= 1) {
       wg::wait<1>();
       wg::pin(o);
-      if (step + 1 < steps) mma::bar_arrive(kBarEmpty + (buf ^ 1), kThreads);
+      if (step + 1 < steps) mma::bar_arrive(kBarEmptyV + (buf ^ 1), kThreads);
     }
     wg::wait<0>();
     wg::pin(s);
+    if (step + 2 < steps) mma::bar_arrive(kBarEmptyK + buf, kThreads);
 
     // Mask where the block crosses the diagonal or the sequence's end (uniform per
-    // group: its first row sees the fewest keys), scale into log2 units, row max.
+    // group: its first row sees the fewest keys) and take the row max of the raw
+    // scores: the scale (> 0) goes into the exponent's FFMA, exp2(s c - m c).
     const i32 key0 = step * kKeys;
     const bool full = key0 + kKeys <= lk && key0 + kKeys - 1 <= shift + first_row;
     float mx[2] = {neg_inf(), neg_inf()};
+    if (full) {
 #pragma unroll
-    for (int i = 0; i < 16; ++i) {
+      for (int i = 0; i < 16; ++i) {
+        mx[0] = fmax2(mx[0], fmax2(s[4 * i], s[4 * i + 1]));
+        mx[1] = fmax2(mx[1], fmax2(s[4 * i + 2], s[4 * i + 3]));
+      }
+    } else {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int h = e >> 1;
-        const i32 key = key0 + 8 * i + 2 * (i32)t + (e & 1);
-        const bool live = full || (key < lk && key <= shift + rows[h]);
-        const float x = live ? s[4 * i + e] * c_scale : neg_inf();
-        s[4 * i + e] = x;
-        mx[h] = fmax2(mx[h], x);
+      for (int i = 0; i < 16; ++i) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int h = e >> 1;
+          const i32 key = key0 + 8 * i + 2 * (i32)t + (e & 1);
+          const float x = key < lk && key <= shift + rows[h] ? s[4 * i + e] : neg_inf();
+          s[4 * i + e] = x;
+          mx[h] = fmax2(mx[h], x);
+        }
       }
     }
-    float alpha[2];
-    update_max(mx, m_run, l_run, alpha);
-    u32 pa[32];
+    float alpha[2], neg_mc[2];
 #pragma unroll
-    for (int i = 0; i < 16; ++i)
-      exp_pack(s[4 * i], s[4 * i + 1], s[4 * i + 2], s[4 * i + 3], m_run, l_run, pa[2 * i], pa[2 * i + 1]);
+    for (int h = 0; h < 2; ++h) {
+      mx[h] = fmax2(mx[h], shfl_xor(mx[h], 1));
+      mx[h] = fmax2(mx[h], shfl_xor(mx[h], 2));
+      const float m_new = fmax2(m_run[h], mx[h]);
+      alpha[h] = mma::exp2_approx((m_run[h] - m_new) * c_scale);
+      m_run[h] = m_new;
+      neg_mc[h] = -m_new * c_scale;
+    }
+    // P as bf16 pairs; the row sums in two chains per row (half the dependent adds).
+    u32 pa[32];
+    float sum[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      const float p0 = mma::exp2_approx(s[4 * i] * c_scale + neg_mc[0]);
+      const float p1 = mma::exp2_approx(s[4 * i + 1] * c_scale + neg_mc[0]);
+      const float p2 = mma::exp2_approx(s[4 * i + 2] * c_scale + neg_mc[1]);
+      const float p3 = mma::exp2_approx(s[4 * i + 3] * c_scale + neg_mc[1]);
+      sum[0][i & 1] += p0 + p1;
+      sum[1][i & 1] += p2 + p3;
+      pa[2 * i] = mma::pack_bf16x2(p0, p1);
+      pa[2 * i + 1] = mma::pack_bf16x2(p2, p3);
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) l_run[h] = l_run[h] * alpha[h] + (sum[h][0] + sum[h][1]);
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
       o[4 * j] *= alpha[0];
@@ -232,6 +275,8 @@ NSA_DEVICE void dense_prefill(const Params& p, u32* status) {
       o[4 * j + 3] *= alpha[1];
     }
     const u64 v_desc = wg::desc_sw128(vbuf, TV::kBlockBytes);
+    bulk::mbar_wait(full_v + 8 * buf, parity);
+    mma::fence_proxy_async();
     wg::fence();
 #pragma unroll
     for (int ks = 0; ks < kKeys / 16; ++ks) {
@@ -260,7 +305,7 @@ NSA_DEVICE void dense_prefill(const Params& p, u32* status) {
 #pragma unroll
     for (int j = 0; j < 16; ++j)
       mma::stg_stream_u32(out + 8 * j, mma::pack_bf16x2(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv));
-    if (t == 0) p.lse[row] = empty ? pos_inf() : (m_run[h] + mma::log2_approx(l_run[h])) * kLn2;
+    if (t == 0) p.lse[row] = empty ? pos_inf() : (m_run[h] * c_scale + mma::log2_approx(l_run[h])) * kLn2;
   }
 }
 
