@@ -132,11 +132,7 @@ class Layer:
         the indexer pool, uint8 pages of 64 × (128 e4m3 + f32 scale). Returns
         ``(out, lse)``: ``(T, heads, 512)`` bf16 in latent space and ``(T, heads)``
         f32 (natural log), allocated on the current stream unless given."""
-        heads, t = self._layer.heads, plan.padded_rows
-        if out is None:
-            out = empty(q, (t, heads, 512), "bfloat16", "q")
-        if lse is None:
-            lse = empty(q, (t, heads), "float32", "q")
+        out, lse = self._out_lse(q, plan.padded_rows, 512, out, lse)
         self._layer.forward(
             plan, q, k_nope, k_rope, out_cache_loc, index_q, index_weights, index_k, kv_cache, index_k_cache, out,
             lse, stream=current_stream(q) or self._stream(),
@@ -173,12 +169,18 @@ class Layer:
         ``v`` ``(plan.keys, heads, 128)`` bf16, keys in ``latent``'s order. Returns
         ``(out, lse)``: ``(plan.rows, heads, 128)`` bf16 and ``(plan.rows, heads)``
         f32 (natural log), allocated on the current stream unless given."""
-        heads, t = self._layer.heads, plan.rows
-        if out is None:
-            out = empty(q, (t, heads, 128), "bfloat16", "q")
-        if lse is None:
-            lse = empty(q, (t, heads), "float32", "q")
+        out, lse = self._out_lse(q, plan.rows, 128, out, lse)
         self._layer.mha_attend(plan, q, k, v, out, lse, stream=current_stream(q) or self._stream())
+        return out, lse
+
+    def _out_lse(self, q, rows, width, out, lse):
+        """``out`` ``(rows, heads, width)`` bf16 and ``lse`` ``(rows, heads)`` f32: as
+        given, or allocated beside ``q`` on its current stream."""
+        heads = self._layer.heads
+        if out is None:
+            out = empty(q, (rows, heads, width), "bfloat16", "q")
+        if lse is None:
+            lse = empty(q, (rows, heads), "float32", "q")
         return out, lse
 
     def __repr__(self):
