@@ -1,10 +1,12 @@
 //! Builds the CPU emulation of the top-k kernels (`tests/emu/`): every top-k, split,
 //! cluster and page-table transform variant for k = 512, 1024, 2048 (bf16 scores for
 //! 512 and 2048) of sm_90a (32-lane
-//! warps) and gfx942 (64-lane wavefronts, no clusters), rendered from the same
+//! warps) and gfx942 (64-lane wavefronts, no clusters), and the scalar dense
+//! attention kernel (gfx942's) at both head shapes, rendered from the same
 //! templates and headers as the GPU builds, compiled for the host against the
 //! emulated arch layer (`nsa/emu/arch.cuh`) in place of the target's own.
 
+use nsa_kernels::spec::{DenseKernel, DENSE_HEAD_DIMS};
 use nsa_kernels::{render, KernelFamily, KernelSpec, Target, TopkLayout, TopkScore};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -16,6 +18,7 @@ fn kind(family: KernelFamily) -> &'static str {
     match family {
         KernelFamily::TopkSplit { .. } => "kSplit",
         KernelFamily::IndexTransform { .. } => "kTransform",
+        KernelFamily::DensePrefill { .. } => "kDense",
         _ => "kTopk",
     }
 }
@@ -32,8 +35,15 @@ fn emulated_families(target: Target) -> Vec<KernelFamily> {
         }
         families.push(KernelFamily::IndexTransform { k });
     }
+    // The scalar dense kernel at 3 heads (tests/tests/emu_dense.rs), both head shapes.
+    for (d_qk, d_v) in DENSE_HEAD_DIMS {
+        families.push(KernelFamily::DensePrefill { heads: EMU_DENSE_HEADS, d_qk, d_v, kernel: DenseKernel::Scalar });
+    }
     families
 }
+
+/// Heads of the emulated dense kernels (`nsa_tests::emu::EMU_DENSE_HEADS`).
+const EMU_DENSE_HEADS: u32 = 3;
 
 /// One top-k variant on every path (each serves every transform): one block (both
 /// layouts, deterministic or not), split, and the cluster kernel where `target` has
@@ -106,7 +116,11 @@ fn main() {
     let mut runtime = cpp_build(&root);
     for width in WIDTHS {
         let mut build = cpp_build(&root);
-        build.define("NSA_EMU_WARP", width.lanes.to_string().as_str()).define("NSA_EMU_SMEM_FN", width.smem_fn);
+        let dense_smem_fn = format!("nsa_emu_dense_smem_w{}", width.lanes);
+        build
+            .define("NSA_EMU_WARP", width.lanes.to_string().as_str())
+            .define("NSA_EMU_SMEM_FN", width.smem_fn)
+            .define("NSA_EMU_DENSE_SMEM_FN", dense_smem_fn.as_str());
         if width.lanes == 64 {
             // The two widths' inline functions and templates must not merge at link time.
             build.define("nsa", "nsa_w64");
@@ -124,18 +138,21 @@ fn main() {
             let params = match kind {
                 "kSplit" => "nsa::topk::Params, nsa::topk::Split, nsa::u32*",
                 "kTransform" => "nsa::index_transform::Params, nsa::u32*",
+                "kDense" => "nsa::dense::Params, nsa::u32*",
                 _ => "nsa::topk::Params, nsa::u32*",
             };
             writeln!(decls, "extern \"C\" void {}({params});", kernel.symbol).unwrap();
             let field = match kind {
                 "kSplit" => "split",
                 "kTransform" => "transform",
+                "kDense" => "dense",
                 _ => "topk",
             };
+            let smem_fn = if kind == "kDense" { dense_smem_fn.as_str() } else { width.smem_fn };
             writeln!(
                 table,
                 "    {{\"{}\", {kind}, {}, {}, {{.{field} = &{}}}}},",
-                kernel.id, width.lanes, width.smem_fn, kernel.symbol
+                kernel.id, width.lanes, smem_fn, kernel.symbol
             )
             .unwrap();
         }

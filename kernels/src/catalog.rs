@@ -62,8 +62,7 @@ pub fn kernel_set(cfg: &NsaConfig) -> Vec<KernelSpec> {
             // MHA one-shot prefill (spec §5.1): dense attention over the expanded heads.
             let (d_qk, d_v) = MHA_HEAD_DIMS;
             let dense = KernelFamily::DensePrefill { heads: cfg.num_q_heads, d_qk, d_v, kernel: mha_kernel(*t) };
-            let dense = nvidia.then_some(dense);
-            families.iter().chain(extra).chain(clusters).copied().chain(dense).map(move |f| KernelSpec::new(f, *t))
+            families.iter().chain(extra).chain(clusters).copied().chain([dense]).map(move |f| KernelSpec::new(f, *t))
         })
         .collect();
     specs.sort();

@@ -32,6 +32,7 @@ pub const TEMPLATES: &[(&str, &str)] = embed! {
     "indexer_logits_wg.cu.tera" => "../../templates/indexer_logits_wg.cu.tera",
     "dense_prefill.cu.tera" => "../../templates/dense_prefill.cu.tera",
     "dense_prefill_wg.cu.tera" => "../../templates/dense_prefill_wg.cu.tera",
+    "dense_prefill_scalar.cu.tera" => "../../templates/dense_prefill_scalar.cu.tera",
 };
 
 /// Device headers, by the include name sources use. Passed to the compiler as
@@ -61,7 +62,9 @@ pub const HEADERS: &[(&str, &str)] = embed! {
     "nsa/attention/sparse_decode_f8.cuh" => "../include/nsa/attention/sparse_decode_f8.cuh",
     "nsa/attention/sparse_prefill.cuh" => "../include/nsa/attention/sparse_prefill.cuh",
     "nsa/attention/sparse_prefill_wg.cuh" => "../include/nsa/attention/sparse_prefill_wg.cuh",
+    "nsa/attention/dense_common.cuh" => "../include/nsa/attention/dense_common.cuh",
     "nsa/attention/dense_prefill.cuh" => "../include/nsa/attention/dense_prefill.cuh",
+    "nsa/attention/dense_prefill_scalar.cuh" => "../include/nsa/attention/dense_prefill_scalar.cuh",
     "nsa/attention/dense_prefill_wg.cuh" => "../include/nsa/attention/dense_prefill_wg.cuh",
     "nsa/indexer/indexer_logits.cuh" => "../include/nsa/indexer/indexer_logits.cuh",
     "nsa/indexer/indexer_logits_wg.cuh" => "../include/nsa/indexer/indexer_logits_wg.cuh",

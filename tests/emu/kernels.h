@@ -5,8 +5,9 @@
 #include "nsa/emu/arch.cuh"
 #include "nsa/topk/index_transform.cuh"
 #include "nsa/topk/topk.cuh"
+#include "nsa/attention/dense_common.cuh"
 
-enum EmuKind { kTopk, kSplit, kTransform };
+enum EmuKind { kTopk, kSplit, kTransform, kDense };
 
 struct EmuKernel {
   const char* id;
@@ -17,11 +18,14 @@ struct EmuKernel {
     void (*topk)(nsa::topk::Params, nsa::u32*);  // one-block and cluster kernels
     void (*split)(nsa::topk::Params, nsa::topk::Split, nsa::u32*);
     void (*transform)(nsa::index_transform::Params, nsa::u32*);
+    void (*dense)(nsa::dense::Params, nsa::u32*);
   } entry;
 };
 
 extern "C" unsigned char* nsa_emu_smem_w32();
 extern "C" unsigned char* nsa_emu_smem_w64();
+extern "C" unsigned char* nsa_emu_dense_smem_w32();
+extern "C" unsigned char* nsa_emu_dense_smem_w64();
 
 extern const EmuKernel kEmuKernels[];
 extern const unsigned long kEmuKernelCount;

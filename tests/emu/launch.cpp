@@ -25,7 +25,8 @@ const EmuKernel* find(const char* id, EmuKind kind, std::string& error) {
     }
     return &kEmuKernels[i];
   }
-  error = std::string("no emulated kernel ") + id + " (tests/build.rs emulates the sm_90a and gfx942 top-k kernels)";
+  error = std::string("no emulated kernel ") + id +
+          " (tests/build.rs emulates the sm_90a and gfx942 top-k kernels and the scalar dense kernels)";
   return nullptr;
 }
 
@@ -76,5 +77,14 @@ extern "C" int nsa_emu_index_transform(const char* id, const EmuShape* shape, co
   const EmuKernel* k = find(id, kTransform, e);
   if (k == nullptr) return not_found(e, err, err_len);
   auto go = [&] { k->entry.transform(*p, status); };
+  return run(*k, *shape, call<decltype(go)>, &go, err, err_len);
+}
+
+extern "C" int nsa_emu_dense(const char* id, const EmuShape* shape, const nsa::dense::Params* p, nsa::u32* status,
+                             char* err, size_t err_len) {
+  std::string e;
+  const EmuKernel* k = find(id, kDense, e);
+  if (k == nullptr) return not_found(e, err, err_len);
+  auto go = [&] { k->entry.dense(*p, status); };
   return run(*k, *shape, call<decltype(go)>, &go, err, err_len);
 }

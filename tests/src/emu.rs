@@ -1,10 +1,14 @@
 //! The CPU emulator of the top-k kernels (`tests/emu/`, built by `tests/build.rs`)
-//! as a [`TopkDevice`]: the sm_90a and gfx942 kernels' own code, with each CTA's
+//! as a [`TopkDevice`], and of the scalar dense kernel as a [`DenseDevice`]: the
+//! sm_90a and gfx942 kernels' own code, with each CTA's
 //! threads as fibers, run on the host so that CI (no GPU) checks the kernels' logic
 //! against the CPU reference. It proves what the kernels compute, not how fast, and not the
 //! GPU-only parts (the arch layer's PTX, memory ordering between real warps).
 
+use half::bf16;
 use nsa_kernels::{KernelFamily, KernelSpec, Target, TopkScore};
+use nsa_runtime::ops::dense_prefill::DenseShape;
+use nsa_runtime::verify::dense::{DenseDevice, DenseHostInputs};
 use nsa_runtime::verify::topk::{HostPageTable, TopkDevice, TopkInputs, TopkKernel, CHECK_SPLIT_CHUNK};
 use nsa_runtime::{Error, Result};
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
@@ -66,6 +70,28 @@ struct TransformParams {
 }
 const _: () = assert!(size_of::<TransformParams>() == 56);
 
+/// `nsa::dense::Params` (dense_common.cuh); tests/emu/smem.cpp pins the same size.
+#[repr(C)]
+struct DenseParams {
+    q: *const bf16,
+    k: *const bf16,
+    v: *const bf16,
+    cu_seqlens_q: *const i32,
+    cu_seqlens_k: *const i32,
+    out: *mut bf16,
+    lse: *mut f32,
+    batch: i32,
+    row_tiles: i32,
+    rows: i32,
+    keys: i32,
+    sm_scale: f32,
+    pair_group: i32,
+}
+const _: () = assert!(size_of::<DenseParams>() == 80);
+
+/// Heads of the emulated dense kernels (tests/build.rs).
+pub const EMU_DENSE_HEADS: u32 = 3;
+
 /// `EmuShape` (launch.cpp).
 #[repr(C)]
 struct Shape {
@@ -98,6 +124,14 @@ unsafe extern "C" {
     ) -> c_int;
     fn nsa_emu_selftest(name: *const c_char, seed: u64, out: *mut u32, err: *mut c_char, err_len: usize) -> c_int;
     fn nsa_emu_sample_expected_kept(cap: u32, k: u32, n: i32, out: *mut u64) -> c_int;
+    fn nsa_emu_dense(
+        id: *const c_char,
+        shape: *const Shape,
+        p: *const DenseParams,
+        status: *mut u32,
+        err: *mut c_char,
+        err_len: usize,
+    ) -> c_int;
     fn nsa_emu_index_transform(
         id: *const c_char,
         shape: *const Shape,
@@ -302,5 +336,60 @@ impl TopkDevice for Emulator {
             unsafe { nsa_emu_index_transform(cid, &shape, &params, ptr::null_mut(), err, len) }
         })?;
         Ok(out)
+    }
+}
+
+impl DenseDevice for Emulator {
+    fn target(&self) -> Target {
+        self.target
+    }
+
+    /// The scalar kernel only (the one gfx942 runs), at [`EMU_DENSE_HEADS`] heads.
+    fn dense(&self, shape: &DenseShape, x: &DenseHostInputs<'_>) -> Result<(Vec<bf16>, Vec<f32>)> {
+        let family =
+            KernelFamily::DensePrefill { heads: shape.heads, d_qk: shape.d_qk, d_v: shape.d_v, kernel: shape.kernel };
+        let spec = KernelSpec::new(family, self.target);
+        let (h, dv) = (shape.heads as usize, shape.d_v as usize);
+        let mut out = vec![bf16::from_f32(7.0); shape.rows * h * dv];
+        let mut lse = vec![7.0f32; shape.rows * h];
+        let grid = shape.ctas();
+        if grid == 0 {
+            return Ok((out, lse));
+        }
+        let params = DenseParams {
+            q: x.q.as_ptr(),
+            k: x.k.as_ptr(),
+            v: x.v.as_ptr(),
+            cu_seqlens_q: x.cu_seqlens_q.as_ptr(),
+            cu_seqlens_k: x.cu_seqlens_k.as_ptr(),
+            out: out.as_mut_ptr(),
+            lse: lse.as_mut_ptr(),
+            batch: shape.batch as i32,
+            row_tiles: shape.row_tiles() as i32,
+            rows: shape.rows as i32,
+            keys: shape.keys as i32,
+            sm_scale: x.sm_scale,
+            pair_group: 0,
+        };
+        let launch = Shape {
+            grid: u32::try_from(grid).map_err(|_| Error::Other(format!("{}: grid of {grid} blocks", spec.id())))?,
+            block_threads: spec.block_threads(),
+            cluster: 1,
+            smem_bytes: spec.dynamic_smem_bytes(),
+            groups: self.groups,
+            pad: 0,
+            seed: self.seed,
+        };
+        let mut status = [0u32; 4];
+        // SAFETY: every pointer covers what the kernel reads or writes for `shape`
+        // (the buffers are sized from it above and by the caller), and `status` the
+        // kernel's report words.
+        Self::call(&spec.id(), |cid, err, len| unsafe {
+            nsa_emu_dense(cid, &launch, &params, status.as_mut_ptr(), err, len)
+        })?;
+        if status[0] != 0 {
+            return Err(Error::Other(format!("{}: the kernel reported {} bad sequence(s)", spec.id(), status[0])));
+        }
+        Ok((out, lse))
     }
 }

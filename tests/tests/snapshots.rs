@@ -85,8 +85,10 @@ fn kernel_set_is_sorted_unique_and_covers_each_target() {
             ]);
             let nvidia = t.vendor() == nsa_kernels::Vendor::Nvidia;
             // Sparse MLA is NVIDIA only (mma.sync) so far: prefill for every format.
+            // Dense MHA one-shot on every target (the scalar kernel on gfx942).
+            expected.insert("dense_prefill");
             if nvidia {
-                expected.extend(["sparse_prefill", "indexer_logits", "dense_prefill"]);
+                expected.extend(["sparse_prefill", "indexer_logits"]);
             }
             // Few long top-k rows go over clusters where the target has them.
             if t.has_clusters() {
@@ -346,9 +348,10 @@ fn ids_and_symbols_are_unique_and_round_trip() {
     // serves every output transform. On NVIDIA also 9 sparse decode variants, 5
     // combines, 7 sparse prefill variants, 2 indexer logits layouts, 3 cluster top-k
     // (the cluster size is a launch attribute), 1 bf16 cluster top-k and 7 dense
-    // prefill variants; on sm_90a the same 7 with the warp-group kernel.
+    // prefill variants; on sm_90a the same 7 with the warp-group kernel; on every
+    // target the same 7 with the scalar kernel.
     let nvidia = Target::ALL.iter().filter(|t| t.vendor() == nsa_kernels::Vendor::Nvidia).count();
-    assert_eq!(specs.len(), 25 * Target::ALL.len() + 34 * nvidia + 7);
+    assert_eq!(specs.len(), 32 * Target::ALL.len() + 34 * nvidia + 7);
     let mut ids = BTreeMap::new();
     let mut symbols = BTreeMap::new();
     let mut sources = BTreeSet::new();
@@ -611,6 +614,18 @@ fn launch_geometry_matches_the_device_code() {
                 assert_eq!(DenseKernel::WarpGroup.rows(), nsa_kernels::spec::DENSE_WG_ROWS, "{spec}");
                 assert_eq!(spec.target, Target::Sm90a, "{spec}: wgmma");
                 assert!(spec.dynamic_smem_bytes() <= 227 * 1024, "{spec}: {} bytes", spec.dynamic_smem_bytes());
+                assert!(r_has_bounds(&spec, threads), "{spec}");
+                continue;
+            }
+            // Scalar: one thread per query row.
+            KernelFamily::DensePrefill { kernel: DenseKernel::Scalar, .. } => {
+                let d = int_constants(header("nsa/attention/dense_prefill_scalar.cuh").unwrap());
+                assert_eq!(spec.tokens_per_block(), 1, "{spec}");
+                assert_eq!(threads as i64, d["kThreads"], "{spec}");
+                assert_eq!(d["kRows"], d["kThreads"], "{spec}: one row per thread");
+                assert_eq!(d["kRows"], nsa_kernels::spec::DENSE_SCALAR_ROWS as i64, "{spec}");
+                assert_eq!(DenseKernel::Scalar.rows(), nsa_kernels::spec::DENSE_SCALAR_ROWS, "{spec}");
+                assert!(spec.dynamic_smem_bytes() <= spec.target.max_smem_per_block(), "{spec}");
                 assert!(r_has_bounds(&spec, threads), "{spec}");
                 continue;
             }

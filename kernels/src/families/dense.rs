@@ -1,7 +1,8 @@
 //! Dense causal attention over variable-length sequences: the MHA one-shot
 //! prefill (spec §5.1), each head with its own q, k (`d_qk`) and v (`d_v`), the head
-//! count a constant (no padding). Two kernels: mma.sync on every NVIDIA target,
-//! and a warp-group (wgmma) kernel on sm_90a.
+//! count a constant (no padding). Three kernels: mma.sync on every NVIDIA target,
+//! a warp-group (wgmma) kernel on sm_90a, and a scalar one on every target (the
+//! one gfx942 has).
 
 use super::{number_after, FamilyRules};
 use crate::spec::{KernelFamily, KernelSpec};
@@ -18,14 +19,20 @@ pub enum DenseKernel {
     /// wgmma (sm_90a only): 128 query rows per CTA of two consumer warp groups and
     /// a producer group.
     WarpGroup,
+    /// No matrix instructions (every target; gfx942's): 64 query rows per CTA of 64
+    /// threads, one row per thread.
+    Scalar,
 }
 
 impl DenseKernel {
+    pub const ALL: [DenseKernel; 3] = [DenseKernel::MmaSync, DenseKernel::WarpGroup, DenseKernel::Scalar];
+
     /// Whether `target` can run this kernel.
     pub fn runs_on(self, target: Target) -> bool {
         match self {
             DenseKernel::MmaSync => target.vendor() == Vendor::Nvidia,
             DenseKernel::WarpGroup => target == Target::Sm90a,
+            DenseKernel::Scalar => true,
         }
     }
 
@@ -34,6 +41,7 @@ impl DenseKernel {
         match self {
             DenseKernel::MmaSync => DENSE_ROWS,
             DenseKernel::WarpGroup => DENSE_WG_ROWS,
+            DenseKernel::Scalar => DENSE_SCALAR_ROWS,
         }
     }
 }
@@ -50,6 +58,17 @@ const DENSE_KEYS: u32 = 64;
 const WG_THREADS: u32 = 384;
 pub const DENSE_WG_ROWS: u32 = 128;
 const DENSE_WG_KEYS: u32 = 128;
+/// The scalar kernel (`nsa::dense_scalar`): one thread per query row, 32 keys per block.
+pub const DENSE_SCALAR_ROWS: u32 = 64;
+const DENSE_SCALAR_KEYS: u32 = 32;
+
+/// Dynamic shared memory of the scalar kernel; mirrors `nsa::dense_scalar::Smem`: Q
+/// rows padded by one bf16 pair, one K and one V block, and the block's f32 scores.
+pub fn dense_scalar_smem_bytes(d_qk: u32, d_v: u32) -> u32 {
+    DENSE_SCALAR_ROWS * (d_qk + 2) * 2
+        + DENSE_SCALAR_KEYS * (d_qk + d_v) * 2
+        + DENSE_SCALAR_KEYS * DENSE_SCALAR_ROWS * 4
+}
 
 fn kernel_of(spec: &KernelSpec) -> DenseKernel {
     match spec.family {
@@ -74,14 +93,13 @@ pub fn dense_smem_bytes(d_qk: u32, d_v: u32) -> u32 {
 }
 
 /// The kernel the catalog and the layer's MHA one-shot path take on `target`: the
-/// warp-group kernel where it runs (about 2× the mma.sync kernel on an H200), mma.sync
-/// elsewhere.
+/// warp-group kernel where it runs (2.5× the mma.sync kernel on an H100), mma.sync
+/// on other NVIDIA targets, the scalar kernel on the rest.
 pub fn mha_kernel(target: Target) -> DenseKernel {
-    if DenseKernel::WarpGroup.runs_on(target) {
-        DenseKernel::WarpGroup
-    } else {
-        DenseKernel::MmaSync
-    }
+    [DenseKernel::WarpGroup, DenseKernel::MmaSync]
+        .into_iter()
+        .find(|k| k.runs_on(target))
+        .unwrap_or(DenseKernel::Scalar)
 }
 
 /// DeepSeek V3.2's expanded heads, (q/k, v): 128 nope + 64 rope, and 128.
@@ -100,8 +118,10 @@ impl FamilyRules for Dense {
         match spec.family {
             KernelFamily::DensePrefill { heads, d_qk, d_v, kernel } => {
                 let mut knobs = vec![format!("h{heads}"), format!("d{d_qk}"), format!("v{d_v}")];
-                if kernel == DenseKernel::WarpGroup {
-                    knobs.push("wg".into());
+                match kernel {
+                    DenseKernel::WarpGroup => knobs.push("wg".into()),
+                    DenseKernel::Scalar => knobs.push("scalar".into()),
+                    DenseKernel::MmaSync => {}
                 }
                 knobs
             }
@@ -113,6 +133,7 @@ impl FamilyRules for Dense {
         match kernel_of(spec) {
             DenseKernel::WarpGroup => "dense_prefill_wg.cu.tera",
             DenseKernel::MmaSync => "dense_prefill.cu.tera",
+            DenseKernel::Scalar => "dense_prefill_scalar.cu.tera",
         }
     }
 
@@ -120,6 +141,7 @@ impl FamilyRules for Dense {
         match kernel_of(spec) {
             DenseKernel::WarpGroup => WG_THREADS,
             DenseKernel::MmaSync => BLOCK_THREADS,
+            DenseKernel::Scalar => DENSE_SCALAR_ROWS,
         }
     }
 
@@ -129,6 +151,9 @@ impl FamilyRules for Dense {
                 dense_wg_smem_bytes(d_qk, d_v)
             }
             KernelFamily::DensePrefill { d_qk, d_v, kernel: DenseKernel::MmaSync, .. } => dense_smem_bytes(d_qk, d_v),
+            KernelFamily::DensePrefill { d_qk, d_v, kernel: DenseKernel::Scalar, .. } => {
+                dense_scalar_smem_bytes(d_qk, d_v)
+            }
             _ => 0,
         }
     }
@@ -142,15 +167,15 @@ impl FamilyRules for Dense {
         }
     }
 
-    /// On NVIDIA: 128 and 16 heads (a whole node and TP8 of V3.2) at both head shapes,
-    /// and 8, 32 and 64 heads at V3.2's; each with every kernel the target runs.
+    /// 128 and 16 heads (a whole node and TP8 of V3.2) at both head shapes, and 8, 32
+    /// and 64 heads at V3.2's; each with every kernel the target runs.
     fn representatives(&self, target: Target) -> Vec<KernelFamily> {
         let mut shapes = Vec::new();
         for (d_qk, d_v) in DENSE_HEAD_DIMS {
             shapes.extend([16, 128].map(|heads| (heads, d_qk, d_v)));
         }
         shapes.extend([8, 32, 64].map(|heads| (heads, MHA_HEAD_DIMS.0, MHA_HEAD_DIMS.1)));
-        let kernels = [DenseKernel::MmaSync, DenseKernel::WarpGroup].into_iter().filter(|k| k.runs_on(target));
+        let kernels = DenseKernel::ALL.into_iter().filter(|k| k.runs_on(target));
         kernels
             .flat_map(|kernel| {
                 shapes.iter().map(move |&(heads, d_qk, d_v)| KernelFamily::DensePrefill { heads, d_qk, d_v, kernel })
@@ -171,6 +196,7 @@ impl FamilyRules for Dense {
                 kernel: match rest {
                     [] => DenseKernel::MmaSync,
                     ["wg"] => DenseKernel::WarpGroup,
+                    ["scalar"] => DenseKernel::Scalar,
                     _ => return None,
                 },
             }),

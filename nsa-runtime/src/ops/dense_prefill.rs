@@ -68,6 +68,7 @@ impl DenseShape {
             let allowed = match self.kernel {
                 DenseKernel::MmaSync => "an NVIDIA target (sm_90a, sm_100a)",
                 DenseKernel::WarpGroup => "sm_90a for the warp-group kernel (DenseKernel::MmaSync elsewhere)",
+                DenseKernel::Scalar => "any target",
             };
             return Err(invalid("target", format!("{} with {:?}", self.target, self.kernel), allowed));
         }

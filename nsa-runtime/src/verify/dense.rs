@@ -38,8 +38,56 @@ pub(crate) fn offsets(lens: impl Iterator<Item = usize>) -> Vec<i32> {
     cu
 }
 
+/// Where a dense case runs: the GPU ([`Runtime`]) or a CPU emulation of the kernels.
+pub trait DenseDevice {
+    fn target(&self) -> nsa_kernels::Target;
+    /// The kernel of `shape` over `inputs`: `(out, lse)` as the kernel wrote them.
+    fn dense(&self, shape: &DenseShape, inputs: &DenseHostInputs<'_>) -> Result<(Vec<bf16>, Vec<f32>)>;
+}
+
+/// A case's inputs on the host.
+#[derive(Clone, Copy, Debug)]
+pub struct DenseHostInputs<'a> {
+    pub q: &'a [bf16],
+    pub k: &'a [bf16],
+    pub v: &'a [bf16],
+    pub cu_seqlens_q: &'a [i32],
+    pub cu_seqlens_k: &'a [i32],
+    pub sm_scale: f32,
+}
+
+impl DenseDevice for Runtime {
+    fn target(&self) -> nsa_kernels::Target {
+        Runtime::target(self)
+    }
+
+    fn dense(&self, shape: &DenseShape, x: &DenseHostInputs<'_>) -> Result<(Vec<bf16>, Vec<f32>)> {
+        let stream = self.gpu().stream();
+        let (rows, h, dv) = (shape.rows, shape.heads as usize, shape.d_v as usize);
+        let (d_q, d_k, d_v) = (upload(stream, x.q)?, upload(stream, x.k)?, upload(stream, x.v)?);
+        let (d_cq, d_ck) = (upload(stream, x.cu_seqlens_q)?, upload(stream, x.cu_seqlens_k)?);
+        let mut d_out = upload(stream, &vec![bf16::from_f32(7.0); (rows * h * dv).max(1)])?;
+        let mut d_lse = upload(stream, &vec![7.0f32; (rows * h).max(1)])?;
+        let inputs = DenseInputs {
+            q: d_q.slice(0..x.q.len()),
+            k: d_k.slice(0..x.k.len()),
+            v: d_v.slice(0..x.v.len()),
+            cu_seqlens_q: d_cq.slice(0..x.cu_seqlens_q.len()),
+            cu_seqlens_k: d_ck.slice(0..x.cu_seqlens_k.len()),
+            sm_scale: x.sm_scale,
+        };
+        let (mut out_view, mut lse_view) = (d_out.slice_mut(0..rows * h * dv), d_lse.slice_mut(0..rows * h));
+        dense_prefill(self, shape, &inputs, DenseOutputs { out: &mut out_view, lse: &mut lse_view })?;
+        Ok((download(stream, &d_out, rows * h * dv)?, download(stream, &d_lse, rows * h)?))
+    }
+}
+
 pub fn run(rt: &Runtime, case: &DenseCase) -> Result<Check> {
-    let stream = rt.gpu().stream();
+    run_on(rt, case)
+}
+
+/// `case` on `dev` against the CPU reference.
+pub fn run_on(dev: &impl DenseDevice, case: &DenseCase) -> Result<Check> {
     let (h, dq, dv) = (case.heads as usize, case.d_qk as usize, case.d_v as usize);
     let cu_q = offsets(case.seqs.iter().map(|s| s.0));
     let cu_k = offsets(case.seqs.iter().map(|s| s.1));
@@ -56,25 +104,11 @@ pub fn run(rt: &Runtime, case: &DenseCase) -> Result<Check> {
         rows,
         keys,
         max_seqlen_q: case.seqs.iter().map(|s| s.0).max().unwrap_or(0),
-        target: rt.target(),
+        target: dev.target(),
         kernel: case.kernel,
     };
-    let (d_q, d_k, d_v) = (upload(stream, &q)?, upload(stream, &k)?, upload(stream, &v)?);
-    let (d_cq, d_ck) = (upload(stream, &cu_q)?, upload(stream, &cu_k)?);
-    let mut d_out = upload(stream, &vec![bf16::from_f32(7.0); rows * h * dv])?;
-    let mut d_lse = upload(stream, &vec![7.0f32; rows * h])?;
-    let inputs = DenseInputs {
-        q: d_q.slice(0..q.len()),
-        k: d_k.slice(0..k.len()),
-        v: d_v.slice(0..v.len()),
-        cu_seqlens_q: d_cq.slice(0..cu_q.len()),
-        cu_seqlens_k: d_ck.slice(0..cu_k.len()),
-        sm_scale,
-    };
-    let (mut out_view, mut lse_view) = (d_out.slice_mut(0..rows * h * dv), d_lse.slice_mut(0..rows * h));
-    dense_prefill(rt, &shape, &inputs, DenseOutputs { out: &mut out_view, lse: &mut lse_view })?;
-    let got_out = download(stream, &d_out, rows * h * dv)?;
-    let got_lse = download(stream, &d_lse, rows * h)?;
+    let inputs = DenseHostInputs { q: &q, k: &k, v: &v, cu_seqlens_q: &cu_q, cu_seqlens_k: &cu_k, sm_scale };
+    let (got_out, got_lse) = dev.dense(&shape, &inputs)?;
 
     let f = |x: &[bf16]| x.iter().map(|b| b.to_f32()).collect::<Vec<f32>>();
     let (qf, kf, vf) = (f(&q), f(&k), f(&v));
@@ -92,7 +126,7 @@ pub fn run(rt: &Runtime, case: &DenseCase) -> Result<Check> {
     let (bad, first) = compare(&got_out, &got_lse, &want, h, dv, |_| true);
     let family = KernelFamily::DensePrefill { heads: case.heads, d_qk: case.d_qk, d_v: case.d_v, kernel: case.kernel };
     Ok(Check {
-        kernel: KernelSpec::new(family, rt.target()).id(),
+        kernel: KernelSpec::new(family, dev.target()).id(),
         case: format!("{} seqs, {rows} rows, {keys} keys", case.seqs.len()),
         items: rows * h,
         mismatches: bad,

@@ -7,9 +7,10 @@ use nsa_kernels::{KvCacheFormat, NsaConfig, Target};
 use nsa_runtime::verify::dense::{run, DenseCase};
 use nsa_runtime::verify::mha::{self, MhaCase};
 
-/// Every dense kernel `target` runs (the warp-group one on sm_90a as well).
+/// Every dense kernel `target` runs (the warp-group one on sm_90a as well, and the
+/// scalar one gfx942 takes).
 fn kernels(target: Target) -> Vec<DenseKernel> {
-    [DenseKernel::MmaSync, DenseKernel::WarpGroup].into_iter().filter(|k| k.runs_on(target)).collect()
+    DenseKernel::ALL.into_iter().filter(|k| k.runs_on(target)).collect()
 }
 
 /// Sequences of (query rows, key rows) mixing the lengths around the 64-row tiles and

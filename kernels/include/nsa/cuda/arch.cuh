@@ -124,6 +124,17 @@ NSA_DEVICE u32 f32_as_u32(float f) {
   return r;
 }
 
+// 2^x and log2(x) at the hardware's approximate precision (MUFU.EX2, MUFU.LG2).
+NSA_DEVICE float exp2_fast(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+NSA_DEVICE float log2_fast(float x) {
+  float y;
+  asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
 NSA_DEVICE float bf16_to_f32(u16 h) { return u32_as_f32((u32)h << 16); }
 
 NSA_DEVICE u16 f32_to_bf16(float f) {

@@ -106,6 +106,9 @@ NSA_DEVICE void atomic_add_global_u32(u32* p, u32 v) { __atomic_fetch_add(p, v, 
 NSA_DEVICE float u32_as_f32(u32 b) { return __builtin_bit_cast(float, b); }
 NSA_DEVICE u32 f32_as_u32(float f) { return __builtin_bit_cast(u32, f); }
 NSA_DEVICE float bf16_to_f32(u16 h) { return u32_as_f32((u32)h << 16); }
+// 2^x and log2(x) at the hardware's approximate precision (v_exp_f32, v_log_f32).
+NSA_DEVICE float exp2_fast(float x) { return __builtin_amdgcn_exp2f(x); }
+NSA_DEVICE float log2_fast(float x) { return __builtin_amdgcn_logf(x); }
 NSA_DEVICE u16 f32_to_bf16(float f) { return soft::f32_to_bf16(f); }
 
 NSA_DEVICE u16 f32x2_to_e4m3x2(float lo, float hi) {

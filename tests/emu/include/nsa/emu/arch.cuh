@@ -138,6 +138,8 @@ NSA_DEVICE void wait_prior_grids() {}
 NSA_DEVICE void start_dependent_grids() {}
 
 NSA_DEVICE float bf16_to_f32(u16 h) { return u32_as_f32((u32)h << 16); }
+NSA_DEVICE float exp2_fast(float x) { return __builtin_exp2f(x); }
+NSA_DEVICE float log2_fast(float x) { return __builtin_log2f(x); }
 NSA_DEVICE u16 f32_to_bf16(float f) { return soft::f32_to_bf16(f); }
 
 }  // namespace nsa
