@@ -216,17 +216,9 @@ NSA_DEVICE float max_f32(float a, float b) {
   return r;
 }
 
-NSA_DEVICE float exp2_approx(float x) {
-  float r;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
-  return r;
-}
-
-NSA_DEVICE float log2_approx(float x) {
-  float r;
-  asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
-  return r;
-}
+// The arch layer's MUFU.EX2 and MUFU.LG2, by the names the MMA kernels use.
+NSA_DEVICE float exp2_approx(float x) { return exp2_fast(x); }
+NSA_DEVICE float log2_approx(float x) { return log2_fast(x); }
 
 }  // namespace mma
 }  // namespace nsa
