@@ -7,7 +7,7 @@
 
 use half::bf16;
 use nsa_kernels::{KernelFamily, KernelSpec, Target, TopkScore};
-use nsa_runtime::ops::dense_prefill::DenseShape;
+use nsa_runtime::ops::dense_prefill::{DensePrefillParams, DenseShape};
 use nsa_runtime::verify::dense::{DenseDevice, DenseHostInputs};
 use nsa_runtime::verify::topk::{HostPageTable, TopkDevice, TopkInputs, TopkKernel, CHECK_SPLIT_CHUNK};
 use nsa_runtime::{Error, Result};
@@ -70,24 +70,8 @@ struct TransformParams {
 }
 const _: () = assert!(size_of::<TransformParams>() == 56);
 
-/// `nsa::dense::Params` (dense_common.cuh); tests/emu/smem.cpp pins the same size.
-#[repr(C)]
-struct DenseParams {
-    q: *const bf16,
-    k: *const bf16,
-    v: *const bf16,
-    cu_seqlens_q: *const i32,
-    cu_seqlens_k: *const i32,
-    out: *mut bf16,
-    lse: *mut f32,
-    batch: i32,
-    row_tiles: i32,
-    rows: i32,
-    keys: i32,
-    sm_scale: f32,
-    pair_group: i32,
-}
-const _: () = assert!(size_of::<DenseParams>() == 80);
+// `nsa::dense::Params` (dense_common.cuh): tests/emu/smem.cpp pins the same size.
+const _: () = assert!(size_of::<DensePrefillParams>() == 80);
 
 /// Heads of the emulated dense kernels (tests/build.rs).
 pub const EMU_DENSE_HEADS: u32 = 3;
@@ -127,7 +111,7 @@ unsafe extern "C" {
     fn nsa_emu_dense(
         id: *const c_char,
         shape: *const Shape,
-        p: *const DenseParams,
+        p: *const DensePrefillParams,
         status: *mut u32,
         err: *mut c_char,
         err_len: usize,
@@ -356,21 +340,17 @@ impl DenseDevice for Emulator {
         if grid == 0 {
             return Ok((out, lse));
         }
-        let params = DenseParams {
-            q: x.q.as_ptr(),
-            k: x.k.as_ptr(),
-            v: x.v.as_ptr(),
-            cu_seqlens_q: x.cu_seqlens_q.as_ptr(),
-            cu_seqlens_k: x.cu_seqlens_k.as_ptr(),
-            out: out.as_mut_ptr(),
-            lse: lse.as_mut_ptr(),
-            batch: shape.batch as i32,
-            row_tiles: shape.row_tiles() as i32,
-            rows: shape.rows as i32,
-            keys: shape.keys as i32,
-            sm_scale: x.sm_scale,
-            pair_group: 0,
-        };
+        let addr = |p: *const u8| p as u64;
+        let addrs = [
+            addr(x.q.as_ptr().cast()),
+            addr(x.k.as_ptr().cast()),
+            addr(x.v.as_ptr().cast()),
+            addr(x.cu_seqlens_q.as_ptr().cast()),
+            addr(x.cu_seqlens_k.as_ptr().cast()),
+            addr(out.as_mut_ptr().cast()),
+            addr(lse.as_mut_ptr().cast()),
+        ];
+        let params = DensePrefillParams::new(shape, addrs, x.sm_scale, emulated_sms(self.target));
         let launch = Shape {
             grid: u32::try_from(grid).map_err(|_| Error::Other(format!("{}: grid of {grid} blocks", spec.id())))?,
             block_threads: spec.block_threads(),

@@ -93,7 +93,7 @@ pub fn dense_smem_bytes(d_qk: u32, d_v: u32) -> u32 {
 }
 
 /// The kernel the catalog and the layer's MHA one-shot path take on `target`: the
-/// warp-group kernel where it runs (2.5× the mma.sync kernel on an H100), mma.sync
+/// warp-group kernel where it runs (about 2.6× the mma.sync kernel on an H100), mma.sync
 /// on other NVIDIA targets, the scalar kernel on the rest.
 pub fn mha_kernel(target: Target) -> DenseKernel {
     [DenseKernel::WarpGroup, DenseKernel::MmaSync]

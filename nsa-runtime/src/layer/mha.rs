@@ -198,7 +198,10 @@ impl NsaLayer<'_> {
         let b = state.buffers(&x);
         let stream = self.rt.gpu().stream();
         let n = 2 * x.bs + 2 + x.num_keys;
-        let mut buf = stream.alloc_zeros::<i32>(n).map_err(Error::driver("allocating the MHA offsets and slots"))?;
+        // SAFETY: the three copies below write all n entries (bs + 1 offsets twice,
+        // then num_keys slots) before any launch reads them, in stream order.
+        let mut buf =
+            unsafe { stream.alloc::<i32>(n) }.map_err(Error::driver("allocating the MHA offsets and slots"))?;
         let parts = [(&b.cu_seqlens_q, 0), (&b.cu_seqlens_k, x.bs + 1), (&b.slots, 2 * x.bs + 2)];
         for (src, at) in parts {
             if !src.is_empty() {

@@ -107,9 +107,11 @@ pub struct DenseOutputs<'a, 'b> {
 }
 
 /// Mirrors `nsa::dense::Params` (dense_prefill.cuh) field for field.
+/// The kernels' parameter block, also for launchers other than [`dense_prefill`]
+/// (the CPU emulator of the tests, which passes host addresses).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
-struct DensePrefillParams {
+pub struct DensePrefillParams {
     q: u64,
     k: u64,
     v: u64,
@@ -126,6 +128,29 @@ struct DensePrefillParams {
 }
 // SAFETY: plain old data with the C layout the kernel declares.
 unsafe impl DeviceRepr for DensePrefillParams {}
+
+impl DensePrefillParams {
+    /// `shape`'s parameters over the addresses `[q, k, v, cu_seqlens_q,
+    /// cu_seqlens_k, out, lse]`, for a GPU of `sm_count` SMs.
+    pub fn new(shape: &DenseShape, addrs: [u64; 7], sm_scale: f32, sm_count: u32) -> Self {
+        let [q, k, v, cu_seqlens_q, cu_seqlens_k, out, lse] = addrs;
+        DensePrefillParams {
+            q,
+            k,
+            v,
+            cu_seqlens_q,
+            cu_seqlens_k,
+            out,
+            lse,
+            batch: shape.batch as i32,
+            row_tiles: shape.row_tiles() as i32,
+            rows: shape.rows as i32,
+            keys: shape.keys as i32,
+            sm_scale,
+            pair_group: shape.pair_group(sm_count) as i32,
+        }
+    }
+}
 
 /// The softmax scale the kernels take: finite and positive (the warp-group kernel
 /// takes row maxima of the unscaled scores).
@@ -174,21 +199,8 @@ pub fn dense_prefill(
     let (cu_k, _g5) = inputs.cu_seqlens_k.device_ptr(stream);
     let (out, _g6) = outputs.out.device_ptr_mut(stream);
     let (lse, _g7) = outputs.lse.device_ptr_mut(stream);
-    let params = DensePrefillParams {
-        q,
-        k,
-        v,
-        cu_seqlens_q: cu_q,
-        cu_seqlens_k: cu_k,
-        out,
-        lse,
-        batch: shape.batch as i32,
-        row_tiles: shape.row_tiles() as i32,
-        rows: shape.rows as i32,
-        keys: shape.keys as i32,
-        sm_scale: inputs.sm_scale,
-        pair_group: shape.pair_group(rt.gpu().caps().sm_count) as i32,
-    };
+    let addrs = [q, k, v, cu_q, cu_k, out, lse];
+    let params = DensePrefillParams::new(shape, addrs, inputs.sm_scale, rt.gpu().caps().sm_count);
     let mut args = rt.args(&kernel);
     args.arg(&params);
     rt.launch(
