@@ -189,17 +189,31 @@ impl Layer {
         DeviceExtendState::new(rt, self.params, cap).py()
     }
 
-    /// `f` on `plan`'s MHA one-shot plan; an error for any other plan.
-    fn with_mha<R>(&self, plan: &Plan, f: impl FnOnce(&MhaPlan) -> PyResult<R>) -> PyResult<R> {
-        match plan.lock().as_ref() {
-            Some(Held::Mha(mha)) => f(mha),
-            Some(_) => Err(PyValueError::new_err(format!(
-                "`plan`: a sparse {} plan, expected an MHA one-shot plan (plan.use_mha: an extend step of a layer \
-                 made with mha_one_shot=True whose requests all fit in the top-k)",
-                plan.mode
-            ))),
-            None => Err(PyValueError::new_err("`plan`: released, expected a live plan")),
-        }
+    /// `plan`'s MHA one-shot plan under one lock (an error for any other plan):
+    /// `check` (the call's tensors against it), then `run` on the runtime of `stream`.
+    fn run_mha(
+        &self,
+        plan: &Plan,
+        stream: Option<usize>,
+        check: impl FnOnce(&MhaPlan) -> PyResult<()>,
+        run: impl FnOnce(&Runtime, &NsaLayer<'_>, &MhaPlan) -> PyResult<()>,
+    ) -> PyResult<()> {
+        let held = plan.lock();
+        let mha = match held.as_ref() {
+            Some(Held::Mha(mha)) => mha,
+            Some(_) => {
+                return Err(PyValueError::new_err(format!(
+                    "`plan`: a sparse {} plan, expected an MHA one-shot plan (plan.use_mha: an extend step of a \
+                     layer made with mha_one_shot=True whose requests all fit in the top-k)",
+                    plan.mode
+                )))
+            }
+            None => return Err(PyValueError::new_err("`plan`: released, expected a live plan")),
+        };
+        check(mha)?;
+        let (_restore, rt) = self.enter(stream)?;
+        let layer = self.on(&rt)?;
+        run(&rt, &layer, mha)
     }
 
     fn check_plan(&self, plan: &Plan) -> PyResult<()> {
@@ -568,11 +582,11 @@ impl Layer {
         self.check_plan(plan)?;
         let a = MhaStore::import([k_nope, k_rope, out_cache_loc, index_k, kv_cache, index_k_cache], latent, stream)?;
         let format = self.checked.borrow_layer().config().model.kv_cache;
-        self.with_mha(plan, |mha| a.check(mha, format, self.params.pool_slots))?;
-        same_device(self.device, a.all())?;
-        let (_restore, rt) = self.enter(stream)?;
-        let layer = self.on(&rt)?;
-        self.with_mha(plan, |mha| a.run(&rt, &layer, mha))
+        let check = |mha: &MhaPlan| {
+            a.check(mha, format, self.params.pool_slots)?;
+            same_device(self.device, a.all()).map(drop)
+        };
+        self.run_mha(plan, stream, check, |rt, layer, mha| a.run(rt, layer, mha))
     }
 
     /// An MHA one-shot step's attention: dense causal attention of each request's
@@ -594,11 +608,11 @@ impl Layer {
         self.check_plan(plan)?;
         let a = MhaAttend::import([q, k, v, out, lse], stream)?;
         let heads = self.heads() as usize;
-        self.with_mha(plan, |mha| a.check(mha, heads))?;
-        same_device(self.device, a.all())?;
-        let (_restore, rt) = self.enter(stream)?;
-        let layer = self.on(&rt)?;
-        self.with_mha(plan, |mha| a.run(&rt, &layer, mha))
+        let check = |mha: &MhaPlan| {
+            a.check(mha, heads)?;
+            same_device(self.device, a.all()).map(drop)
+        };
+        self.run_mha(plan, stream, check, |rt, layer, mha| a.run(rt, layer, mha))
     }
 }
 
