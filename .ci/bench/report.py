@@ -214,8 +214,12 @@ def plan_table(nsa):
 
 # The layer's stages in call order (nsa_runtime::layer::Stage::ALL), and what an
 # MHA one-shot row (two layer calls) reports in the same columns.
-LAYER_STAGES = ["kv store", "index-K store", "indexer logits", "top-k", "sparse MLA"]
-MHA_STAGES = {"kv store": "stores and read-back", "sparse MLA": "dense MHA"}
+LAYER_STAGES = ["stores", "indexer logits", "top-k", "sparse MLA"]
+MHA_STAGES = {"stores": "stores and read-back", "sparse MLA": "dense MHA"}
+
+
+def stage_us(stages, name):
+    return stages.get(name, stages.get(MHA_STAGES.get(name)))
 
 
 def layer_table(nsa):
@@ -226,11 +230,11 @@ def layer_table(nsa):
     out = []
     for r in nsa.get("layer", []):
         stages = {s["stage"]: s["us"] for s in r.get("stages", [])}
-        cols = [stages.get(s, stages.get(MHA_STAGES.get(s))) for s in LAYER_STAGES]
+        cols = [stage_us(stages, s) for s in LAYER_STAGES]
         out.append([f"{r['mode']} b{r['batch']} ctx{r['context']} h{r['heads']}", r["prefill"], str(r["rows"]),
                     fmt_us(r["eager_us"]), fmt_us(r.get("graph_us"))] + [fmt_us(c) for c in cols]
                    + ["yes" if r.get("checks_passed") else "NO"])
-    return table(["step", "prefill", "query rows", "eager µs", "graph µs", "kv store µs", "index-K store µs",
+    return table(["step", "prefill", "query rows", "eager µs", "graph µs", "stores µs",
                   "indexer logits µs", "top-k µs", "attention µs", "matches the reference"], out)
 
 

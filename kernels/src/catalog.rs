@@ -10,9 +10,14 @@ use crate::target::Vendor;
 /// The kernel set of `cfg`, for every target it lists, sorted and without repeats.
 /// `cfg` should be validated first; this function does not re-check it.
 pub fn kernel_set(cfg: &NsaConfig) -> Vec<KernelSpec> {
-    // Every model has an indexer: its K store, and the gather feeding the ragged logits.
-    let mut families =
-        vec![KernelFamily::KvStore { format: cfg.kv_cache }, KernelFamily::IndexerKStore, KernelFamily::IndexerKGather];
+    // Every model has an indexer: its K store, and the gather feeding the ragged
+    // logits; the layer stores both keys of a step in one launch (the step store).
+    let mut families = vec![
+        KernelFamily::KvStore { format: cfg.kv_cache },
+        KernelFamily::IndexerKStore,
+        KernelFamily::IndexerKGather,
+        KernelFamily::StepStore { format: cfg.kv_cache },
+    ];
     // Top-k: one kernel per plan and score type serves every fused transform (PAGED
     // for decode/verify/draft-extend and extend without prefix, from a page_table_1
     // or from the table of pages; RAGGED for extend with prefix; plain), plus the

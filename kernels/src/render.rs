@@ -14,6 +14,7 @@ macro_rules! embed {
 /// Templates, by the name [`KernelSpec::template`] gives.
 pub const TEMPLATES: &[(&str, &str)] = embed! {
     "kv_store.cu.tera" => "../../templates/kv_store.cu.tera",
+    "step_store.cu.tera" => "../../templates/step_store.cu.tera",
     "kv_dequant.cu.tera" => "../../templates/kv_dequant.cu.tera",
     "indexer_k_store.cu.tera" => "../../templates/indexer_k_store.cu.tera",
     "indexer_k_gather.cu.tera" => "../../templates/indexer_k_gather.cu.tera",

@@ -21,6 +21,7 @@ pub use crate::families::dense::{
 pub use crate::families::indexer::{
     indexer_wg_kernel, IndexerLayout, INDEXER_WG_HEADS, INDEXER_WG_RAGGED_ROWS, INDEXER_WG_SMEM_BYTES,
 };
+pub use crate::families::kv::step_store_blocks;
 pub use crate::families::metadata::{MetadataMode, METADATA_MAX_BATCH};
 pub use crate::families::topk::{TopkLayout, TopkScore, TopkTransform, TOPK_CLUSTER_SIZES, TOPK_PAGE_SIZES};
 
@@ -40,6 +41,10 @@ pub enum KernelFamily {
     IndexerKStore,
     /// Gather indexer keys and scales by slot into ragged rows (spec §6.3 "Gather K").
     IndexerKGather,
+    /// Both stores of a step in one launch: [`KvStore`](Self::KvStore) and
+    /// [`IndexerKStore`](Self::IndexerKStore) at the same slots, each over its own
+    /// part of the grid.
+    StepStore { format: KvCacheFormat },
     /// Exact top-k of f32 or bf16 scores per row, with the output transform fused in
     /// (plain, RAGGED or PAGED: the launch parameters name it, so one kernel serves
     /// every transform).
@@ -109,12 +114,11 @@ impl KernelSpec {
         KernelSpec { family, target }
     }
 
-    /// Whether the kernel waits for the previous kernel of its stream before it reads
-    /// anything (`wait_prior_grids` at its top), so it may be launched with
-    /// programmatic dependent launch (PDL): NVIDIA targets, the top-k families and
-    /// the unfused page-table transform.
+    /// Whether the kernel may be launched with programmatic dependent launch (PDL):
+    /// every kernel waits for the previous kernel of its stream at its top
+    /// (`wait_prior_grids`, before it reads anything), and the NVIDIA targets have it.
     pub fn waits_for_prior_grids(&self) -> bool {
-        self.target.has_pdl() && rules(&self.family).waits_for_prior_grids(self)
+        self.target.has_pdl()
     }
 
     /// Family name, the first component of the id.
@@ -240,29 +244,20 @@ impl fmt::Display for KernelSpec {
 mod tests {
     use super::*;
 
-    /// Only kernels whose templates wait at their top may be launched with PDL, and
-    /// only where the target has it.
+    /// Every kernel waits for the previous grid at its top, so PDL launches are safe
+    /// for all of them, and only where the target has PDL.
     #[test]
-    fn pdl_only_for_kernels_that_wait_and_only_on_nvidia() {
-        let topk =
-            KernelFamily::TopK { k: 2048, deterministic: false, layout: TopkLayout::Latency, score: TopkScore::F32 };
-        let cluster = KernelFamily::TopkCluster { k: 2048, score: TopkScore::Bf16 };
-        let split = KernelFamily::TopkSplit { k: 512, score: TopkScore::F32 };
-        let transform = KernelFamily::IndexTransform { k: 2048 };
-        for family in [topk, cluster, split, transform] {
-            for target in Target::NVIDIA {
-                assert!(KernelSpec::new(family, target).waits_for_prior_grids(), "{family:?} {target}");
+    fn every_kernel_waits_at_its_top_and_pdl_is_nvidia_only() {
+        for target in Target::NVIDIA.into_iter().chain([Target::Gfx942]) {
+            for spec in KernelSpec::all_for(target) {
+                let rendered = crate::render(&spec).unwrap().source;
+                assert!(
+                    rendered.contains("nsa::wait_prior_grids();"),
+                    "{}: the rendered source never calls wait_prior_grids",
+                    spec.id()
+                );
+                assert_eq!(spec.waits_for_prior_grids(), target != Target::Gfx942, "{}", spec.id());
             }
-            assert!(!KernelSpec::new(family, Target::Gfx942).waits_for_prior_grids(), "{family:?} gfx942");
-        }
-        for spec in KernelSpec::all_for(Target::Sm90a) {
-            let rendered = crate::render(&spec).unwrap().source;
-            assert_eq!(
-                spec.waits_for_prior_grids(),
-                rendered.contains("nsa::wait_prior_grids();"),
-                "{}: PDL support and the rendered wait disagree",
-                spec.id()
-            );
         }
     }
 }

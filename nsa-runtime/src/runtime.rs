@@ -6,10 +6,11 @@ use crate::device::Gpu;
 use crate::error::invalid;
 use crate::jit::nvrtc::NvrtcCompiler;
 use crate::{Error, Result};
-use cudarc::driver::{sys, CudaFunction, CudaSlice, DevicePtr, DeviceRepr, LaunchArgs, LaunchConfig, PushKernelArg};
+use cudarc::driver::{sys, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig};
 use nsa_kernels::{KernelFamily, KernelSpec, Target};
 use std::ffi::c_void;
 use std::marker::PhantomData;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 /// How launchers treat device-side input errors (e.g. a slot outside the pool).
@@ -41,6 +42,8 @@ pub struct Runtime {
     /// Launch kernels that wait for their predecessor with programmatic dependent
     /// launch ([`Runtime::set_pdl`]).
     pdl: bool,
+    /// PDL held off for the launches inside [`Runtime::without_pdl_if`].
+    pdl_held: AtomicBool,
 }
 
 impl Runtime {
@@ -72,7 +75,15 @@ impl Runtime {
         // PDL by default where the target has it (H200: 1 × 128K top-k 17.0 -> 15.6 µs,
         // December 2026); its kernels wait on the device either way.
         let pdl = target.has_pdl();
-        let mut rt = Runtime { gpu, cache, target, checks: DeviceChecks::Skip, status: None, pdl };
+        let mut rt = Runtime {
+            gpu,
+            cache,
+            target,
+            checks: DeviceChecks::Skip,
+            status: None,
+            pdl,
+            pdl_held: AtomicBool::new(false),
+        };
         rt.set_checks(checks)?;
         Ok(rt)
     }
@@ -137,11 +148,23 @@ impl Runtime {
         self.pdl
     }
 
-    /// Programmatic dependent launch (PDL) for the kernels that support it
-    /// ([`KernelSpec::waits_for_prior_grids`]: top-k and the page-table transform):
-    /// such a launch may start while the previous kernel of the stream still runs,
-    /// and its blocks wait on the device until that kernel is done, so the launch
-    /// latency overlaps the previous kernel. On by default on targets that have it
+    /// Runs `f` with PDL held off when `hold` (the launches inside `f` wait for the
+    /// whole previous kernel), as it was set otherwise.
+    pub(crate) fn without_pdl_if<R>(&self, hold: bool, f: impl FnOnce() -> R) -> R {
+        struct Restore<'a>(&'a AtomicBool, bool);
+        impl Drop for Restore<'_> {
+            fn drop(&mut self) {
+                self.0.store(self.1, Ordering::Relaxed);
+            }
+        }
+        let _restore = Restore(&self.pdl_held, self.pdl_held.swap(hold, Ordering::Relaxed));
+        f()
+    }
+
+    /// Programmatic dependent launch (PDL) for every kernel
+    /// ([`KernelSpec::waits_for_prior_grids`]): a launch may start while the previous
+    /// kernel of the stream still runs, and its blocks wait on the device until that
+    /// kernel is done, so the launch latency overlaps the previous kernel. On by default on targets that have it
     /// (NVIDIA); `NSA_PDL=0` or `set_pdl(false)` turns it off.
     pub fn set_pdl(&mut self, on: bool) -> Result<()> {
         if on && !self.target.has_pdl() {
@@ -163,65 +186,46 @@ impl Runtime {
         Ok(LoadedKernel { cached, function })
     }
 
-    /// Starts the argument list of `kernel` on this runtime's stream.
-    pub fn args<'a>(&'a self, kernel: &'a LoadedKernel) -> LaunchArgs<'a> {
-        self.gpu.stream().launch_builder(&kernel.function)
+    /// Starts the argument list of a launch on this runtime's stream.
+    pub(crate) fn args(&self) -> KernelArgs<'_> {
+        KernelArgs::new(self.gpu.stream())
     }
 
     /// Appends the trailing status pointer and launches `kernel` over `items` work
-    /// items (`spec.tokens_per_block()` per block). With [`DeviceChecks::Report`] it
-    /// synchronises and turns entries the kernel rejected into an error naming `field`.
-    pub fn launch<'a>(
-        &'a self,
-        kernel: &'a LoadedKernel,
-        mut args: LaunchArgs<'a>,
+    /// items (`spec.tokens_per_block()` per block) through `cuLaunchKernelEx`: with
+    /// PDL on ([`Runtime::set_pdl`]) the launch may start while the previous kernel
+    /// of the stream still runs (every kernel waits for it at its top). With
+    /// [`DeviceChecks::Report`] it synchronises and turns entries the kernel rejected
+    /// into an error naming `field`.
+    pub(crate) fn launch(
+        &self,
+        kernel: &LoadedKernel,
+        args: KernelArgs<'_>,
         items: usize,
         field: &'static str,
         expected: &str,
     ) -> Result<()> {
-        self.launch_checked(kernel, items, field, expected, |cfg, status| {
-            match status {
-                Some(status) => args.arg(status),
-                None => args.arg(&NULL_STATUS),
-            };
-            // SAFETY: launchers check every argument's size and alignment against the
-            // kernel's signature before calling here.
-            unsafe { args.launch(cfg) }.map(|_| ())
-        })
+        self.launch_clustered(kernel, args, items, 1, field, expected)
     }
 
-    /// [`Runtime::launch`] with the parameters given by address, through
-    /// `cuLaunchKernelEx`: with PDL on ([`Runtime::set_pdl`]) and a kernel that
-    /// supports it, the launch may start while the previous kernel still runs.
-    pub(crate) fn launch_params(
+    /// [`Runtime::launch`] with the blocks grouped into thread-block clusters of
+    /// `cluster` (1: none), set as a launch attribute: `items` must come to a whole
+    /// number of clusters.
+    pub(crate) fn launch_clustered(
         &self,
         kernel: &LoadedKernel,
-        params: KernelParams<'_>,
-        items: usize,
-        field: &'static str,
-        expected: &str,
-    ) -> Result<()> {
-        self.launch_params_clustered(kernel, params, items, 1, field, expected)
-    }
-
-    /// [`Runtime::launch_params`] with the blocks grouped into thread-block clusters
-    /// of `cluster` (1: none), set as a launch attribute: `items` must come to a
-    /// whole number of clusters.
-    pub(crate) fn launch_params_clustered(
-        &self,
-        kernel: &LoadedKernel,
-        mut params: KernelParams<'_>,
+        mut args: KernelArgs<'_>,
         items: usize,
         cluster: u32,
         field: &'static str,
         expected: &str,
     ) -> Result<()> {
-        let pdl = self.pdl && kernel.cached.spec.waits_for_prior_grids();
+        let pdl = self.pdl && !self.pdl_held.load(Ordering::Relaxed) && kernel.cached.spec.waits_for_prior_grids();
         let stream = self.gpu.stream();
         self.launch_checked(kernel, items, field, expected, |cfg, status| {
-            let guard = status.map(|s| s.device_ptr(stream));
-            let status_ptr: u64 = guard.as_ref().map_or(0, |(ptr, _)| *ptr);
-            params.append(&status_ptr as *const u64 as *mut c_void);
+            // Null when nothing is reported: kernels test for it.
+            let status_ptr = status.map_or(0, |s| s.device_ptr(stream).0);
+            args.device_address(status_ptr);
             // SAFETY: zeroed attributes are valid; the union field written is the one
             // each attribute id selects.
             let mut attrs: [sys::CUlaunchAttribute; 2] = unsafe { std::mem::zeroed() };
@@ -251,16 +255,13 @@ impl Runtime {
                 numAttrs: n_attrs as u32,
             };
             stream.context().bind_to_thread()?;
-            // SAFETY: `params` holds one pointer per kernel parameter, each to a live
-            // value of the type the kernel declares (launchers build them from the
-            // kernels' mirrored structs); the config and attribute outlive the call.
+            let mut ptrs = args.pointers();
+            // SAFETY: `ptrs` holds one pointer per kernel parameter, each to a live
+            // value of the type the kernel declares (launchers check every buffer's size
+            // and alignment and build the parameter structs from the kernels' mirrored
+            // layouts); `args`, the config and the attributes outlive the call.
             unsafe {
-                sys::cuLaunchKernelEx(
-                    &config,
-                    kernel.function.cu_function(),
-                    params.ptrs.as_mut_ptr(),
-                    std::ptr::null_mut(),
-                )
+                sys::cuLaunchKernelEx(&config, kernel.function.cu_function(), ptrs.as_mut_ptr(), std::ptr::null_mut())
             }
             .result()
         })
@@ -316,38 +317,66 @@ impl Runtime {
     }
 }
 
-/// Kernel parameters by address, in the kernel's order (the status pointer is
-/// appended by [`Runtime::launch_params`]). Held inline: a launch allocates nothing.
+/// A kernel's parameters in its order, each passed to the launch by address: values
+/// by their own address (read at launch), device buffers by an address held here.
+/// Held inline: a launch allocates nothing.
 #[derive(Debug)]
-pub(crate) struct KernelParams<'a> {
-    ptrs: [*mut c_void; MAX_KERNEL_PARAMS],
+pub(crate) struct KernelArgs<'a> {
+    stream: &'a CudaStream,
+    slots: [ArgSlot; MAX_KERNEL_PARAMS],
     len: usize,
     values: PhantomData<&'a ()>,
 }
 
-/// Parameters of the kernels launched through [`KernelParams`], status included.
-const MAX_KERNEL_PARAMS: usize = 4;
+#[derive(Clone, Copy, Debug)]
+enum ArgSlot {
+    Value(*const c_void),
+    Device(u64),
+}
 
-impl<'a> KernelParams<'a> {
-    pub(crate) fn new() -> Self {
-        KernelParams { ptrs: [std::ptr::null_mut(); MAX_KERNEL_PARAMS], len: 0, values: PhantomData }
+/// More than the widest kernel takes (the step store: 13, status included).
+const MAX_KERNEL_PARAMS: usize = 16;
+
+impl<'a> KernelArgs<'a> {
+    fn new(stream: &'a CudaStream) -> Self {
+        KernelArgs { stream, slots: [ArgSlot::Device(0); MAX_KERNEL_PARAMS], len: 0, values: PhantomData }
     }
 
     /// Appends `value`, passed by value to the kernel (read at launch).
-    pub(crate) fn push<T: DeviceRepr>(mut self, value: &'a T) -> Self {
-        self.append(value as *const T as *mut c_void);
+    pub(crate) fn arg<T: DeviceRepr>(&mut self, value: &'a T) -> &mut Self {
+        self.push(ArgSlot::Value(value as *const T as *const c_void))
+    }
+
+    /// Appends the device address of `buf`, passed as a pointer parameter.
+    pub(crate) fn buf<T>(&mut self, buf: &'a impl DevicePtr<T>) -> &mut Self {
+        let (ptr, _record) = buf.device_ptr(self.stream);
+        self.device_address(ptr)
+    }
+
+    fn device_address(&mut self, ptr: u64) -> &mut Self {
+        self.push(ArgSlot::Device(ptr))
+    }
+
+    fn push(&mut self, slot: ArgSlot) -> &mut Self {
+        assert!(self.len < MAX_KERNEL_PARAMS, "raise MAX_KERNEL_PARAMS for a kernel with more parameters");
+        self.slots[self.len] = slot;
+        self.len += 1;
         self
     }
 
-    fn append(&mut self, ptr: *mut c_void) {
-        assert!(self.len < MAX_KERNEL_PARAMS, "raise MAX_KERNEL_PARAMS for a kernel with more parameters");
-        self.ptrs[self.len] = ptr;
-        self.len += 1;
+    /// The parameter pointers `cuLaunchKernelEx` takes, valid while `self` is
+    /// neither moved nor changed.
+    fn pointers(&mut self) -> [*mut c_void; MAX_KERNEL_PARAMS] {
+        let mut ptrs = [std::ptr::null_mut(); MAX_KERNEL_PARAMS];
+        for (ptr, slot) in ptrs.iter_mut().zip(&mut self.slots[..self.len]) {
+            *ptr = match slot {
+                ArgSlot::Value(v) => *v as *mut c_void,
+                ArgSlot::Device(addr) => addr as *mut u64 as *mut c_void,
+            };
+        }
+        ptrs
     }
 }
-
-/// Passed as the status pointer when nothing is reported: kernels test for null.
-static NULL_STATUS: u64 = 0;
 
 /// A cached kernel loaded on the device.
 #[derive(Debug, Clone)]

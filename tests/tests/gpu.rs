@@ -77,6 +77,17 @@ fn indexer_store_is_bit_exact() {
 }
 
 #[test]
+fn step_store_writes_both_caches_bit_exact_in_both_formats() {
+    let rt = rt();
+    let checks: Vec<Check> = [KvCacheFormat::Fp8, KvCacheFormat::Bf16]
+        .into_iter()
+        .flat_map(|f| SIZES.iter().map(move |&n| (f, n)))
+        .map(|(format, n)| verify::store_step(&rt, format, n, 41 + n as u64).unwrap())
+        .collect();
+    assert_all(&checks);
+}
+
+#[test]
 fn dequant_and_bf16_gather_are_bit_exact_with_repeats_and_rejects() {
     let rt = rt();
     let mut checks = Vec::new();
@@ -187,6 +198,57 @@ fn rejected_slots_are_skipped_and_reported() {
         let mut want = sentinel.clone();
         assert_eq!(reference::store_fp8(&nope_h, &rope_h, &loc, &mut want), 2);
         assert!(got == want, "{checks:?}: only slots 2 and 5 may change");
+    }
+    rt.set_checks(DeviceChecks::Skip).unwrap();
+}
+
+/// The step store skips each cache's bad slots on its own and reports each
+/// rejected token once: -1 (outside both pools) and 8 (outside the 8-row latent
+/// pool, inside the 64-slot indexer page).
+#[test]
+fn step_store_rejects_per_cache_and_reports_each_token_once() {
+    let mut rt = rt();
+    let stream = rt.gpu().stream().clone();
+    let (n, pool) = (4, 8);
+    let rows = nsa_runtime::testdata::mla_rows(n, 9);
+    let keys = nsa_runtime::testdata::indexer_rows(n, 10);
+    let loc = vec![2, -1, 8, 5];
+    let d_rows = upload(&stream, &rows).unwrap();
+    let d_keys = upload(&stream, &keys).unwrap();
+    let d_loc = upload(&stream, &loc).unwrap();
+    let sentinel = vec![0x5au8; pool * FP8_TOKEN_BYTES];
+    let index_sentinel = vec![0x5au8; INDEXER_PAGE_BYTES];
+    for checks in [DeviceChecks::Skip, DeviceChecks::Report] {
+        rt.set_checks(checks).unwrap();
+        let mut d_cache = upload(&stream, &sentinel).unwrap();
+        let mut d_index = upload(&stream, &index_sentinel).unwrap();
+        let nope = Rows { data: d_rows.slice(0..), count: n, width: KV_LORA_RANK, stride: BF16_TOKEN_ELEMS };
+        let rope = Rows { data: d_rows.slice(KV_LORA_RANK..), count: n, width: ROPE_DIM, stride: BF16_TOKEN_ELEMS };
+        let index_k = Rows { data: d_keys.slice(0..), count: n, width: INDEXER_HEAD_DIM, stride: INDEXER_HEAD_DIM };
+        let r = kv_cache::store_step(
+            &rt,
+            &nope,
+            &rope,
+            &index_k,
+            &d_loc.slice(0..),
+            &mut MlaCacheMut::Fp8(d_cache.slice_mut(0..)),
+            &mut d_index.slice_mut(0..),
+        );
+        match (checks, r) {
+            (DeviceChecks::Skip, Ok(())) => {}
+            (DeviceChecks::Report, Err(Error::DeviceRejected { count: 2, field: "loc", example, .. })) => {
+                assert!(example == 1 || example == 2, "example {example}");
+            }
+            (c, other) => panic!("{c:?}: unexpected {other:?}"),
+        }
+        let (nope_h, rope_h) = verify::split_rows(&rows);
+        let mut want = sentinel.clone();
+        assert_eq!(reference::store_fp8(&nope_h, &rope_h, &loc, &mut want), 2);
+        assert!(download(&stream, &d_cache, sentinel.len()).unwrap() == want, "{checks:?}: latent slots 2 and 5 only");
+        let mut want_index = index_sentinel.clone();
+        assert_eq!(reference::store_indexer_k(&keys, &loc, &mut want_index), 1);
+        let got_index = download(&stream, &d_index, index_sentinel.len()).unwrap();
+        assert!(got_index == want_index, "{checks:?}: indexer slots 2, 8 and 5 only");
     }
     rt.set_checks(DeviceChecks::Skip).unwrap();
 }

@@ -76,6 +76,8 @@ fn kernel_set_is_sorted_unique_and_covers_each_target() {
                 "kv_store",
                 "indexer_k_store",
                 "indexer_k_gather",
+                // Both stores of a layer step in one launch.
+                "step_store",
                 "topk",
                 "index_transform",
                 "metadata_replay",
@@ -341,7 +343,7 @@ fn is_c_identifier(s: &str) -> bool {
 #[test]
 fn ids_and_symbols_are_unique_and_round_trip() {
     let specs = all_specs();
-    // 3 store kernels + 2 cache reads (FP8 dequant, bf16 gather) + 1 indexer gather + 3
+    // 3 store kernels + 2 step stores (both keys in one launch) + 2 cache reads (FP8 dequant, bf16 gather) + 1 indexer gather + 3
     // top-k (k 512, 1024, 2048) + 1 deterministic + 1 throughput top-k + 1 index
     // transform + 4 metadata modes × 2 page sizes + 1 split top-k per target, and bf16
     // scores for top-k, deterministic, throughput and split (4); every top-k kernel
@@ -351,7 +353,7 @@ fn ids_and_symbols_are_unique_and_round_trip() {
     // prefill variants; on sm_90a the same 7 with the warp-group kernel; on every
     // target the same 7 with the scalar kernel.
     let nvidia = Target::ALL.iter().filter(|t| t.vendor() == nsa_kernels::Vendor::Nvidia).count();
-    assert_eq!(specs.len(), 32 * Target::ALL.len() + 34 * nvidia + 7);
+    assert_eq!(specs.len(), 34 * Target::ALL.len() + 34 * nvidia + 7);
     let mut ids = BTreeMap::new();
     let mut symbols = BTreeMap::new();
     let mut sources = BTreeSet::new();
@@ -521,6 +523,22 @@ fn launch_geometry_matches_the_device_code() {
         let lanes = match spec.family {
             KernelFamily::KvStore { .. } | KernelFamily::KvDequant { .. } => k["kMlaLanes"],
             KernelFamily::IndexerKStore | KernelFamily::IndexerKGather => k["kIdxLanes"],
+            // The two stores' grids end to end (latents first): the launcher counts
+            // blocks, and the kernel splits them at the latent store's block count.
+            KernelFamily::StepStore { .. } => {
+                assert_eq!(spec.tokens_per_block(), 1, "{spec}");
+                let mla = threads as i64 / k["kMlaLanes"];
+                let src = render(&spec).unwrap().source;
+                assert!(src.contains(&format!("+ {mla} - 1) / {mla};")), "{spec}: {mla} latents per block");
+                let index = threads as i64 / k["kIdxLanes"] * 2;
+                assert!(src.contains("store_indexer_k<256, 2>"), "{spec}: two indexer tokens per lane group");
+                for n in [0usize, 1, 7, 64, 65, 1000] {
+                    let want = n.div_ceil(mla as usize) + n.div_ceil(index as usize);
+                    assert_eq!(nsa_kernels::spec::step_store_blocks(n), want, "{spec}: {n} tokens");
+                }
+                assert!(r_has_bounds(&spec, threads), "{spec}");
+                continue;
+            }
             // One row (or one chunk of a row) per block: the whole block cooperates.
             KernelFamily::TopK { .. } | KernelFamily::TopkSplit { .. } => {
                 assert_eq!(spec.tokens_per_block(), 1, "{spec}");
@@ -677,7 +695,7 @@ fn store_context_matches_the_format() {
         let ctx = spec.context();
         let obj = ctx.as_object().unwrap();
         match spec.family {
-            KernelFamily::KvStore { format } => {
+            KernelFamily::KvStore { format } | KernelFamily::StepStore { format } => {
                 assert_eq!(obj["format"], Value::from(format.tag()));
                 let (f, e) = match format {
                     KvCacheFormat::Bf16 => ("store_bf16", "nsa::u16"),

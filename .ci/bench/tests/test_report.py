@@ -35,7 +35,7 @@ NSA = {
     "metadata": [{"what": "host decode bs=32", "us": 359.0}],
     "layer": [{"mode": "extend", "batch": 1, "context": 16384, "heads": 128, "prefill": "cost", "rows": 16384,
                "eager_us": 21000.0, "graph_us": 20900.0, "checks_passed": True,
-               "stages": [{"stage": "kv store", "us": 9.0}, {"stage": "sparse MLA", "us": 18000.0}]},
+               "stages": [{"stage": "stores", "us": 9.0}, {"stage": "sparse MLA", "us": 18000.0}]},
               {"mode": "extend", "batch": 16, "context": 1024, "heads": 128, "prefill": "mha", "rows": 16384,
                "eager_us": 1500.0, "graph_us": None, "checks_passed": True,
                "stages": [{"stage": "stores and read-back", "us": 30.0}, {"stage": "dense MHA", "us": 1470.0}]}],
@@ -85,8 +85,8 @@ def test_rows_meet_their_peers():
     assert "| kv_store.fp8_656 | 65536 | 118.8 MB | 40.00 | 2970 | 36.00 | 3300 | 90% |" in out["kv"]
     assert "| 32 | 16K | 900.0 | 4.50 | 6.00 | 200.00× | 1200.0 | 300.0 | 4.00× |" in out["plan"]
     assert "| host decode bs=32 | 359.0 |" in out["metadata"]
-    assert "| extend b1 ctx16384 h128 | cost | 16384 | 21000.0 | 20900.0 | 9.00 | — | — | — | 18000.0 | yes |" in out["layer"]
-    assert "| extend b16 ctx1024 h128 | mha | 16384 | 1500.0 | — | 30.00 | — | — | — | 1470.0 | yes |" in out["layer"]
+    assert "| extend b1 ctx16384 h128 | cost | 16384 | 21000.0 | 20900.0 | 9.00 | — | — | 18000.0 | yes |" in out["layer"]
+    assert "| extend b16 ctx1024 h128 | mha | 16384 | 1500.0 | — | 30.00 | — | — | 1470.0 | yes |" in out["layer"]
 
 
 def test_dense_rows_meet_the_fastest_torch_backend():

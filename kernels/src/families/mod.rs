@@ -34,11 +34,6 @@ pub(crate) trait FamilyRules: Sync {
     fn tokens_per_block(&self, _spec: &KernelSpec) -> u32 {
         1
     }
-    /// Whether the kernel waits for the previous grid at its top (PDL-launchable
-    /// where the target has PDL).
-    fn waits_for_prior_grids(&self, _spec: &KernelSpec) -> bool {
-        false
-    }
     /// The family's part of the template context.
     fn context(&self, spec: &KernelSpec, ctx: &mut Map<String, Value>);
     /// The representative variants for `target` (see [`KernelSpec::all_for`]).
@@ -61,7 +56,8 @@ pub(crate) fn rules(family: &KernelFamily) -> &'static dyn FamilyRules {
         KernelFamily::KvStore { .. }
         | KernelFamily::KvDequant { .. }
         | KernelFamily::IndexerKStore
-        | KernelFamily::IndexerKGather => &kv::Kv,
+        | KernelFamily::IndexerKGather
+        | KernelFamily::StepStore { .. } => &kv::Kv,
         KernelFamily::TopK { .. }
         | KernelFamily::TopkSplit { .. }
         | KernelFamily::TopkCluster { .. }

@@ -307,11 +307,6 @@ impl FamilyRules for Topk {
         }
     }
 
-    /// Every top-k kernel and the transform wait at their top.
-    fn waits_for_prior_grids(&self, _spec: &KernelSpec) -> bool {
-        true
-    }
-
     fn context(&self, spec: &KernelSpec, ctx: &mut Map<String, Value>) {
         match spec.family {
             KernelFamily::TopK { k, deterministic, score, .. } => {

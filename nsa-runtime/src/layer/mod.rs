@@ -124,11 +124,19 @@ pub struct LayerOutputs<'a, 'b> {
     pub lse: &'a mut CudaViewMut<'b, f32>,
 }
 
+/// Steps of at most this many query rows launch their kernels with PDL (where the
+/// runtime has it on); larger steps wait for each whole kernel. On an H100
+/// (2026-12-07, `nsa bench --suite layer --layer-decode-only`, CUDA graph, with and
+/// without PDL in one call) PDL took 3–6% off decode at batch 1 and 2.5% off an MTP
+/// verify step of 8 × 2 rows, and added 3.8% at batch 32 and 1.9% at batch 128
+/// with 128 heads.
+pub const PDL_MAX_ROWS: usize = 16;
+
 /// The stages of a layer call, in order (for [`NsaLayer::forward_marked`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Stage {
-    KvStore,
-    IndexKStore,
+    /// The KV and index-K stores, one launch.
+    Stores,
     /// Index-K gather (if any) and logits.
     Indexer,
     Topk,
@@ -136,12 +144,11 @@ pub enum Stage {
 }
 
 impl Stage {
-    pub const ALL: [Stage; 5] = [Stage::KvStore, Stage::IndexKStore, Stage::Indexer, Stage::Topk, Stage::Attention];
+    pub const ALL: [Stage; 4] = [Stage::Stores, Stage::Indexer, Stage::Topk, Stage::Attention];
 
     pub fn name(self) -> &'static str {
         match self {
-            Stage::KvStore => "kv store",
-            Stage::IndexKStore => "index-K store",
+            Stage::Stores => "stores",
             Stage::Indexer => "indexer logits",
             Stage::Topk => "top-k",
             Stage::Attention => "sparse MLA",
@@ -275,11 +282,31 @@ impl<'rt> NsaLayer<'rt> {
         mark: &mut dyn FnMut(Stage) -> Result<()>,
     ) -> Result<()> {
         self.check(plan, inputs, caches, ws, &outputs)?;
+        let hold_pdl = plan.padded_rows() > PDL_MAX_ROWS;
+        self.rt.without_pdl_if(hold_pdl, || self.launch_step(plan, inputs, caches, ws, outputs, mark))
+    }
+
+    /// The launches of [`NsaLayer::forward_marked`], its checks done.
+    fn launch_step(
+        &self,
+        plan: &StepPlan<'_>,
+        inputs: &LayerInputs<'_>,
+        caches: &mut LayerCaches<'_>,
+        ws: &mut LayerWorkspace,
+        outputs: LayerOutputs<'_, '_>,
+        mark: &mut dyn FnMut(Stage) -> Result<()>,
+    ) -> Result<()> {
         let rt = self.rt;
-        kv_cache::store_mla(rt, &inputs.k_nope, &inputs.k_rope, &inputs.out_cache_loc, &mut caches.kv)?;
-        mark(Stage::KvStore)?;
-        kv_cache::store_indexer_k(rt, &inputs.index_k, &inputs.out_cache_loc, &mut caches.index_k)?;
-        mark(Stage::IndexKStore)?;
+        kv_cache::store_step(
+            rt,
+            &inputs.k_nope,
+            &inputs.k_rope,
+            &inputs.index_k,
+            &inputs.out_cache_loc,
+            &mut caches.kv,
+            &mut caches.index_k,
+        )?;
+        mark(Stage::Stores)?;
         let heads = self.cfg.model.num_q_heads as usize;
         let (t, t_pad) = (plan.rows(), plan.padded_rows());
         if t_pad > t {

@@ -6,7 +6,7 @@
 use super::{check_aligned, check_count_fits_i32, check_len, check_target, invalid};
 use crate::runtime::Runtime;
 use crate::Result;
-use cudarc::driver::{CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr, PushKernelArg};
+use cudarc::driver::{CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr};
 use half::bf16;
 use nsa_kernels::spec::{DenseKernel, DENSE_HEAD_DIMS};
 use nsa_kernels::{KernelFamily, Target};
@@ -201,7 +201,7 @@ pub fn dense_prefill(
     let (lse, _g7) = outputs.lse.device_ptr_mut(stream);
     let addrs = [q, k, v, cu_q, cu_k, out, lse];
     let params = DensePrefillParams::new(shape, addrs, inputs.sm_scale, rt.gpu().caps().sm_count);
-    let mut args = rt.args(&kernel);
+    let mut args = rt.args();
     args.arg(&params);
     rt.launch(
         &kernel,

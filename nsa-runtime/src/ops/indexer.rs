@@ -6,7 +6,7 @@
 use super::{check_aligned, check_count_fits_i32, check_len, invalid};
 use crate::runtime::Runtime;
 use crate::Result;
-use cudarc::driver::{CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr, PushKernelArg};
+use cudarc::driver::{CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr};
 use nsa_kernels::layout::{INDEXER_HEAD_DIM, INDEXER_PAGE_BYTES, INDEXER_PAGE_TOKENS};
 use nsa_kernels::spec::{indexer_wg_kernel, IndexerLayout, INDEXER_WG_RAGGED_ROWS};
 use nsa_kernels::KernelFamily;
@@ -194,7 +194,7 @@ fn launch(
     let kernel = rt.kernel(KernelFamily::IndexerLogits { heads, layout })?;
     let ctas = units * params.chunks as usize;
     check_count_fits_i32("CTAs (rows or requests × chunks)", ctas)?;
-    let mut args = rt.args(&kernel);
+    let mut args = rt.args();
     args.arg(&params);
     rt.launch(&kernel, args, ctas, field, "a page id below the cache's page count")
 }

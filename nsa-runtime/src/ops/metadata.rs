@@ -8,7 +8,7 @@
 use super::{check_count_fits_i32, invalid};
 use crate::runtime::Runtime;
 use crate::Result;
-use cudarc::driver::{CudaSlice, CudaView, DevicePtr, DevicePtrMut, DeviceRepr, PushKernelArg};
+use cudarc::driver::{CudaSlice, CudaView, DevicePtr, DevicePtrMut, DeviceRepr};
 use nsa_kernels::spec::{MetadataMode, METADATA_MAX_BATCH};
 use nsa_kernels::KernelFamily;
 
@@ -345,7 +345,7 @@ pub fn metadata_replay(
         grid: grid as i32,
         max_keys: layout.max_keys as i32,
     };
-    let mut args = rt.args(&kernel);
+    let mut args = rt.args();
     args.arg(&params);
     rt.launch(&kernel, args, grid, "seq_lens", EXPECTED)
 }

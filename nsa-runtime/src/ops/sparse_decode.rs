@@ -7,7 +7,7 @@ use super::{
 };
 use crate::runtime::Runtime;
 use crate::Result;
-use cudarc::driver::{CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr, PushKernelArg};
+use cudarc::driver::{CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr};
 use half::bf16;
 use nsa_kernels::layout::{BF16_TOKEN_ELEMS, FP8_TOKEN_BYTES, KV_LORA_RANK};
 use nsa_kernels::spec::{DECODE_BLOCK_TOKENS, WG_HEAD_TILE};
@@ -371,7 +371,7 @@ pub fn sparse_decode(
         blocks_per_split: plan.blocks_per_split as i32,
         sm_scale: inputs.sm_scale,
     };
-    let mut args = rt.args(&decode);
+    let mut args = rt.args();
     args.arg(&params);
     rt.launch(&decode, args, plan.ctas(), "indices", SLOT_EXPECTED)?;
     if plan.splits == 1 {
@@ -386,7 +386,7 @@ pub fn sparse_decode(
         rows: params.rows,
         splits: params.splits,
     };
-    let mut args = rt.args(&combine);
+    let mut args = rt.args();
     args.arg(&cp);
     rt.launch(&combine, args, s.rows() * s.heads as usize, "partials", "")
 }

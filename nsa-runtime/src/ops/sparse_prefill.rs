@@ -7,7 +7,7 @@ use super::kv_cache::dequant_fp8;
 use super::{check_aligned, check_count_fits_i32, check_len, check_sparse_mla_heads_topk, check_target, invalid, Rows};
 use crate::runtime::Runtime;
 use crate::Result;
-use cudarc::driver::{CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr, PushKernelArg};
+use cudarc::driver::{CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr};
 use half::bf16;
 use nsa_kernels::layout::{BF16_TOKEN_ELEMS, KV_LORA_RANK};
 use nsa_kernels::spec::PREFILL_DQK;
@@ -207,7 +207,7 @@ fn launch(
         s_q: shape.s_q as i64,
         sm_scale: query.sm_scale,
     };
-    let mut args = rt.args(&kernel);
+    let mut args = rt.args();
     args.arg(&params);
     rt.launch(&kernel, args, ctas, "indices", "")
 }

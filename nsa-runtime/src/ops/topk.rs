@@ -2,7 +2,7 @@
 //! page-table transform (spec §7).
 
 use super::{check_count_fits_i32, invalid};
-use crate::runtime::{KernelParams, Runtime};
+use crate::runtime::Runtime;
 use crate::Result;
 use cudarc::driver::CudaSlice;
 use cudarc::driver::{CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr};
@@ -440,8 +440,12 @@ fn launch_one<T: TopkScoreElem>(
     }
     let kernel = rt.kernel(family)?;
     with_params(rt, scores, output, out, |params| {
-        let params = KernelParams::new().push(&params);
-        rt.launch_params_clustered(&kernel, params, rows * cluster as usize, cluster, "lengths", ROW_EXPECTED)
+        let params = {
+            let mut a = rt.args();
+            a.arg(&params);
+            a
+        };
+        rt.launch_clustered(&kernel, params, rows * cluster as usize, cluster, "lengths", ROW_EXPECTED)
     })
 }
 
@@ -514,8 +518,12 @@ pub fn topk_split<T: TopkScoreElem>(
         _pad: 0,
     };
     with_params(rt, scores, output, out, |params| {
-        let params = KernelParams::new().push(&params).push(&split);
-        rt.launch_params(&kernel, params, rows * chunks, "lengths", ROW_EXPECTED)
+        let params = {
+            let mut a = rt.args();
+            a.arg(&params).arg(&split);
+            a
+        };
+        rt.launch(&kernel, params, rows * chunks, "lengths", ROW_EXPECTED)
     })
 }
 
@@ -661,8 +669,12 @@ pub fn page_table_transform(
         table_rows: table.rows as i32,
         table_width: table.width as i32,
     };
-    let params = KernelParams::new().push(&params);
-    rt.launch_params(&kernel, params, rows * k as usize, "idx", "a position below the page-table width; written as -1")
+    let params = {
+        let mut a = rt.args();
+        a.arg(&params);
+        a
+    };
+    rt.launch(&kernel, params, rows * k as usize, "idx", "a position below the page-table width; written as -1")
 }
 
 #[cfg(test)]

@@ -142,6 +142,61 @@ pub fn store_mla(rt: &Runtime, format: KvCacheFormat, n: usize, seed: u64) -> Re
     })
 }
 
+/// Stores `n` tokens' latents (`format`) and indexer keys at distinct random slots
+/// in one step-store launch and compares both caches with the reference stores,
+/// bit for bit (bytes no token owns included).
+pub fn store_step(rt: &Runtime, format: KvCacheFormat, n: usize, seed: u64) -> Result<Check> {
+    let stream = rt.gpu().stream();
+    let rows = testdata::mla_rows(n, seed);
+    let keys = testdata::indexer_rows(n, seed ^ 7);
+    // One pool of slots for both caches: whole indexer pages.
+    let pool = pool_for(n).div_ceil(INDEXER_PAGE_TOKENS) * INDEXER_PAGE_TOKENS;
+    let loc = testdata::distinct_slots(n, pool, seed ^ 1);
+    let (d_rows, d_keys, d_loc) = (upload(stream, &rows)?, upload(stream, &keys)?, upload(stream, &loc)?);
+    let nope = Rows { data: d_rows.slice(0..), count: n, width: KV_LORA_RANK, stride: BF16_TOKEN_ELEMS };
+    let rope = Rows {
+        data: d_rows.slice(KV_LORA_RANK.min(d_rows.len())..),
+        count: n,
+        width: ROPE_DIM,
+        stride: BF16_TOKEN_ELEMS,
+    };
+    let index_k = Rows { data: d_keys.slice(0..), count: n, width: INDEXER_HEAD_DIM, stride: INDEXER_HEAD_DIM };
+    let (nope_h, rope_h) = split_rows(&rows);
+    let loc_view = d_loc.slice(0..n);
+    let mut want_index = vec![0xa5u8; pool / INDEXER_PAGE_TOKENS * INDEXER_PAGE_BYTES];
+    let mut d_index = upload(stream, &want_index)?;
+    reference::store_indexer_k(&keys, &loc, &mut want_index);
+    let (bad_latent, first_latent) = match format {
+        KvCacheFormat::Fp8 => {
+            let mut want = vec![0xa5u8; pool * FP8_TOKEN_BYTES];
+            let mut d_cache = upload(stream, &want)?;
+            let mut cache = MlaCacheMut::Fp8(d_cache.slice_mut(0..));
+            kv_cache::store_step(rt, &nope, &rope, &index_k, &loc_view, &mut cache, &mut d_index.slice_mut(0..))?;
+            reference::store_fp8(&nope_h, &rope_h, &loc, &mut want);
+            compare_rows(&download(stream, &d_cache, want.len())?, &want, FP8_TOKEN_BYTES, "latent slot")
+        }
+        KvCacheFormat::Bf16 => {
+            let mut want = vec![bf16::from_bits(0xa5a5); pool * BF16_TOKEN_ELEMS];
+            let mut d_cache = upload(stream, &want)?;
+            let mut cache = MlaCacheMut::Bf16(d_cache.slice_mut(0..));
+            kv_cache::store_step(rt, &nope, &rope, &index_k, &loc_view, &mut cache, &mut d_index.slice_mut(0..))?;
+            reference::store_bf16(&nope_h, &rope_h, &loc, &mut want);
+            let got = download(stream, &d_cache, want.len())?;
+            let bits = |v: &[bf16]| v.iter().map(|x| x.to_bits()).collect::<Vec<u16>>();
+            compare_rows(&bits(&got), &bits(&want), BF16_TOKEN_ELEMS, "latent slot")
+        }
+    };
+    let got_index = download(stream, &d_index, want_index.len())?;
+    let (bad_index, first_index) = compare_rows(&got_index, &want_index, INDEXER_PAGE_BYTES, "indexer page");
+    Ok(Check {
+        kernel: id(rt, KernelFamily::StepStore { format }),
+        case: format!("n={n} strided, pool={pool}"),
+        items: n,
+        mismatches: bad_latent + bad_index,
+        first_mismatch: first_latent.or(first_index),
+    })
+}
+
 /// Splits `[n, 576]` rows into dense nope `[n, 512]` and rope `[n, 64]`.
 pub fn split_rows(rows: &[bf16]) -> (Vec<bf16>, Vec<bf16>) {
     let mut nope = Vec::with_capacity(rows.len() / BF16_TOKEN_ELEMS * KV_LORA_RANK);

@@ -62,6 +62,8 @@ NSA_DEVICE void quantize(const float* x, float inv, u32* out_words) {
 }
 
 NSA_DEVICE bool slot_ok(i64 slot, i64 pool_slots) { return slot >= 0 && slot < pool_slots; }
+// A pool no slot >= 0 falls outside: no other store reports rejections.
+constexpr i64 kNoOtherPool = 0x7fffffffffffffffll;
 
 // scale = amax/448 and its reciprocal; when 1/scale is not finite (amax 0, or amax
 // below ~1.3e-36) both are 0, so the tile stores scale 0 and q 0.
@@ -75,13 +77,14 @@ NSA_DEVICE void fp8_tile_scale(float amax, float& scale, float& inv) {
 }
 
 // k_nope [n, 512] and k_rope [n, 64] bf16 rows (strides in elements, multiples of 8)
-// -> cache rows loc[t] in the 656-byte format.
+// -> cache rows loc[t] in the 656-byte format. `block`: this block's index in the
+// store's part of the grid (kBlockThreads / 32 tokens each).
 template <int kBlockThreads>
-NSA_DEVICE void store_fp8(const u16* __restrict__ k_nope, i64 nope_stride, const u16* __restrict__ k_rope,
+NSA_DEVICE void store_fp8(i64 block, const u16* __restrict__ k_nope, i64 nope_stride, const u16* __restrict__ k_rope,
                           i64 rope_stride, const i32* __restrict__ loc, i32 num_tokens, u8* __restrict__ cache,
                           i64 pool_slots, u32* status) {
   const u32 tid = thread_x();
-  const i64 token = (i64)block_x() * (kBlockThreads / kMlaLanes) + tid / kMlaLanes;
+  const i64 token = block * (kBlockThreads / kMlaLanes) + tid / kMlaLanes;
   const u32 lane = tid % kMlaLanes;
   // One token per 32-lane warp: this return takes whole warps, so the full-warp
   // shuffles below stay converged.
@@ -118,13 +121,13 @@ NSA_DEVICE void store_fp8(const u16* __restrict__ k_nope, i64 nope_stride, const
   if (lane < kRope / kChunk) reinterpret_cast<Vec16*>(row + kFp8RopeOffset)[lane] = rope;
 }
 
-// Bit-exact bf16 copy: cache row = [nope 512 | rope 64].
+// Bit-exact bf16 copy: cache row = [nope 512 | rope 64]. `block` as for store_fp8.
 template <int kBlockThreads>
-NSA_DEVICE void store_bf16(const u16* __restrict__ k_nope, i64 nope_stride, const u16* __restrict__ k_rope,
+NSA_DEVICE void store_bf16(i64 block, const u16* __restrict__ k_nope, i64 nope_stride, const u16* __restrict__ k_rope,
                            i64 rope_stride, const i32* __restrict__ loc, i32 num_tokens, u16* __restrict__ cache,
                            i64 pool_slots, u32* status) {
   const u32 tid = thread_x();
-  const i64 token = (i64)block_x() * (kBlockThreads / kMlaLanes) + tid / kMlaLanes;
+  const i64 token = block * (kBlockThreads / kMlaLanes) + tid / kMlaLanes;
   const u32 lane = tid % kMlaLanes;
   if (token >= num_tokens) return;
   const Vec16* src = reinterpret_cast<const Vec16*>(k_nope + token * nope_stride);
@@ -229,13 +232,18 @@ NSA_DEVICE float ceil_pow2(float v) {
 }
 
 // Each 8-lane group stores kRounds tokens, kBlockThreads / 8 apart, with all
-// their loads issued up front (a 256-byte key alone cannot keep HBM busy).
+// their loads issued up front (a 256-byte key alone cannot keep HBM busy). `block`:
+// this block's index in the store's part of the grid (kBlockThreads / 8 · kRounds
+// tokens each). A rejected slot is reported unless it lies outside [0,
+// reported_pool), whose rejections another store of the same launch reports, so
+// each rejected token is counted once.
 template <int kBlockThreads, int kRounds>
-NSA_DEVICE void store_indexer_k(const u16* __restrict__ k, i64 k_stride, const i32* __restrict__ loc, i32 num_tokens,
-                                u8* __restrict__ cache, i64 pool_slots, u32* status) {
+NSA_DEVICE void store_indexer_k(i64 block, const u16* __restrict__ k, i64 k_stride, const i32* __restrict__ loc,
+                                i32 num_tokens, u8* __restrict__ cache, i64 pool_slots, u32* status,
+                                i64 reported_pool = kNoOtherPool) {
   const int kGroups = kBlockThreads / kIdxLanes;
   const u32 tid = thread_x();
-  const i64 first = (i64)block_x() * kGroups * kRounds + tid / kIdxLanes;
+  const i64 first = block * kGroups * kRounds + tid / kIdxLanes;
   const u32 lane = tid % kIdxLanes;
   Vec16 raw[kRounds][2];
   i64 slot[kRounds];
@@ -261,7 +269,7 @@ NSA_DEVICE void store_indexer_k(const u16* __restrict__ k, i64 k_stride, const i
     const i64 token = first + r * kGroups;
     const bool in_range = token < num_tokens;
     const bool ok = in_range && slot_ok(slot[r], pool_slots);
-    if (in_range && !ok && lane == 0) report_bad_entry(status, token);
+    if (in_range && !ok && lane == 0 && slot_ok(slot[r], reported_pool)) report_bad_entry(status, token);
     float x[16];
     unpack_bf16x8(raw[r][0], x);
     unpack_bf16x8(raw[r][1], x + 8);

@@ -61,9 +61,9 @@ pub struct BenchArgs {
     /// logits do).
     #[arg(long, value_enum, default_value_t = TopkValues::Uniform)]
     pub topk_values: TopkValues,
-    /// Launch top-k and the page-table transform without programmatic dependent
-    /// launch (on by default on NVIDIA: each back-to-back launch starts while the
-    /// previous kernel runs and waits on the device until it is done), to compare.
+    /// Launch every kernel without programmatic dependent launch (on by default on
+    /// NVIDIA: each launch starts while the previous kernel runs and waits on the
+    /// device until it is done), to compare.
     #[arg(long)]
     pub no_pdl: bool,
     /// Sparse decode: every request draws from the same 16K slots (an L2-resident
@@ -85,8 +85,11 @@ pub struct BenchArgs {
     pub suite: Suite,
     /// Layer suite: only the short prompts (16 × 1K tokens at 128 and 16 heads), as
     /// sparse MLA and as MHA one-shot.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "layer_decode_only")]
     pub layer_short_prompts_only: bool,
+    /// Layer suite: only the decode and MTP-verify steps (no extend, no MHA one-shot).
+    #[arg(long)]
+    pub layer_decode_only: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -728,7 +731,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let (plans, steps) = if want(Suite::Plan) { crate::bench_plan::plan_bench(&rt)? } else { (vec![], vec![]) };
     let host = if want(Suite::Host) { crate::bench_host::host_bench(&rt)? } else { vec![] };
     let layer = if want(Suite::Layer) {
-        crate::bench_layer::layer_bench(&rt, args.reps.min(20), args.layer_short_prompts_only)?
+        crate::bench_layer::layer_bench(&rt, args.reps.min(20), args.layer_short_prompts_only, args.layer_decode_only)?
     } else {
         vec![]
     };

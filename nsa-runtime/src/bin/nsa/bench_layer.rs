@@ -74,12 +74,13 @@ fn shapes() -> Vec<Shape> {
 const MHA_SHAPES: [(usize, usize, u32); 2] = [(16, 1_024, 128), (16, 1_024, 16)];
 
 /// Each shape once; extend shapes under both prefill choices. `short_only`: the
-/// shapes of the MHA one-shot rows alone.
-pub fn layer_bench(rt: &Runtime, iters: usize, short_only: bool) -> Result<Vec<LayerRow>> {
+/// shapes of the MHA one-shot rows alone; `decode_only`: the decode and verify steps.
+pub fn layer_bench(rt: &Runtime, iters: usize, short_only: bool, decode_only: bool) -> Result<Vec<LayerRow>> {
     let base = NsaConfig::preset("deepseek-v3.2").map_err(|e| Error::Other(e.to_string()))?;
     let mut rows = Vec::new();
     let short = |s: &Shape| MHA_SHAPES.iter().any(|&(b, c, h)| (s.batch, s.context, s.heads) == (b, c, h));
-    for shape in shapes().into_iter().filter(|s| !short_only || short(s)) {
+    let extend = |s: &Shape| matches!(s.mode, LayerMode::Extend { .. });
+    for shape in shapes().into_iter().filter(|s| (!short_only || short(s)) && (!decode_only || !extend(s))) {
         let auto = ("auto", PrefillBackend::Auto);
         let cost = ("cost", PrefillBackend::Cost { heads: shape.heads });
         let choices = if matches!(shape.mode, LayerMode::Extend { .. }) { vec![auto, cost] } else { vec![auto] };
@@ -123,7 +124,7 @@ pub fn layer_bench(rt: &Runtime, iters: usize, short_only: bool) -> Result<Vec<L
             });
         }
     }
-    for (batch, context, heads) in MHA_SHAPES {
+    for (batch, context, heads) in MHA_SHAPES.into_iter().filter(|_| !decode_only) {
         let mut model = base.clone();
         model.num_q_heads = heads;
         let case =

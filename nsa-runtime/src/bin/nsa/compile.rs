@@ -225,6 +225,7 @@ pub fn verify(args: VerifyArgs) -> Result<()> {
                 KernelFamily::KvStore { format } => verify::store_mla(&rt, format, n, seed)?,
                 KernelFamily::KvDequant { format } => verify::dequant(&rt, format, n, seed, n > 1)?,
                 KernelFamily::IndexerKStore => verify::store_indexer(&rt, n, seed)?,
+                KernelFamily::StepStore { format } => verify::store_step(&rt, format, n, seed)?,
                 KernelFamily::IndexerKGather => verify::gather_indexer(&rt, n, seed, n > 1)?,
                 // Each top-k kernel is checked on every transform it serves (plain,
                 // RAGGED, PAGED from a page_table_1 and from the config's table of
