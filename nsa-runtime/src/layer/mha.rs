@@ -264,8 +264,15 @@ impl NsaLayer<'_> {
             check_len("latent", l.len(), plan.keys * BF16_TOKEN_ELEMS, "keys × 576")?;
         }
         let rt = self.rt;
-        kv_cache::store_mla(rt, &new.k_nope, &new.k_rope, &new.out_cache_loc, &mut caches.kv)?;
-        kv_cache::store_indexer_k(rt, &new.index_k, &new.out_cache_loc, &mut caches.index_k)?;
+        kv_cache::store_step(
+            rt,
+            &new.k_nope,
+            &new.k_rope,
+            &new.index_k,
+            &new.out_cache_loc,
+            &mut caches.kv,
+            &mut caches.index_k,
+        )?;
         let (Some(latent), true) = (latent, plan.keys > 0) else { return Ok(()) };
         let slots = plan.buf.slice(plan.slots.clone());
         match &caches.kv {
