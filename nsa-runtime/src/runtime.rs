@@ -164,8 +164,10 @@ impl Runtime {
     /// Programmatic dependent launch (PDL) for every kernel
     /// ([`KernelSpec::waits_for_prior_grids`]): a launch may start while the previous
     /// kernel of the stream still runs, and its blocks wait on the device until that
-    /// kernel is done, so the launch latency overlaps the previous kernel. On by default on targets that have it
-    /// (NVIDIA); `NSA_PDL=0` or `set_pdl(false)` turns it off.
+    /// kernel is done, so the launch latency overlaps the previous kernel. On by
+    /// default on targets that have it (NVIDIA); `NSA_PDL=0` or `set_pdl(false)`
+    /// turns it off. The layer holds it off for steps of more than
+    /// [`crate::layer::PDL_MAX_ROWS`] query rows.
     pub fn set_pdl(&mut self, on: bool) -> Result<()> {
         if on && !self.target.has_pdl() {
             return Err(invalid(
