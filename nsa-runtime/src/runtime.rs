@@ -42,7 +42,7 @@ pub struct Runtime {
     /// Launch kernels that wait for their predecessor with programmatic dependent
     /// launch ([`Runtime::set_pdl`]).
     pdl: bool,
-    /// PDL held off for the launches inside [`Runtime::without_pdl_if`].
+    /// PDL held off while a [`Runtime::hold_pdl`] guard lives.
     pdl_held: AtomicBool,
 }
 
@@ -148,17 +148,10 @@ impl Runtime {
         self.pdl
     }
 
-    /// Runs `f` with PDL held off when `hold` (the launches inside `f` wait for the
-    /// whole previous kernel), as it was set otherwise.
-    pub(crate) fn without_pdl_if<R>(&self, hold: bool, f: impl FnOnce() -> R) -> R {
-        struct Restore<'a>(&'a AtomicBool, bool);
-        impl Drop for Restore<'_> {
-            fn drop(&mut self) {
-                self.0.store(self.1, Ordering::Relaxed);
-            }
-        }
-        let _restore = Restore(&self.pdl_held, self.pdl_held.swap(hold, Ordering::Relaxed));
-        f()
+    /// Holds PDL off, when `hold`, for the launches made until the returned guard
+    /// drops (they wait for the whole previous kernel); then restores the setting.
+    pub(crate) fn hold_pdl(&self, hold: bool) -> PdlHold<'_> {
+        PdlHold { held: &self.pdl_held, before: self.pdl_held.swap(hold, Ordering::Relaxed) }
     }
 
     /// Programmatic dependent launch (PDL) for every kernel
@@ -316,6 +309,18 @@ impl Runtime {
             example: s[1],
             expected: expected.to_string(),
         })
+    }
+}
+
+/// Restores PDL as it was before [`Runtime::hold_pdl`] when dropped.
+pub(crate) struct PdlHold<'a> {
+    held: &'a AtomicBool,
+    before: bool,
+}
+
+impl Drop for PdlHold<'_> {
+    fn drop(&mut self) {
+        self.held.store(self.before, Ordering::Relaxed);
     }
 }
 

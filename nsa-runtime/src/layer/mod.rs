@@ -282,20 +282,7 @@ impl<'rt> NsaLayer<'rt> {
         mark: &mut dyn FnMut(Stage) -> Result<()>,
     ) -> Result<()> {
         self.check(plan, inputs, caches, ws, &outputs)?;
-        let hold_pdl = plan.padded_rows() > PDL_MAX_ROWS;
-        self.rt.without_pdl_if(hold_pdl, || self.launch_step(plan, inputs, caches, ws, outputs, mark))
-    }
-
-    /// The launches of [`NsaLayer::forward_marked`], its checks done.
-    fn launch_step(
-        &self,
-        plan: &StepPlan<'_>,
-        inputs: &LayerInputs<'_>,
-        caches: &mut LayerCaches<'_>,
-        ws: &mut LayerWorkspace,
-        outputs: LayerOutputs<'_, '_>,
-        mark: &mut dyn FnMut(Stage) -> Result<()>,
-    ) -> Result<()> {
+        let _pdl = self.rt.hold_pdl(plan.padded_rows() > PDL_MAX_ROWS);
         let rt = self.rt;
         kv_cache::store_step(
             rt,

@@ -104,13 +104,7 @@ pub fn store_mla(rt: &Runtime, format: KvCacheFormat, n: usize, seed: u64) -> Re
     let loc = testdata::distinct_slots(n, pool, seed ^ 1);
     let d_rows = upload(stream, &rows)?;
     let d_loc = upload(stream, &loc)?;
-    let nope = Rows { data: d_rows.slice(0..), count: n, width: KV_LORA_RANK, stride: BF16_TOKEN_ELEMS };
-    let rope = Rows {
-        data: d_rows.slice(KV_LORA_RANK.min(d_rows.len())..),
-        count: n,
-        width: ROPE_DIM,
-        stride: BF16_TOKEN_ELEMS,
-    };
+    let (nope, rope) = latent_views(&d_rows, n);
     let (nope_h, rope_h) = split_rows(&rows);
     let loc_view = d_loc.slice(0..n);
     let (mismatches, first_mismatch) = match format {
@@ -142,6 +136,14 @@ pub fn store_mla(rt: &Runtime, format: KvCacheFormat, n: usize, seed: u64) -> Re
     })
 }
 
+/// `k_nope` and `k_rope` as strided views of `n` uploaded `[n, 576]` rows.
+fn latent_views(rows: &CudaSlice<bf16>, n: usize) -> (Rows<'_, bf16>, Rows<'_, bf16>) {
+    let nope = Rows { data: rows.slice(0..), count: n, width: KV_LORA_RANK, stride: BF16_TOKEN_ELEMS };
+    let rope =
+        Rows { data: rows.slice(KV_LORA_RANK.min(rows.len())..), count: n, width: ROPE_DIM, stride: BF16_TOKEN_ELEMS };
+    (nope, rope)
+}
+
 /// Stores `n` tokens' latents (`format`) and indexer keys at distinct random slots
 /// in one step-store launch and compares both caches with the reference stores,
 /// bit for bit (bytes no token owns included).
@@ -153,13 +155,7 @@ pub fn store_step(rt: &Runtime, format: KvCacheFormat, n: usize, seed: u64) -> R
     let pool = pool_for(n).div_ceil(INDEXER_PAGE_TOKENS) * INDEXER_PAGE_TOKENS;
     let loc = testdata::distinct_slots(n, pool, seed ^ 1);
     let (d_rows, d_keys, d_loc) = (upload(stream, &rows)?, upload(stream, &keys)?, upload(stream, &loc)?);
-    let nope = Rows { data: d_rows.slice(0..), count: n, width: KV_LORA_RANK, stride: BF16_TOKEN_ELEMS };
-    let rope = Rows {
-        data: d_rows.slice(KV_LORA_RANK.min(d_rows.len())..),
-        count: n,
-        width: ROPE_DIM,
-        stride: BF16_TOKEN_ELEMS,
-    };
+    let (nope, rope) = latent_views(&d_rows, n);
     let index_k = Rows { data: d_keys.slice(0..), count: n, width: INDEXER_HEAD_DIM, stride: INDEXER_HEAD_DIM };
     let (nope_h, rope_h) = split_rows(&rows);
     let loc_view = d_loc.slice(0..n);
