@@ -85,15 +85,19 @@ impl Gpu {
 
     /// Launches on `stream`, a cudarc stream the caller owns (candle's, or one a
     /// server made), in that stream's context. nsa keeps the `Arc`, so the stream
-    /// lives as long as this `Gpu`. To capture nsa's launches into CUDA graphs, the
+    /// lives as long as this `Gpu`. nsa's launches are ordered by this stream alone:
+    /// they take no part in cudarc's cross-stream event tracking, so work on other
+    /// streams that reads or writes nsa's buffers is ordered by the caller. The
     /// context should not track events (`CudaContext::disable_event_tracking`,
-    /// before its first buffer): cudarc otherwise records an event per launch.
+    /// before its first buffer): cudarc otherwise records events around nsa's
+    /// copies, and capturing them into a CUDA graph fails.
     pub fn on_stream(stream: Arc<CudaStream>) -> Result<Gpu> {
         let ctx = stream.context().clone();
         if ctx.is_event_tracking() {
             tracing::warn!(
                 target: "nsa::device",
-                "the stream's context tracks events: every launch records one, and capturing launches into a \
+                "the stream's context tracks events: nsa's launches take no part in that tracking (order other \
+                 streams' work on nsa's buffers yourself), its copies record events, and capturing them into a \
                  CUDA graph fails (CUDA_ERROR_STREAM_CAPTURE_INVALIDATED); call \
                  CudaContext::disable_event_tracking before allocating, if all work is ordered on one stream"
             );

@@ -10,7 +10,7 @@ use cudarc::driver::{sys, CudaFunction, CudaSlice, CudaStream, DevicePtr, Device
 use nsa_kernels::{KernelFamily, KernelSpec, Target};
 use std::ffi::c_void;
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
 /// How launchers treat device-side input errors (e.g. a slot outside the pool).
@@ -42,8 +42,9 @@ pub struct Runtime {
     /// Launch kernels that wait for their predecessor with programmatic dependent
     /// launch ([`Runtime::set_pdl`]).
     pdl: bool,
-    /// PDL held off while a [`Runtime::hold_pdl`] guard lives.
-    pdl_held: AtomicBool,
+    /// Live [`Runtime::hold_pdl`] guards that hold PDL off (a count, so guards of
+    /// several threads may drop in any order).
+    pdl_holds: AtomicU32,
 }
 
 impl Runtime {
@@ -75,15 +76,8 @@ impl Runtime {
         // PDL by default where the target has it (H200: 1 × 128K top-k 17.0 -> 15.6 µs,
         // December 2026); its kernels wait on the device either way.
         let pdl = target.has_pdl();
-        let mut rt = Runtime {
-            gpu,
-            cache,
-            target,
-            checks: DeviceChecks::Skip,
-            status: None,
-            pdl,
-            pdl_held: AtomicBool::new(false),
-        };
+        let mut rt =
+            Runtime { gpu, cache, target, checks: DeviceChecks::Skip, status: None, pdl, pdl_holds: AtomicU32::new(0) };
         rt.set_checks(checks)?;
         Ok(rt)
     }
@@ -148,10 +142,13 @@ impl Runtime {
         self.pdl
     }
 
-    /// Holds PDL off, when `hold`, for the launches made until the returned guard
-    /// drops (they wait for the whole previous kernel); then restores the setting.
+    /// Holds PDL off, when `hold`, for this runtime's launches until the returned
+    /// guard drops (they wait for the whole previous kernel).
     pub(crate) fn hold_pdl(&self, hold: bool) -> PdlHold<'_> {
-        PdlHold { held: &self.pdl_held, before: self.pdl_held.swap(hold, Ordering::Relaxed) }
+        if hold {
+            self.pdl_holds.fetch_add(1, Ordering::Relaxed);
+        }
+        PdlHold { holds: &self.pdl_holds, held: hold }
     }
 
     /// Programmatic dependent launch (PDL) for every kernel
@@ -159,8 +156,8 @@ impl Runtime {
     /// kernel of the stream still runs, and its blocks wait on the device until that
     /// kernel is done, so the launch latency overlaps the previous kernel. On by
     /// default on targets that have it (NVIDIA); `NSA_PDL=0` or `set_pdl(false)`
-    /// turns it off. The layer holds it off for steps of more than
-    /// [`crate::layer::PDL_MAX_ROWS`] query rows.
+    /// turns it off. The layer's sparse steps (`NsaLayer::forward`) hold it off
+    /// above [`crate::layer::PDL_MAX_ROWS`] query rows.
     pub fn set_pdl(&mut self, on: bool) -> Result<()> {
         if on && !self.target.has_pdl() {
             return Err(invalid(
@@ -215,7 +212,8 @@ impl Runtime {
         field: &'static str,
         expected: &str,
     ) -> Result<()> {
-        let pdl = self.pdl && !self.pdl_held.load(Ordering::Relaxed) && kernel.cached.spec.waits_for_prior_grids();
+        let held = self.pdl_holds.load(Ordering::Relaxed) > 0;
+        let pdl = self.pdl && !held && kernel.cached.spec.waits_for_prior_grids();
         let stream = self.gpu.stream();
         self.launch_checked(kernel, items, field, expected, |cfg, status| {
             // Null when nothing is reported: kernels test for it.
@@ -312,15 +310,17 @@ impl Runtime {
     }
 }
 
-/// Restores PDL as it was before [`Runtime::hold_pdl`] when dropped.
+/// Gives back the hold [`Runtime::hold_pdl`] took, if any, when dropped.
 pub(crate) struct PdlHold<'a> {
-    held: &'a AtomicBool,
-    before: bool,
+    holds: &'a AtomicU32,
+    held: bool,
 }
 
 impl Drop for PdlHold<'_> {
     fn drop(&mut self) {
-        self.held.store(self.before, Ordering::Relaxed);
+        if self.held {
+            self.holds.fetch_sub(1, Ordering::Relaxed);
+        }
     }
 }
 

@@ -203,37 +203,78 @@ fn rejected_slots_are_skipped_and_reported() {
 }
 
 /// The step store skips each cache's bad slots on its own and reports each
-/// rejected token once: -1 (outside both pools) and 8 (outside the 8-row latent
-/// pool, inside the 64-slot indexer page).
+/// rejected token once, whichever pool rejects it: with an 8-row latent pool,
+/// -1 (outside both) and 8 (latent only; the 64-slot indexer page takes it); with
+/// an 80-row latent pool, -1 and 100 (outside both) and 70 (indexer only).
 #[test]
 fn step_store_rejects_per_cache_and_reports_each_token_once() {
     let mut rt = rt();
     let stream = rt.gpu().stream().clone();
-    let (n, pool) = (4, 8);
-    let rows = nsa_runtime::testdata::mla_rows(n, 9);
-    let keys = nsa_runtime::testdata::indexer_rows(n, 10);
-    let loc = vec![2, -1, 8, 5];
-    let d_rows = upload(&stream, &rows).unwrap();
-    let d_keys = upload(&stream, &keys).unwrap();
-    let d_loc = upload(&stream, &loc).unwrap();
-    let sentinel = vec![0x5au8; pool * FP8_TOKEN_BYTES];
-    let index_sentinel = vec![0x5au8; INDEXER_PAGE_BYTES];
+    for (pool, loc, rejected) in [(8, vec![2, -1, 8, 5], 2), (80, vec![2, -1, 70, 5, 100], 3)] {
+        let n = loc.len();
+        let rows = nsa_runtime::testdata::mla_rows(n, 9);
+        let keys = nsa_runtime::testdata::indexer_rows(n, 10);
+        let d_rows = upload(&stream, &rows).unwrap();
+        let d_keys = upload(&stream, &keys).unwrap();
+        let d_loc = upload(&stream, &loc).unwrap();
+        let sentinel = vec![0x5au8; pool * FP8_TOKEN_BYTES];
+        let index_sentinel = vec![0x5au8; INDEXER_PAGE_BYTES];
+        let (nope_h, rope_h) = verify::split_rows(&rows);
+        let mut want = sentinel.clone();
+        let mut want_index = index_sentinel.clone();
+        let latent_rejects = reference::store_fp8(&nope_h, &rope_h, &loc, &mut want);
+        let index_rejects = reference::store_indexer_k(&keys, &loc, &mut want_index);
+        assert!(latent_rejects <= rejected && index_rejects <= rejected, "pool {pool}");
+        for checks in [DeviceChecks::Skip, DeviceChecks::Report] {
+            rt.set_checks(checks).unwrap();
+            let mut d_cache = upload(&stream, &sentinel).unwrap();
+            let mut d_index = upload(&stream, &index_sentinel).unwrap();
+            let nope = Rows { data: d_rows.slice(0..), count: n, width: KV_LORA_RANK, stride: BF16_TOKEN_ELEMS };
+            let rope = Rows { data: d_rows.slice(KV_LORA_RANK..), count: n, width: ROPE_DIM, stride: BF16_TOKEN_ELEMS };
+            let index_k = Rows { data: d_keys.slice(0..), count: n, width: INDEXER_HEAD_DIM, stride: INDEXER_HEAD_DIM };
+            let r = kv_cache::store_step(
+                &rt,
+                &nope,
+                &rope,
+                &index_k,
+                &d_loc.slice(0..),
+                &mut MlaCacheMut::Fp8(d_cache.slice_mut(0..)),
+                &mut d_index.slice_mut(0..),
+            );
+            match (checks, r) {
+                (DeviceChecks::Skip, Ok(())) => {}
+                (DeviceChecks::Report, Err(Error::DeviceRejected { count, field: "loc", example, .. })) => {
+                    assert_eq!(count as usize, rejected, "pool {pool}: each rejected token once");
+                    let slot = loc[example as usize];
+                    assert!(slot < 0 || slot >= pool.min(64) as i32, "pool {pool}: example {example} (slot {slot})");
+                }
+                (c, other) => panic!("pool {pool}, {c:?}: unexpected {other:?}"),
+            }
+            assert!(download(&stream, &d_cache, sentinel.len()).unwrap() == want, "pool {pool}, {checks:?}: latents");
+            let got_index = download(&stream, &d_index, index_sentinel.len()).unwrap();
+            assert!(got_index == want_index, "pool {pool}, {checks:?}: indexer keys");
+        }
+    }
+    rt.set_checks(DeviceChecks::Skip).unwrap();
+}
+
+/// The stand-alone indexer-K store skips and reports a negative slot and one past
+/// its pages, and writes the others.
+#[test]
+fn indexer_store_rejects_and_reports_bad_slots() {
+    let mut rt = rt();
+    let stream = rt.gpu().stream().clone();
+    let loc = vec![2, -1, 64, 5];
+    let keys = nsa_runtime::testdata::indexer_rows(loc.len(), 11);
+    let (d_keys, d_loc) = (upload(&stream, &keys).unwrap(), upload(&stream, &loc).unwrap());
+    let sentinel = vec![0x5au8; INDEXER_PAGE_BYTES];
+    let mut want = sentinel.clone();
+    assert_eq!(reference::store_indexer_k(&keys, &loc, &mut want), 2);
     for checks in [DeviceChecks::Skip, DeviceChecks::Report] {
         rt.set_checks(checks).unwrap();
         let mut d_cache = upload(&stream, &sentinel).unwrap();
-        let mut d_index = upload(&stream, &index_sentinel).unwrap();
-        let nope = Rows { data: d_rows.slice(0..), count: n, width: KV_LORA_RANK, stride: BF16_TOKEN_ELEMS };
-        let rope = Rows { data: d_rows.slice(KV_LORA_RANK..), count: n, width: ROPE_DIM, stride: BF16_TOKEN_ELEMS };
-        let index_k = Rows { data: d_keys.slice(0..), count: n, width: INDEXER_HEAD_DIM, stride: INDEXER_HEAD_DIM };
-        let r = kv_cache::store_step(
-            &rt,
-            &nope,
-            &rope,
-            &index_k,
-            &d_loc.slice(0..),
-            &mut MlaCacheMut::Fp8(d_cache.slice_mut(0..)),
-            &mut d_index.slice_mut(0..),
-        );
+        let k = Rows { data: d_keys.slice(0..), count: loc.len(), width: INDEXER_HEAD_DIM, stride: INDEXER_HEAD_DIM };
+        let r = kv_cache::store_indexer_k(&rt, &k, &d_loc.slice(0..), &mut d_cache.slice_mut(0..));
         match (checks, r) {
             (DeviceChecks::Skip, Ok(())) => {}
             (DeviceChecks::Report, Err(Error::DeviceRejected { count: 2, field: "loc", example, .. })) => {
@@ -241,14 +282,7 @@ fn step_store_rejects_per_cache_and_reports_each_token_once() {
             }
             (c, other) => panic!("{c:?}: unexpected {other:?}"),
         }
-        let (nope_h, rope_h) = verify::split_rows(&rows);
-        let mut want = sentinel.clone();
-        assert_eq!(reference::store_fp8(&nope_h, &rope_h, &loc, &mut want), 2);
-        assert!(download(&stream, &d_cache, sentinel.len()).unwrap() == want, "{checks:?}: latent slots 2 and 5 only");
-        let mut want_index = index_sentinel.clone();
-        assert_eq!(reference::store_indexer_k(&keys, &loc, &mut want_index), 1);
-        let got_index = download(&stream, &d_index, index_sentinel.len()).unwrap();
-        assert!(got_index == want_index, "{checks:?}: indexer slots 2, 8 and 5 only");
+        assert!(download(&stream, &d_cache, sentinel.len()).unwrap() == want, "{checks:?}: slots 2 and 5 only");
     }
     rt.set_checks(DeviceChecks::Skip).unwrap();
 }

@@ -1,13 +1,14 @@
 //! [`NsaLayer`]: one attention layer of a DeepSeek V3.2-style model, run as the
 //! server calls it once per layer and step (spec §5.3, §6.1, §8.4):
 //!
-//! 1. KV store (bf16, or quantized to the FP8-656 record) at `out_cache_loc`;
-//! 2. indexer K store (FP8 + scale) at the same slots, before scoring (§6.1 step 7);
-//! 3. indexer logits: skipped when no token sees more than top-k keys, PAGED over
+//! 1. the stores, one launch: KV (bf16, or quantized to the FP8-656 record) at
+//!    `out_cache_loc`, and indexer K (FP8 + scale) at the same slots, before
+//!    scoring (§6.1 step 7);
+//! 2. indexer logits: skipped when no token sees more than top-k keys, PAGED over
 //!    the index-K pages (decode-like, page size 64), or gathered + RAGGED (extend),
 //!    chunked under the caller's logits budget;
-//! 4. fused top-k with the PAGED (slots) or RAGGED (ragged rows) transform;
-//! 5. sparse MLA: decode kernel on the FP8 cache, prefill kernel on the bf16 pool, or
+//! 3. fused top-k with the PAGED (slots) or RAGGED (ragged rows) transform;
+//! 4. sparse MLA: decode kernel on the FP8 cache, prefill kernel on the bf16 pool, or
 //!    dequantize + prefill for RAGGED.
 //!
 //! The step's decisions live in a [`StepPlan`] built once per step from its
@@ -124,8 +125,10 @@ pub struct LayerOutputs<'a, 'b> {
     pub lse: &'a mut CudaViewMut<'b, f32>,
 }
 
-/// Steps of at most this many query rows launch their kernels with PDL (where the
-/// runtime has it on); larger steps wait for each whole kernel. On an H100
+/// Sparse steps ([`NsaLayer::forward`]) of at most this many query rows launch
+/// their kernels with PDL (where the runtime has it on); larger ones wait for each
+/// whole kernel. (MHA one-shot calls keep the runtime's setting: measured no
+/// slower with PDL.) On an H100
 /// (2026-12-07, `nsa bench --suite layer --layer-decode-only`, CUDA graph, with and
 /// without PDL in one call) PDL took 3–6% off decode at batch 1 and 2.5% off an MTP
 /// verify step of 8 × 2 rows, and added 3.8% at batch 32 and 1.9% at batch 128

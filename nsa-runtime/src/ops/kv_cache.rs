@@ -10,6 +10,8 @@ use nsa_kernels::spec::step_store_blocks;
 use nsa_kernels::{KernelFamily, KvCacheFormat};
 
 const SLOT_EXPECTED: &str = "a slot in 0..pool_slots (the cache holds pool_slots rows)";
+const STEP_SLOT_EXPECTED: &str =
+    "a slot inside both caches' pools (the KV cache's rows and the index-K cache's pages × 64)";
 
 /// The MLA latent cache of one layer, `[pool_slots, token]` in either format.
 #[derive(Debug)]
@@ -79,7 +81,7 @@ pub fn store_step(
     args.buf(&k_nope.data).arg(&ns).buf(&k_rope.data).arg(&rs).buf(&index_k.data).arg(&is).buf(loc).arg(&num);
     push_mla_cache(&mut args, cache);
     args.arg(&pool_slots).buf(index_cache).arg(&index_pool_slots);
-    rt.launch(&kernel, args, step_store_blocks(n), "loc", SLOT_EXPECTED)
+    rt.launch(&kernel, args, step_store_blocks(n), "loc", STEP_SLOT_EXPECTED)
 }
 
 /// Checks the rows and the cache of an MLA store of `n` tokens; the pool's slots.

@@ -1,4 +1,4 @@
-//! The whole NSA layer (store → indexer K store → logits → top-k → sparse MLA) on
+//! The whole NSA layer (KV and indexer-K stores → logits → top-k → sparse MLA) on
 //! the GPU against the whole-layer CPU reference (included by gpu.rs). Tolerances:
 //! nsa_runtime::verify::layer (module docs).
 

@@ -62,8 +62,8 @@ NSA_DEVICE void quantize(const float* x, float inv, u32* out_words) {
 }
 
 NSA_DEVICE bool slot_ok(i64 slot, i64 pool_slots) { return slot >= 0 && slot < pool_slots; }
-// A pool no slot >= 0 falls outside: no other store reports rejections.
-constexpr i64 kNoOtherPool = 0x7fffffffffffffffll;
+// No other store of the launch reports rejected slots.
+constexpr i64 kNoOtherPool = -1;
 
 // scale = amax/448 and its reciprocal; when 1/scale is not finite (amax 0, or amax
 // below ~1.3e-36) both are 0, so the tile stores scale 0 and q 0.
@@ -234,13 +234,13 @@ NSA_DEVICE float ceil_pow2(float v) {
 // Each 8-lane group stores kRounds tokens, kBlockThreads / 8 apart, with all
 // their loads issued up front (a 256-byte key alone cannot keep HBM busy). `block`:
 // this block's index in the store's part of the grid (kBlockThreads / 8 · kRounds
-// tokens each). A rejected slot is reported unless it lies outside [0,
-// reported_pool), whose rejections another store of the same launch reports, so
-// each rejected token is counted once.
+// tokens each). A rejected slot is reported unless another store of the same
+// launch, over a pool of `other_pool` slots (kNoOtherPool: none), rejects and
+// reports it too, so each rejected token is counted once.
 template <int kBlockThreads, int kRounds>
 NSA_DEVICE void store_indexer_k(i64 block, const u16* __restrict__ k, i64 k_stride, const i32* __restrict__ loc,
                                 i32 num_tokens, u8* __restrict__ cache, i64 pool_slots, u32* status,
-                                i64 reported_pool = kNoOtherPool) {
+                                i64 other_pool = kNoOtherPool) {
   const int kGroups = kBlockThreads / kIdxLanes;
   const u32 tid = thread_x();
   const i64 first = block * kGroups * kRounds + tid / kIdxLanes;
@@ -269,7 +269,8 @@ NSA_DEVICE void store_indexer_k(i64 block, const u16* __restrict__ k, i64 k_stri
     const i64 token = first + r * kGroups;
     const bool in_range = token < num_tokens;
     const bool ok = in_range && slot_ok(slot[r], pool_slots);
-    if (in_range && !ok && lane == 0 && slot_ok(slot[r], reported_pool)) report_bad_entry(status, token);
+    const bool reported_elsewhere = other_pool != kNoOtherPool && !slot_ok(slot[r], other_pool);
+    if (in_range && !ok && lane == 0 && !reported_elsewhere) report_bad_entry(status, token);
     float x[16];
     unpack_bf16x8(raw[r][0], x);
     unpack_bf16x8(raw[r][1], x + 8);

@@ -1,6 +1,6 @@
-"""``nsa.Layer``: a whole NSA attention layer (KV store, indexer K store, indexer
-logits, top-k, sparse MLA) over a server's tensors, as the server's attention
-backend runs it.
+"""``nsa.Layer``: a whole NSA attention layer (the KV and indexer-K stores in one
+launch, indexer logits, top-k, sparse MLA) over a server's tensors, as the
+server's attention backend runs it.
 
 Per step, one plan (``Layer.plan`` for an eager step, ``Layer.graph_plan`` +
 ``Layer.replay`` under a CUDA graph) built from the server's device tables
