@@ -980,6 +980,17 @@ fn capture(rt: &Runtime, forward: &mut Forward<'_>) -> Result<cudarc::driver::Cu
     let stream = rt.gpu().stream();
     let mode = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
     stream.begin_capture(mode).map_err(crate::Error::driver("beginning a graph capture"))?;
+    // A panic inside the forward still ends the capture, so the shared stream
+    // runs the next test's work instead of recording it.
+    struct EndOnUnwind<'a>(&'a std::sync::Arc<cudarc::driver::CudaStream>);
+    impl Drop for EndOnUnwind<'_> {
+        fn drop(&mut self) {
+            if std::thread::panicking() {
+                let _ = self.0.end_capture(CUgraphInstantiate_flags(0));
+            }
+        }
+    }
+    let _unwind = EndOnUnwind(stream);
     let captured = forward(&mut |_| Ok(()));
     let graph =
         stream.end_capture(CUgraphInstantiate_flags(0)).map_err(crate::Error::driver("ending the graph capture"))?;
