@@ -35,6 +35,10 @@ pub struct BenchArgs {
     /// 128x1x128, 64x2x128, 128x1x64, 128x1x16, 1x1x16, 32x1x16).
     #[arg(long, value_delimiter = ',')]
     pub decode_shapes: Vec<String>,
+    /// Sparse decode: also time every shape at each of these KV split counts
+    /// (1..=32 at top-k 2048), beside the launcher's own choice.
+    #[arg(long, value_delimiter = ',')]
+    pub decode_splits: Vec<u32>,
     /// Top-k shapes as rows x keys per row (default: 64x131072, 1x131072, 2048x32768).
     #[arg(long, value_delimiter = ',')]
     pub topk_shapes: Vec<String>,
@@ -716,7 +720,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         vec![]
     };
     let decode = if want(Suite::Decode) {
-        crate::bench_decode::decode_bench(&rt, args.reps, &decode_cases, args.decode_shared_keys)?
+        crate::bench_decode::decode_bench(&rt, args.reps, &decode_cases, args.decode_shared_keys, &args.decode_splits)?
     } else {
         vec![]
     };

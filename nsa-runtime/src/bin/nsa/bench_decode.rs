@@ -73,11 +73,14 @@ pub fn decode_cases(shapes: &[String]) -> Result<Vec<(usize, usize, u32)>> {
     shapes.iter().map(|s| parse_shape(s)).collect()
 }
 
+/// Each case under the launcher's plan, then under each of `splits` (KV split
+/// counts chosen by hand, for comparing plans).
 pub fn decode_bench(
     rt: &Runtime,
     reps: usize,
     cases: &[(usize, usize, u32)],
     shared_keys: bool,
+    splits: &[u32],
 ) -> Result<Vec<DecodeRow>> {
     let stream = rt.gpu().stream().clone();
     let copy_gbps = copy_gbps(&stream)?;
@@ -88,7 +91,10 @@ pub fn decode_bench(
     let mut out_rows = Vec::new();
     for &(batch, s_q, heads) in cases {
         let shape = DecodeShape { batch, s_q, heads, topk: TOPK, page_size: 64 };
-        let plan = DecodePlan::new(shape, rt.launch_target())?;
+        let mut plans = vec![DecodePlan::new(shape, rt.launch_target())?];
+        for &s in splits {
+            plans.push(DecodePlan::with_splits(shape, rt.target(), s)?);
+        }
         let rows = shape.rows();
         let k = TOPK as usize;
         // Request b owns slots [b·16K, (b+1)·16K); each query row picks 2048 distinct ones.
@@ -106,8 +112,8 @@ pub fn decode_bench(
         let mut d_out: CudaSlice<bf16> =
             stream.alloc_zeros(rows * heads as usize * KV_LORA_RANK).map_err(Error::driver("alloc"))?;
         let mut d_lse: CudaSlice<f32> = stream.alloc_zeros(rows * heads as usize).map_err(Error::driver("alloc"))?;
-        let mut d_ws: CudaSlice<f32> =
-            stream.alloc_zeros(plan.workspace_floats().max(4)).map_err(Error::driver("alloc"))?;
+        let ws_floats = plans.iter().map(|p| p.workspace_floats()).max().unwrap_or(0);
+        let mut d_ws: CudaSlice<f32> = stream.alloc_zeros(ws_floats.max(4)).map_err(Error::driver("alloc"))?;
         let inputs = SparseDecodeInputs {
             q: d_q.slice(0..),
             cache: Fp8PagedCache::dense(d_pool.slice(0..), 64),
@@ -115,35 +121,37 @@ pub fn decode_bench(
             topk_length: None,
             sm_scale: DEEPSEEK_V32_SM_SCALE,
         };
-        let us = time_us(&stream, reps, || {
-            sparse_decode(
-                rt,
-                &plan,
-                &inputs,
-                &mut d_out.slice_mut(0..),
-                &mut d_lse.slice_mut(0..),
-                &mut d_ws.slice_mut(0..),
-            )
-        })?;
-        let flops = 2.0 * rows as f64 * heads as f64 * TOPK as f64 * (BF16_TOKEN_ELEMS + KV_LORA_RANK) as f64;
-        let bytes =
-            (rows * k * (FP8_TOKEN_BYTES + 4) + rows * heads as usize * 2 * (BF16_TOKEN_ELEMS + KV_LORA_RANK)) as f64;
-        let roofline_us = (flops / (BF16_PEAK_TFLOPS * 1e6)).max(bytes / copy_gbps / 1e3);
-        let row = DecodeRow {
-            batch,
-            s_q,
-            heads,
-            splits: plan.splits,
-            us,
-            tflops: flops / us / 1e6,
-            gbps: bytes / us / 1e3,
-            roofline_us,
-        };
-        println!(
-            "sparse decode b{batch:<4} s_q{s_q} h{heads:<4} splits {:>2}: {us:>9.2} µs  {:>6.1} TFLOP/s  {:>6.0} GB/s  (roofline {roofline_us:.1} µs: {BF16_PEAK_TFLOPS} TFLOP/s, {copy_gbps:.0} GB/s)",
-            plan.splits, row.tflops, row.gbps
-        );
-        out_rows.push(row);
+        for plan in &plans {
+            let us = time_us(&stream, reps, || {
+                sparse_decode(
+                    rt,
+                    plan,
+                    &inputs,
+                    &mut d_out.slice_mut(0..),
+                    &mut d_lse.slice_mut(0..),
+                    &mut d_ws.slice_mut(0..),
+                )
+            })?;
+            let flops = 2.0 * rows as f64 * heads as f64 * TOPK as f64 * (BF16_TOKEN_ELEMS + KV_LORA_RANK) as f64;
+            let bytes = (rows * k * (FP8_TOKEN_BYTES + 4)
+                + rows * heads as usize * 2 * (BF16_TOKEN_ELEMS + KV_LORA_RANK)) as f64;
+            let roofline_us = (flops / (BF16_PEAK_TFLOPS * 1e6)).max(bytes / copy_gbps / 1e3);
+            let row = DecodeRow {
+                batch,
+                s_q,
+                heads,
+                splits: plan.splits,
+                us,
+                tflops: flops / us / 1e6,
+                gbps: bytes / us / 1e3,
+                roofline_us,
+            };
+            println!(
+                "sparse decode b{batch:<4} s_q{s_q} h{heads:<4} splits {:>2}: {us:>9.2} µs  {:>6.1} TFLOP/s  {:>6.0} GB/s  (roofline {roofline_us:.1} µs: {BF16_PEAK_TFLOPS} TFLOP/s, {copy_gbps:.0} GB/s)",
+                plan.splits, row.tflops, row.gbps
+            );
+            out_rows.push(row);
+        }
     }
     Ok(out_rows)
 }
