@@ -2,12 +2,13 @@
 //! cluster and page-table transform variant for k = 512, 1024, 2048 (bf16 scores for
 //! 512 and 2048) of sm_90a (32-lane
 //! warps) and gfx942 (64-lane wavefronts, no clusters), and the scalar dense
-//! attention kernel (gfx942's) at both head shapes, rendered from the same
+//! attention kernel (gfx942's) at both head shapes and the step store in both
+//! cache formats, rendered from the same
 //! templates and headers as the GPU builds, compiled for the host against the
 //! emulated arch layer (`nsa/emu/arch.cuh`) in place of the target's own.
 
 use nsa_kernels::spec::{DenseKernel, DENSE_HEAD_DIMS};
-use nsa_kernels::{render, KernelFamily, KernelSpec, Target, TopkLayout, TopkScore};
+use nsa_kernels::{render, KernelFamily, KernelSpec, KvCacheFormat, Target, TopkLayout, TopkScore};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
@@ -19,6 +20,8 @@ fn kind(family: KernelFamily) -> &'static str {
         KernelFamily::TopkSplit { .. } => "kSplit",
         KernelFamily::IndexTransform { .. } => "kTransform",
         KernelFamily::DensePrefill { .. } => "kDense",
+        KernelFamily::StepStore { format: KvCacheFormat::Fp8 } => "kStepStoreFp8",
+        KernelFamily::StepStore { format: KvCacheFormat::Bf16 } => "kStepStoreBf16",
         _ => "kTopk",
     }
 }
@@ -38,6 +41,10 @@ fn emulated_families(target: Target) -> Vec<KernelFamily> {
     // The scalar dense kernel at 3 heads (tests/tests/emu_dense.rs), both head shapes.
     for (d_qk, d_v) in DENSE_HEAD_DIMS {
         families.push(KernelFamily::DensePrefill { heads: EMU_DENSE_HEADS, d_qk, d_v, kernel: DenseKernel::Scalar });
+    }
+    // The layer's step store, both cache formats (tests/tests/emu_store.rs).
+    for format in [KvCacheFormat::Fp8, KvCacheFormat::Bf16] {
+        families.push(KernelFamily::StepStore { format });
     }
     families
 }
@@ -135,17 +142,26 @@ fn main() {
             let path = out.join(format!("{}.cpp", kernel.id));
             write_if_changed(&path, &source);
             build.file(&path);
-            let params = match kind {
-                "kSplit" => "nsa::topk::Params, nsa::topk::Split, nsa::u32*",
-                "kTransform" => "nsa::index_transform::Params, nsa::u32*",
-                "kDense" => "nsa::dense::Params, nsa::u32*",
-                _ => "nsa::topk::Params, nsa::u32*",
+            let params: String = match kind {
+                "kSplit" => "nsa::topk::Params, nsa::topk::Split, nsa::u32*".into(),
+                "kTransform" => "nsa::index_transform::Params, nsa::u32*".into(),
+                "kDense" => "nsa::dense::Params, nsa::u32*".into(),
+                "kStepStoreFp8" | "kStepStoreBf16" => {
+                    let cache = if kind == "kStepStoreFp8" { "nsa::u8*" } else { "nsa::u16*" };
+                    format!(
+                        "const nsa::u16*, nsa::i64, const nsa::u16*, nsa::i64, const nsa::u16*, nsa::i64, \
+                         const nsa::i32*, nsa::i32, {cache}, nsa::i64, nsa::u8*, nsa::i64, nsa::u32*"
+                    )
+                }
+                _ => "nsa::topk::Params, nsa::u32*".into(),
             };
             writeln!(decls, "extern \"C\" void {}({params});", kernel.symbol).unwrap();
             let field = match kind {
                 "kSplit" => "split",
                 "kTransform" => "transform",
                 "kDense" => "dense",
+                "kStepStoreFp8" => "step_store_fp8",
+                "kStepStoreBf16" => "step_store_bf16",
                 _ => "topk",
             };
             let smem_fn = if kind == "kDense" { dense_smem_fn.as_str() } else { width.smem_fn };

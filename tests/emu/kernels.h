@@ -7,7 +7,31 @@
 #include "nsa/topk/topk.cuh"
 #include "nsa/attention/dense_common.cuh"
 
-enum EmuKind { kTopk, kSplit, kTransform, kDense };
+enum EmuKind { kTopk, kSplit, kTransform, kDense, kStepStoreFp8, kStepStoreBf16 };
+
+// The step store's parameters (templates/step_store.cu.tera), the MLA cache
+// untyped: bytes for the FP8 record, bf16 values for the bf16 rows.
+struct EmuStepStoreArgs {
+  const nsa::u16* k_nope;
+  nsa::i64 nope_stride;
+  const nsa::u16* k_rope;
+  nsa::i64 rope_stride;
+  const nsa::u16* index_k;
+  nsa::i64 index_stride;
+  const nsa::i32* loc;
+  nsa::i32 num_tokens;
+  nsa::i32 pad;
+  void* cache;
+  nsa::i64 pool_slots;
+  nsa::u8* index_cache;
+  nsa::i64 index_pool_slots;
+};
+static_assert(sizeof(EmuStepStoreArgs) == 96);
+
+using EmuStepStoreFp8 = void (*)(const nsa::u16*, nsa::i64, const nsa::u16*, nsa::i64, const nsa::u16*, nsa::i64,
+                                 const nsa::i32*, nsa::i32, nsa::u8*, nsa::i64, nsa::u8*, nsa::i64, nsa::u32*);
+using EmuStepStoreBf16 = void (*)(const nsa::u16*, nsa::i64, const nsa::u16*, nsa::i64, const nsa::u16*, nsa::i64,
+                                  const nsa::i32*, nsa::i32, nsa::u16*, nsa::i64, nsa::u8*, nsa::i64, nsa::u32*);
 
 struct EmuKernel {
   const char* id;
@@ -19,6 +43,8 @@ struct EmuKernel {
     void (*split)(nsa::topk::Params, nsa::topk::Split, nsa::u32*);
     void (*transform)(nsa::index_transform::Params, nsa::u32*);
     void (*dense)(nsa::dense::Params, nsa::u32*);
+    EmuStepStoreFp8 step_store_fp8;
+    EmuStepStoreBf16 step_store_bf16;
   } entry;
 };
 

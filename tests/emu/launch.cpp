@@ -26,7 +26,7 @@ const EmuKernel* find(const char* id, EmuKind kind, std::string& error) {
     return &kEmuKernels[i];
   }
   error = std::string("no emulated kernel ") + id +
-          " (tests/build.rs emulates the sm_90a and gfx942 top-k kernels and the scalar dense kernels)";
+          " (tests/build.rs emulates the sm_90a and gfx942 top-k kernels, the scalar dense kernels and the step stores)";
   return nullptr;
 }
 
@@ -86,5 +86,31 @@ extern "C" int nsa_emu_dense(const char* id, const EmuShape* shape, const nsa::d
   const EmuKernel* k = find(id, kDense, e);
   if (k == nullptr) return not_found(e, err, err_len);
   auto go = [&] { k->entry.dense(*p, status); };
+  return run(*k, *shape, call<decltype(go)>, &go, err, err_len);
+}
+
+// The step store (both formats: the kernel's kind says which cache type it takes).
+extern "C" int nsa_emu_step_store(const char* id, const EmuShape* shape, const EmuStepStoreArgs* a,
+                                  nsa::u32* status, char* err, size_t err_len) {
+  std::string e;
+  const EmuKernel* k = nullptr;
+  for (EmuKind kind : {kStepStoreFp8, kStepStoreBf16}) {
+    std::string miss;
+    k = find(id, kind, miss);
+    if (k != nullptr) break;
+    e = miss;
+  }
+  if (k == nullptr) return not_found(e, err, err_len);
+  auto go = [&] {
+    if (k->kind == kStepStoreFp8) {
+      k->entry.step_store_fp8(a->k_nope, a->nope_stride, a->k_rope, a->rope_stride, a->index_k, a->index_stride, a->loc,
+                              a->num_tokens, static_cast<nsa::u8*>(a->cache), a->pool_slots, a->index_cache,
+                              a->index_pool_slots, status);
+    } else {
+      k->entry.step_store_bf16(a->k_nope, a->nope_stride, a->k_rope, a->rope_stride, a->index_k, a->index_stride,
+                               a->loc, a->num_tokens, static_cast<nsa::u16*>(a->cache), a->pool_slots, a->index_cache,
+                               a->index_pool_slots, status);
+    }
+  };
   return run(*k, *shape, call<decltype(go)>, &go, err, err_len);
 }

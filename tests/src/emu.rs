@@ -1,12 +1,13 @@
 //! The CPU emulator of the top-k kernels (`tests/emu/`, built by `tests/build.rs`)
-//! as a [`TopkDevice`], and of the scalar dense kernel as a [`DenseDevice`]: the
+//! as a [`TopkDevice`], of the scalar dense kernel as a [`DenseDevice`], and of the
+//! layer's step store ([`Emulator::step_store`]): the
 //! sm_90a and gfx942 kernels' own code, with each CTA's
 //! threads as fibers, run on the host so that CI (no GPU) checks the kernels' logic
 //! against the CPU reference. It proves what the kernels compute, not how fast, and not the
 //! GPU-only parts (the arch layer's PTX, memory ordering between real warps).
 
 use half::bf16;
-use nsa_kernels::{KernelFamily, KernelSpec, Target, TopkScore};
+use nsa_kernels::{KernelFamily, KernelSpec, KvCacheFormat, Target, TopkScore};
 use nsa_runtime::ops::dense_prefill::{DensePrefillParams, DenseShape};
 use nsa_runtime::verify::dense::{DenseDevice, DenseHostInputs};
 use nsa_runtime::verify::topk::{HostPageTable, TopkDevice, TopkInputs, TopkKernel, CHECK_SPLIT_CHUNK};
@@ -76,6 +77,32 @@ const _: () = assert!(size_of::<DensePrefillParams>() == 80);
 /// Heads of the emulated dense kernels (tests/build.rs).
 pub const EMU_DENSE_HEADS: u32 = 3;
 
+/// `EmuStepStoreArgs` (kernels.h).
+#[repr(C)]
+struct StepStoreArgs {
+    k_nope: *const bf16,
+    nope_stride: i64,
+    k_rope: *const bf16,
+    rope_stride: i64,
+    index_k: *const bf16,
+    index_stride: i64,
+    loc: *const i32,
+    num_tokens: i32,
+    pad: i32,
+    cache: *mut c_void,
+    pool_slots: i64,
+    index_cache: *mut u8,
+    index_pool_slots: i64,
+}
+const _: () = assert!(size_of::<StepStoreArgs>() == 96);
+
+/// The MLA cache a step store writes: FP8-656 records or bf16 rows.
+#[derive(Debug)]
+pub enum EmuMlaCache<'a> {
+    Fp8(&'a mut [u8]),
+    Bf16(&'a mut [bf16]),
+}
+
 /// `EmuShape` (launch.cpp).
 #[repr(C)]
 struct Shape {
@@ -112,6 +139,14 @@ unsafe extern "C" {
         id: *const c_char,
         shape: *const Shape,
         p: *const DensePrefillParams,
+        status: *mut u32,
+        err: *mut c_char,
+        err_len: usize,
+    ) -> c_int;
+    fn nsa_emu_step_store(
+        id: *const c_char,
+        shape: *const Shape,
+        a: *const StepStoreArgs,
         status: *mut u32,
         err: *mut c_char,
         err_len: usize,
@@ -371,5 +406,100 @@ impl DenseDevice for Emulator {
             return Err(Error::Other(format!("{}: the kernel reported {} bad sequence(s)", spec.id(), status[0])));
         }
         Ok((out, lse))
+    }
+}
+
+impl Emulator {
+    /// The step store of `loc.len()` tokens: `rows` (`[n, 576]` bf16, nope then
+    /// rope) into `cache` and `keys` (`[n, 128]` bf16) into `index_cache`
+    /// (`[pages, 8448]` bytes), one launch. Returns the rejected tokens the kernel
+    /// counted (its status word).
+    pub fn step_store(
+        &self,
+        rows: &[bf16],
+        keys: &[bf16],
+        loc: &[i32],
+        cache: EmuMlaCache<'_>,
+        index_cache: &mut [u8],
+    ) -> Result<u32> {
+        use nsa_kernels::layout::*;
+        let n = loc.len();
+        assert!(rows.len() == n * BF16_TOKEN_ELEMS && keys.len() == n * INDEXER_HEAD_DIM, "rows and keys of n tokens");
+        assert!(index_cache.len() % INDEXER_PAGE_BYTES == 0, "whole indexer pages");
+        let (format, cache_bytes, pool): (_, &mut [u8], _) = match cache {
+            EmuMlaCache::Fp8(c) => {
+                let pool = c.len() / FP8_TOKEN_BYTES;
+                (KvCacheFormat::Fp8, c, pool)
+            }
+            EmuMlaCache::Bf16(c) => {
+                let pool = c.len() / BF16_TOKEN_ELEMS;
+                // SAFETY: bf16 is two plain bytes; the view covers the same memory.
+                let bytes = unsafe { std::slice::from_raw_parts_mut(c.as_mut_ptr().cast::<u8>(), c.len() * 2) };
+                (KvCacheFormat::Bf16, bytes, pool)
+            }
+        };
+        let spec = KernelSpec::new(KernelFamily::StepStore { format }, self.target);
+        let blocks = nsa_kernels::spec::step_store_blocks(n);
+        if blocks == 0 {
+            return Ok(0);
+        }
+        // The kernel moves 16-byte vectors: every buffer goes through 16-byte-aligned copies.
+        let (rows_a, keys_a) = (Aligned::of(rows), Aligned::of(keys));
+        let (mut cache_a, mut index_a) = (Aligned::of(cache_bytes), Aligned::of(index_cache));
+        let args = StepStoreArgs {
+            k_nope: rows_a.ptr().cast(),
+            nope_stride: BF16_TOKEN_ELEMS as i64,
+            k_rope: rows_a.ptr().cast::<bf16>().wrapping_add(KV_LORA_RANK),
+            rope_stride: BF16_TOKEN_ELEMS as i64,
+            index_k: keys_a.ptr().cast(),
+            index_stride: INDEXER_HEAD_DIM as i64,
+            loc: loc.as_ptr(),
+            num_tokens: i32::try_from(n).map_err(|_| Error::Other(format!("{n} tokens")))?,
+            pad: 0,
+            cache: cache_a.ptr_mut().cast(),
+            pool_slots: pool as i64,
+            index_cache: index_a.ptr_mut(),
+            index_pool_slots: (index_cache.len() / INDEXER_PAGE_BYTES * INDEXER_PAGE_TOKENS) as i64,
+        };
+        let shape = self.shape(&spec, blocks, 1)?;
+        let mut status = [0u32; 4];
+        // SAFETY: the pointers cover n rows, n keys, `pool` cache rows and the index
+        // pages; the kernel writes only slots inside each pool.
+        Self::call(&spec.id(), |cid, err, len| unsafe {
+            nsa_emu_step_store(cid, &shape, &args, status.as_mut_ptr(), err, len)
+        })?;
+        cache_a.copy_to(cache_bytes);
+        index_a.copy_to(index_cache);
+        Ok(status[0])
+    }
+}
+
+/// A 16-byte-aligned copy of a buffer's bytes.
+struct Aligned {
+    words: Vec<u128>,
+    len: usize,
+}
+
+impl Aligned {
+    fn of<T: Copy>(data: &[T]) -> Aligned {
+        let len = std::mem::size_of_val(data);
+        let mut words = vec![0u128; len.div_ceil(16)];
+        // SAFETY: `words` holds at least `len` bytes; the source is `len` plain bytes.
+        unsafe { ptr::copy_nonoverlapping(data.as_ptr().cast::<u8>(), words.as_mut_ptr().cast::<u8>(), len) };
+        Aligned { words, len }
+    }
+
+    fn ptr(&self) -> *const u8 {
+        self.words.as_ptr().cast()
+    }
+
+    fn ptr_mut(&mut self) -> *mut u8 {
+        self.words.as_mut_ptr().cast()
+    }
+
+    fn copy_to(&self, out: &mut [u8]) {
+        assert_eq!(out.len(), self.len);
+        // SAFETY: both hold `len` bytes and do not overlap.
+        unsafe { ptr::copy_nonoverlapping(self.ptr(), out.as_mut_ptr(), self.len) };
     }
 }

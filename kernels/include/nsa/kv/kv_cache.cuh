@@ -86,16 +86,19 @@ NSA_DEVICE void store_fp8(i64 block, const u16* __restrict__ k_nope, i64 nope_st
   const u32 tid = thread_x();
   const i64 token = block * (kBlockThreads / kMlaLanes) + tid / kMlaLanes;
   const u32 lane = tid % kMlaLanes;
-  // One token per 32-lane warp: this return takes whole warps, so the full-warp
-  // shuffles below stay converged.
-  if (token >= num_tokens) return;
+  // Every lane takes part in the shuffles below (a 64-lane wavefront holds two
+  // tokens, and the second may lie past the end); only a token in range reads and
+  // writes memory.
+  const bool live = token < num_tokens;
   // Issue the input loads before the slot load so their latencies overlap.
-  const Vec16* src = reinterpret_cast<const Vec16*>(k_nope + token * nope_stride);
-  const Vec16 a = src[lane];
-  const Vec16 b = src[lane + kMlaLanes];
-  Vec16 rope = {{0u, 0u, 0u, 0u}};
-  if (lane < kRope / kChunk) rope = reinterpret_cast<const Vec16*>(k_rope + token * rope_stride)[lane];
-  const i64 slot = loc[token];
+  Vec16 a = {{0u, 0u, 0u, 0u}}, b = a, rope = a;
+  if (live) {
+    const Vec16* src = reinterpret_cast<const Vec16*>(k_nope + token * nope_stride);
+    a = src[lane];
+    b = src[lane + kMlaLanes];
+    if (lane < kRope / kChunk) rope = reinterpret_cast<const Vec16*>(k_rope + token * rope_stride)[lane];
+  }
+  const i64 slot = live ? (i64)loc[token] : -1;
   float x[16];
   unpack_bf16x8(a, x);
   unpack_bf16x8(b, x + 8);
@@ -104,6 +107,7 @@ NSA_DEVICE void store_fp8(i64 block, const u16* __restrict__ k_nope, i64 nope_st
   fp8_tile_scale(group_max(finite_amax(x + 8, 8), kLanesPerTile), scale_b, inv_b);
   const float scale_1 = shfl_xor(scale_a, 16);  // lane 0 gathers all four scales
   const float scale_3 = shfl_xor(scale_b, 16);
+  if (!live) return;
   if (!slot_ok(slot, pool_slots)) {
     if (lane == 0) report_bad_entry(status, token);
     return;

@@ -141,6 +141,13 @@ NSA_DEVICE float bf16_to_f32(u16 h) { return u32_as_f32((u32)h << 16); }
 NSA_DEVICE float exp2_fast(float x) { return __builtin_exp2f(x); }
 NSA_DEVICE float log2_fast(float x) { return __builtin_log2f(x); }
 NSA_DEVICE u16 f32_to_bf16(float f) { return soft::f32_to_bf16(f); }
+NSA_DEVICE u16 f32x2_to_e4m3x2(float lo, float hi) {
+  return (u16)(soft::f32_to_e4m3_satfinite(lo) | ((u32)soft::f32_to_e4m3_satfinite(hi) << 8));
+}
+NSA_DEVICE void e4m3x2_to_f32x2(u16 v, float& lo, float& hi) {
+  lo = soft::e4m3_to_f32((u8)(v & 0xffu));
+  hi = soft::e4m3_to_f32((u8)(v >> 8));
+}
 
 }  // namespace nsa
 
