@@ -2,8 +2,8 @@
 //! cluster and page-table transform variant for k = 512, 1024, 2048 (bf16 scores for
 //! 512 and 2048) of sm_90a (32-lane
 //! warps) and gfx942 (64-lane wavefronts, no clusters), and the scalar dense
-//! attention kernel (gfx942's) at both head shapes and the step store in both
-//! cache formats, rendered from the same
+//! attention kernel (gfx942's) at both head shapes, and the KV cache's step store
+//! and reads in both cache formats, rendered from the same
 //! templates and headers as the GPU builds, compiled for the host against the
 //! emulated arch layer (`nsa/emu/arch.cuh`) in place of the target's own.
 
@@ -22,6 +22,9 @@ fn kind(family: KernelFamily) -> &'static str {
         KernelFamily::DensePrefill { .. } => "kDense",
         KernelFamily::StepStore { format: KvCacheFormat::Fp8 } => "kStepStoreFp8",
         KernelFamily::StepStore { format: KvCacheFormat::Bf16 } => "kStepStoreBf16",
+        KernelFamily::KvDequant { format: KvCacheFormat::Fp8 } => "kReadFp8",
+        KernelFamily::KvDequant { format: KvCacheFormat::Bf16 } => "kReadBf16",
+        KernelFamily::IndexerKGather => "kIndexerGather",
         _ => "kTopk",
     }
 }
@@ -42,10 +45,12 @@ fn emulated_families(target: Target) -> Vec<KernelFamily> {
     for (d_qk, d_v) in DENSE_HEAD_DIMS {
         families.push(KernelFamily::DensePrefill { heads: EMU_DENSE_HEADS, d_qk, d_v, kernel: DenseKernel::Scalar });
     }
-    // The layer's step store, both cache formats (tests/tests/emu_store.rs).
+    // The KV cache's step store and reads, both cache formats (tests/tests/emu_kv.rs).
     for format in [KvCacheFormat::Fp8, KvCacheFormat::Bf16] {
         families.push(KernelFamily::StepStore { format });
+        families.push(KernelFamily::KvDequant { format });
     }
+    families.push(KernelFamily::IndexerKGather);
     families
 }
 
@@ -153,6 +158,11 @@ fn main() {
                          const nsa::i32*, nsa::i32, {cache}, nsa::i64, nsa::u8*, nsa::i64, nsa::u32*"
                     )
                 }
+                "kReadFp8" => "const nsa::u8*, nsa::i64, const nsa::i32*, nsa::i32, nsa::u16*, nsa::u32*".into(),
+                "kReadBf16" => "const nsa::u16*, nsa::i64, const nsa::i32*, nsa::i32, nsa::u16*, nsa::u32*".into(),
+                "kIndexerGather" => {
+                    "const nsa::u8*, nsa::i64, const nsa::i32*, nsa::i32, nsa::u8*, float*, nsa::u32*".into()
+                }
                 _ => "nsa::topk::Params, nsa::u32*".into(),
             };
             writeln!(decls, "extern \"C\" void {}({params});", kernel.symbol).unwrap();
@@ -162,6 +172,9 @@ fn main() {
                 "kDense" => "dense",
                 "kStepStoreFp8" => "step_store_fp8",
                 "kStepStoreBf16" => "step_store_bf16",
+                "kReadFp8" => "read_fp8",
+                "kReadBf16" => "read_bf16",
+                "kIndexerGather" => "indexer_gather",
                 _ => "topk",
             };
             let smem_fn = if kind == "kDense" { dense_smem_fn.as_str() } else { width.smem_fn };

@@ -7,7 +7,24 @@
 #include "nsa/topk/topk.cuh"
 #include "nsa/attention/dense_common.cuh"
 
-enum EmuKind { kTopk, kSplit, kTransform, kDense, kStepStoreFp8, kStepStoreBf16 };
+enum EmuKind { kTopk, kSplit, kTransform, kDense, kStepStoreFp8, kStepStoreBf16, kReadFp8, kReadBf16, kIndexerGather };
+
+// The cache reads' parameters (templates/kv_dequant.cu.tera, indexer_k_gather.cu.tera):
+// `out` is the bf16 rows of a read, the key bytes of the indexer gather.
+struct EmuReadArgs {
+  const void* cache;
+  nsa::i64 pool_slots;
+  const nsa::i32* idx;
+  nsa::i32 num_tokens;
+  nsa::i32 pad;
+  void* out;
+  float* scales;
+};
+static_assert(sizeof(EmuReadArgs) == 48);
+
+using EmuReadFp8 = void (*)(const nsa::u8*, nsa::i64, const nsa::i32*, nsa::i32, nsa::u16*, nsa::u32*);
+using EmuReadBf16 = void (*)(const nsa::u16*, nsa::i64, const nsa::i32*, nsa::i32, nsa::u16*, nsa::u32*);
+using EmuIndexerGather = void (*)(const nsa::u8*, nsa::i64, const nsa::i32*, nsa::i32, nsa::u8*, float*, nsa::u32*);
 
 // The step store's parameters (templates/step_store.cu.tera), the MLA cache
 // untyped: bytes for the FP8 record, bf16 values for the bf16 rows.
@@ -45,6 +62,9 @@ struct EmuKernel {
     void (*dense)(nsa::dense::Params, nsa::u32*);
     EmuStepStoreFp8 step_store_fp8;
     EmuStepStoreBf16 step_store_bf16;
+    EmuReadFp8 read_fp8;
+    EmuReadBf16 read_bf16;
+    EmuIndexerGather indexer_gather;
   } entry;
 };
 

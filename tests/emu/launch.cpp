@@ -26,7 +26,8 @@ const EmuKernel* find(const char* id, EmuKind kind, std::string& error) {
     return &kEmuKernels[i];
   }
   error = std::string("no emulated kernel ") + id +
-          " (tests/build.rs emulates the sm_90a and gfx942 top-k kernels, the scalar dense kernels and the step stores)";
+          " (tests/build.rs emulates the sm_90a and gfx942 top-k kernels, the scalar dense kernels and the KV cache's step "
+          "store and reads)";
   return nullptr;
 }
 
@@ -110,6 +111,36 @@ extern "C" int nsa_emu_step_store(const char* id, const EmuShape* shape, const E
       k->entry.step_store_bf16(a->k_nope, a->nope_stride, a->k_rope, a->rope_stride, a->index_k, a->index_stride,
                                a->loc, a->num_tokens, static_cast<nsa::u16*>(a->cache), a->pool_slots, a->index_cache,
                                a->index_pool_slots, status);
+    }
+  };
+  return run(*k, *shape, call<decltype(go)>, &go, err, err_len);
+}
+
+// The cache reads: the FP8 dequant and bf16 gather (kv_dequant) and the indexer-K gather.
+extern "C" int nsa_emu_read(const char* id, const EmuShape* shape, const EmuReadArgs* a, nsa::u32* status, char* err,
+                            size_t err_len) {
+  std::string e;
+  const EmuKernel* k = nullptr;
+  for (EmuKind kind : {kReadFp8, kReadBf16, kIndexerGather}) {
+    std::string miss;
+    k = find(id, kind, miss);
+    if (k != nullptr) break;
+    e = miss;
+  }
+  if (k == nullptr) return not_found(e, err, err_len);
+  auto go = [&] {
+    switch (k->kind) {
+      case kReadFp8:
+        k->entry.read_fp8(static_cast<const nsa::u8*>(a->cache), a->pool_slots, a->idx, a->num_tokens,
+                          static_cast<nsa::u16*>(a->out), status);
+        break;
+      case kReadBf16:
+        k->entry.read_bf16(static_cast<const nsa::u16*>(a->cache), a->pool_slots, a->idx, a->num_tokens,
+                           static_cast<nsa::u16*>(a->out), status);
+        break;
+      default:
+        k->entry.indexer_gather(static_cast<const nsa::u8*>(a->cache), a->pool_slots, a->idx, a->num_tokens,
+                                static_cast<nsa::u8*>(a->out), a->scales, status);
     }
   };
   return run(*k, *shape, call<decltype(go)>, &go, err, err_len);

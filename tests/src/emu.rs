@@ -1,6 +1,7 @@
 //! The CPU emulator of the top-k kernels (`tests/emu/`, built by `tests/build.rs`)
 //! as a [`TopkDevice`], of the scalar dense kernel as a [`DenseDevice`], and of the
-//! layer's step store ([`Emulator::step_store`]): the
+//! KV cache's step store and reads ([`Emulator::step_store`], [`Emulator::read_rows`],
+//! [`Emulator::gather_indexer_k`]): the
 //! sm_90a and gfx942 kernels' own code, with each CTA's
 //! threads as fibers, run on the host so that CI (no GPU) checks the kernels' logic
 //! against the CPU reference. It proves what the kernels compute, not how fast, and not the
@@ -96,6 +97,19 @@ struct StepStoreArgs {
 }
 const _: () = assert!(size_of::<StepStoreArgs>() == 96);
 
+/// `EmuReadArgs` (kernels.h).
+#[repr(C)]
+struct ReadArgs {
+    cache: *const c_void,
+    pool_slots: i64,
+    idx: *const i32,
+    num_tokens: i32,
+    pad: i32,
+    out: *mut c_void,
+    scales: *mut f32,
+}
+const _: () = assert!(size_of::<ReadArgs>() == 48);
+
 /// The MLA cache a step store writes: FP8-656 records or bf16 rows.
 #[derive(Debug)]
 pub enum EmuMlaCache<'a> {
@@ -147,6 +161,14 @@ unsafe extern "C" {
         id: *const c_char,
         shape: *const Shape,
         a: *const StepStoreArgs,
+        status: *mut u32,
+        err: *mut c_char,
+        err_len: usize,
+    ) -> c_int;
+    fn nsa_emu_read(
+        id: *const c_char,
+        shape: *const Shape,
+        a: *const ReadArgs,
         status: *mut u32,
         err: *mut c_char,
         err_len: usize,
@@ -470,6 +492,71 @@ impl Emulator {
         })?;
         cache_a.copy_to(cache_bytes);
         index_a.copy_to(index_cache);
+        Ok(status[0])
+    }
+}
+
+impl Emulator {
+    /// The MLA cache read back as bf16 rows (`kv_dequant`): FP8-656 `cache` bytes
+    /// dequantized, or bf16 rows (`cache` holding their bytes) copied, for slots
+    /// `idx`. Returns the rows and the rejected slots the kernel counted.
+    pub fn read_rows(&self, format: KvCacheFormat, cache: &[u8], idx: &[i32]) -> Result<(Vec<bf16>, u32)> {
+        use nsa_kernels::layout::*;
+        let row_bytes = if format == KvCacheFormat::Fp8 { FP8_TOKEN_BYTES } else { 2 * BF16_TOKEN_ELEMS };
+        let mut out = Aligned::of(&vec![0xa5u8; idx.len() * 2 * BF16_TOKEN_ELEMS]);
+        let spec = KernelSpec::new(KernelFamily::KvDequant { format }, self.target);
+        let counted = self.read(&spec, cache, cache.len() / row_bytes, idx, out.ptr_mut(), ptr::null_mut())?;
+        let mut rows = vec![bf16::ZERO; idx.len() * BF16_TOKEN_ELEMS];
+        // SAFETY: bf16 is two plain bytes; the view covers the same memory.
+        out.copy_to(unsafe { std::slice::from_raw_parts_mut(rows.as_mut_ptr().cast::<u8>(), rows.len() * 2) });
+        Ok((rows, counted))
+    }
+
+    /// The indexer keys and scales of `slots` out of the paged indexer cache
+    /// (`[pages, 8448]` bytes). Returns keys, scales and the rejected slots counted.
+    pub fn gather_indexer_k(&self, cache: &[u8], slots: &[i32]) -> Result<(Vec<u8>, Vec<f32>, u32)> {
+        use nsa_kernels::layout::*;
+        let n = slots.len();
+        let mut keys = Aligned::of(&vec![0xa5u8; n * INDEXER_HEAD_DIM]);
+        let mut scales = vec![f32::from_bits(0xa5a5_a5a5); n];
+        let spec = KernelSpec::new(KernelFamily::IndexerKGather, self.target);
+        let pool = cache.len() / INDEXER_PAGE_BYTES * INDEXER_PAGE_TOKENS;
+        let counted = self.read(&spec, cache, pool, slots, keys.ptr_mut(), scales.as_mut_ptr())?;
+        let mut key_bytes = vec![0u8; n * INDEXER_HEAD_DIM];
+        keys.copy_to(&mut key_bytes);
+        Ok((key_bytes, scales, counted))
+    }
+
+    /// Launches one cache read over `idx.len()` tokens of a `pool`-slot cache.
+    fn read(
+        &self,
+        spec: &KernelSpec,
+        cache: &[u8],
+        pool: usize,
+        idx: &[i32],
+        out: *mut u8,
+        scales: *mut f32,
+    ) -> Result<u32> {
+        let n = idx.len();
+        if n == 0 {
+            return Ok(0);
+        }
+        let cache_a = Aligned::of(cache);
+        let args = ReadArgs {
+            cache: cache_a.ptr().cast(),
+            pool_slots: pool as i64,
+            idx: idx.as_ptr(),
+            num_tokens: i32::try_from(n).map_err(|_| Error::Other(format!("{n} tokens")))?,
+            pad: 0,
+            out: out.cast(),
+            scales,
+        };
+        let shape = self.shape(spec, n, 1)?;
+        let mut status = [0u32; 4];
+        // SAFETY: `cache` covers `pool` slots, `out` (and `scales`) n tokens' output.
+        Self::call(&spec.id(), |cid, err, len| unsafe {
+            nsa_emu_read(cid, &shape, &args, status.as_mut_ptr(), err, len)
+        })?;
         Ok(status[0])
     }
 }
