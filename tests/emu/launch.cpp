@@ -3,6 +3,7 @@
 #include <cstddef>
 #include <cstdio>
 #include <cstring>
+#include <initializer_list>
 #include <string>
 
 #include "emu.h"
@@ -28,6 +29,16 @@ const EmuKernel* find(const char* id, EmuKind kind, std::string& error) {
   error = std::string("no emulated kernel ") + id +
           " (tests/build.rs emulates the sm_90a and gfx942 top-k kernels, the scalar dense kernels and the KV cache's step "
           "store and reads)";
+  return nullptr;
+}
+
+// The kernel `id` launched with any of `kinds`' parameters (one entry point serves
+// several kernel types).
+const EmuKernel* find_any(const char* id, std::initializer_list<EmuKind> kinds, std::string& error) {
+  for (EmuKind kind : kinds) {
+    const EmuKernel* k = find(id, kind, error);
+    if (k != nullptr) return k;
+  }
   return nullptr;
 }
 
@@ -94,13 +105,7 @@ extern "C" int nsa_emu_dense(const char* id, const EmuShape* shape, const nsa::d
 extern "C" int nsa_emu_step_store(const char* id, const EmuShape* shape, const EmuStepStoreArgs* a,
                                   nsa::u32* status, char* err, size_t err_len) {
   std::string e;
-  const EmuKernel* k = nullptr;
-  for (EmuKind kind : {kStepStoreFp8, kStepStoreBf16}) {
-    std::string miss;
-    k = find(id, kind, miss);
-    if (k != nullptr) break;
-    e = miss;
-  }
+  const EmuKernel* k = find_any(id, {kStepStoreFp8, kStepStoreBf16}, e);
   if (k == nullptr) return not_found(e, err, err_len);
   auto go = [&] {
     if (k->kind == kStepStoreFp8) {
@@ -120,13 +125,7 @@ extern "C" int nsa_emu_step_store(const char* id, const EmuShape* shape, const E
 extern "C" int nsa_emu_read(const char* id, const EmuShape* shape, const EmuReadArgs* a, nsa::u32* status, char* err,
                             size_t err_len) {
   std::string e;
-  const EmuKernel* k = nullptr;
-  for (EmuKind kind : {kReadFp8, kReadBf16, kIndexerGather}) {
-    std::string miss;
-    k = find(id, kind, miss);
-    if (k != nullptr) break;
-    e = miss;
-  }
+  const EmuKernel* k = find_any(id, {kReadFp8, kReadBf16, kIndexerGather}, e);
   if (k == nullptr) return not_found(e, err, err_len);
   auto go = [&] {
     switch (k->kind) {
