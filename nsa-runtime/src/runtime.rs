@@ -6,10 +6,9 @@ use crate::device::Gpu;
 use crate::error::invalid;
 use crate::jit::nvrtc::NvrtcCompiler;
 use crate::{Error, Result};
-use cudarc::driver::{sys, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig};
+use cudarc::driver::{sys, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr};
 use nsa_kernels::{KernelFamily, KernelSpec, Target};
 use std::ffi::c_void;
-use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
@@ -212,77 +211,9 @@ impl Runtime {
         field: &'static str,
         expected: &str,
     ) -> Result<()> {
-        let held = self.pdl_holds.load(Ordering::Relaxed) > 0;
-        let pdl = self.pdl && !held && kernel.cached.spec.waits_for_prior_grids();
-        let stream = self.gpu.stream();
-        self.launch_checked(kernel, items, field, expected, |cfg, status| {
-            // Null when nothing is reported: kernels test for it.
-            let status_ptr = status.map_or(0, |s| s.device_ptr(stream).0);
-            args.device_address(status_ptr);
-            // SAFETY: zeroed attributes are valid; the union field written is the one
-            // each attribute id selects.
-            let mut attrs: [sys::CUlaunchAttribute; 2] = unsafe { std::mem::zeroed() };
-            let mut n_attrs = 0;
-            if pdl {
-                attrs[n_attrs].id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-                attrs[n_attrs].value.programmaticStreamSerializationAllowed = 1;
-                n_attrs += 1;
-            }
-            if cluster > 1 {
-                attrs[n_attrs].id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-                attrs[n_attrs].value.clusterDim.x = cluster;
-                attrs[n_attrs].value.clusterDim.y = 1;
-                attrs[n_attrs].value.clusterDim.z = 1;
-                n_attrs += 1;
-            }
-            let config = sys::CUlaunchConfig {
-                gridDimX: cfg.grid_dim.0,
-                gridDimY: cfg.grid_dim.1,
-                gridDimZ: cfg.grid_dim.2,
-                blockDimX: cfg.block_dim.0,
-                blockDimY: cfg.block_dim.1,
-                blockDimZ: cfg.block_dim.2,
-                sharedMemBytes: cfg.shared_mem_bytes,
-                hStream: stream.cu_stream(),
-                attrs: if n_attrs > 0 { attrs.as_mut_ptr() } else { std::ptr::null_mut() },
-                numAttrs: n_attrs as u32,
-            };
-            stream.context().bind_to_thread()?;
-            let mut ptrs = args.pointers();
-            // SAFETY: `ptrs` holds one pointer per kernel parameter, each to a live
-            // value of the type the kernel declares (launchers check every buffer's size
-            // and alignment and build the parameter structs from the kernels' mirrored
-            // layouts); `args`, the config and the attributes outlive the call.
-            unsafe {
-                sys::cuLaunchKernelEx(&config, kernel.function.cu_function(), ptrs.as_mut_ptr(), std::ptr::null_mut())
-            }
-            .result()
-        })
-    }
-
-    /// Launches through `launch(cfg, status buffer when reported)`, then, with
-    /// [`DeviceChecks::Report`], synchronises and reports what the kernel rejected.
-    fn launch_checked<'a>(
-        &'a self,
-        kernel: &LoadedKernel,
-        items: usize,
-        field: &'static str,
-        expected: &str,
-        launch: impl FnOnce(
-            LaunchConfig,
-            Option<&'a CudaSlice<u32>>,
-        ) -> std::result::Result<(), cudarc::driver::DriverError>,
-    ) -> Result<()> {
         if items == 0 {
             return Ok(());
         }
-        let spec = kernel.cached.spec;
-        let per_block = spec.tokens_per_block() as usize;
-        let cfg = LaunchConfig {
-            grid_dim: (items.div_ceil(per_block) as u32, 1, 1),
-            block_dim: (spec.block_threads(), 1, 1),
-            shared_mem_bytes: spec.dynamic_smem_bytes(),
-        };
         let stream = self.gpu.stream();
         let report = match (&self.status, self.checks) {
             (Some(status), DeviceChecks::Report) => Some(status),
@@ -293,7 +224,10 @@ impl Runtime {
             Some(status) => stream.clone_dtoh(status).map_err(Error::driver("reading the status word"))?[0],
             None => 0,
         };
-        launch(cfg, report).map_err(Error::driver(format!("launching {}", kernel.cached.id)))?;
+        // Null when nothing is reported: kernels test for it.
+        args.device_address(report.map_or(0, |s| s.device_ptr(stream).0));
+        self.launch_ex(kernel, &mut args, items, cluster)
+            .map_err(Error::driver(format!("launching {}", kernel.cached.id)))?;
         let Some(status) = report else { return Ok(()) };
         let s = stream.clone_dtoh(status).map_err(Error::driver("reading the status word"))?;
         let count = s[0].wrapping_sub(before);
@@ -307,6 +241,59 @@ impl Runtime {
             example: s[1],
             expected: expected.to_string(),
         })
+    }
+
+    /// `cuLaunchKernelEx` of `kernel` over `items` work items with its launch
+    /// attributes: PDL where on and not held, and the cluster size.
+    fn launch_ex(
+        &self,
+        kernel: &LoadedKernel,
+        args: &mut KernelArgs<'_>,
+        items: usize,
+        cluster: u32,
+    ) -> std::result::Result<(), cudarc::driver::DriverError> {
+        let spec = kernel.cached.spec;
+        let held = self.pdl_holds.load(Ordering::Relaxed) > 0;
+        let pdl = self.pdl && !held && spec.waits_for_prior_grids();
+        // SAFETY: zeroed attributes are valid; the union field written is the one
+        // each attribute id selects.
+        let mut attrs: [sys::CUlaunchAttribute; 2] = unsafe { std::mem::zeroed() };
+        let mut n_attrs = 0;
+        if pdl {
+            attrs[n_attrs].id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+            attrs[n_attrs].value.programmaticStreamSerializationAllowed = 1;
+            n_attrs += 1;
+        }
+        if cluster > 1 {
+            attrs[n_attrs].id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+            attrs[n_attrs].value.clusterDim.x = cluster;
+            attrs[n_attrs].value.clusterDim.y = 1;
+            attrs[n_attrs].value.clusterDim.z = 1;
+            n_attrs += 1;
+        }
+        let stream = self.gpu.stream();
+        let config = sys::CUlaunchConfig {
+            gridDimX: items.div_ceil(spec.tokens_per_block() as usize) as u32,
+            gridDimY: 1,
+            gridDimZ: 1,
+            blockDimX: spec.block_threads(),
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: spec.dynamic_smem_bytes(),
+            hStream: stream.cu_stream(),
+            attrs: if n_attrs > 0 { attrs.as_mut_ptr() } else { std::ptr::null_mut() },
+            numAttrs: n_attrs as u32,
+        };
+        stream.context().bind_to_thread()?;
+        let mut ptrs = args.pointers();
+        // SAFETY: `ptrs` holds one pointer per kernel parameter, each to a live value
+        // of the type the kernel declares (launchers check every buffer's size and
+        // alignment and build the parameter structs from the kernels' mirrored
+        // layouts); `args`, the config and the attributes outlive the call.
+        unsafe {
+            sys::cuLaunchKernelEx(&config, kernel.function.cu_function(), ptrs.as_mut_ptr(), std::ptr::null_mut())
+        }
+        .result()
     }
 }
 
@@ -332,7 +319,6 @@ pub(crate) struct KernelArgs<'a> {
     stream: &'a CudaStream,
     slots: [ArgSlot; MAX_KERNEL_PARAMS],
     len: usize,
-    values: PhantomData<&'a ()>,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -346,7 +332,7 @@ const MAX_KERNEL_PARAMS: usize = 16;
 
 impl<'a> KernelArgs<'a> {
     fn new(stream: &'a CudaStream) -> Self {
-        KernelArgs { stream, slots: [ArgSlot::Device(0); MAX_KERNEL_PARAMS], len: 0, values: PhantomData }
+        KernelArgs { stream, slots: [ArgSlot::Device(0); MAX_KERNEL_PARAMS], len: 0 }
     }
 
     /// Appends `value`, passed by value to the kernel (read at launch).
