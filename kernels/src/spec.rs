@@ -251,9 +251,12 @@ mod tests {
         for target in Target::NVIDIA.into_iter().chain([Target::Gfx942]) {
             for spec in KernelSpec::all_for(target) {
                 let rendered = crate::render(&spec).unwrap().source;
+                // The kernel's body: after the `{` that ends its signature.
+                let kernel = &rendered[rendered.find("NSA_KERNEL").expect("a kernel")..];
+                let body = kernel[kernel.find(") {").expect("a kernel body") + 3..].trim_start();
                 assert!(
-                    rendered.contains("nsa::wait_prior_grids();"),
-                    "{}: the rendered source never calls wait_prior_grids",
+                    body.starts_with("nsa::wait_prior_grids();"),
+                    "{}: the kernel's first statement is not wait_prior_grids",
                     spec.id()
                 );
                 assert_eq!(spec.waits_for_prior_grids(), target != Target::Gfx942, "{}", spec.id());
