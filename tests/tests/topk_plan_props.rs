@@ -4,7 +4,8 @@
 
 use nsa_kernels::{kernel_set, KernelSpec, NsaConfig, Target, TopkScore};
 use nsa_runtime::ops::topk::{
-    choose_layout, choose_plan, TopkPlan, ONE_BLOCK_FILTER_MAX_ROW, SPLIT_MIN_CHUNK, SPREAD_MIN_ROW,
+    choose_layout, choose_plan, TopkPlan, CLUSTER_MIN_ROW, CLUSTER_SMS_PER_ROW, ONE_BLOCK_FILTER_MAX_ROW,
+    SPLIT_MIN_CHUNK, SPLIT_MIN_ROW, SPLIT_SMS_PER_ROW,
 };
 use proptest::prelude::*;
 
@@ -20,14 +21,21 @@ proptest! {
     ) {
         let (plan, why) = choose_plan(rows, cap, sms, deterministic, workspace, clusters);
         prop_assert!(!why.is_empty());
-        let few_long = !deterministic && rows > 0 && 8 * rows <= sms as usize && cap >= SPREAD_MIN_ROW;
+        let spread = |per_row: usize, min_row: usize| {
+            !deterministic && rows > 0 && per_row * rows <= sms as usize && cap >= min_row
+        };
+        let few_long = if clusters {
+            spread(CLUSTER_SMS_PER_ROW, CLUSTER_MIN_ROW)
+        } else {
+            spread(SPLIT_SMS_PER_ROW, SPLIT_MIN_ROW)
+        };
         // Rows past the one-block filter take clusters while every cluster of 2 fits.
         let past_one_block = !deterministic && rows > 0 && cap > ONE_BLOCK_FILTER_MAX_ROW && 2 * rows <= sms as usize;
         match plan {
             TopkPlan::Single(layout) => {
                 prop_assert!(!few_long || (!clusters && !workspace), "few long rows left in one block");
                 prop_assert!(!(past_one_block && clusters), "rows past the one-block filter left in one block");
-                prop_assert_eq!(layout, choose_layout(rows, sms).0);
+                prop_assert_eq!(layout, choose_layout(rows, cap, sms).0);
             }
             TopkPlan::Cluster { size } => {
                 prop_assert!((few_long || past_one_block) && clusters);

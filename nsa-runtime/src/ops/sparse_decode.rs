@@ -48,25 +48,44 @@ pub struct DecodePlan {
     pub blocks_per_split: u32,
 }
 
-/// Cost, in 64-token steps, of a CTA's fixed work (Q load, epilogue) in the split model.
-const CTA_OVERHEAD_STEPS: usize = 2;
-/// Cost, in steps, of the combine launch that splitting adds.
-const COMBINE_STEPS: usize = 1;
+/// The split model's costs in µs for one kernel kind: least-squares fits on an
+/// H100 (132 SMs) to `nsa bench --suite decode --decode-splits 1,2,4,8,16,32` over
+/// batches 1–32 (2026-12-07). Only their ratios matter to the choice.
+struct SplitCosts {
+    /// One 64-token step of a CTA.
+    step: f64,
+    /// A CTA's fixed work (the Q load, the epilogue), once a wave.
+    cta: f64,
+    /// The combine launch that splitting adds.
+    combine: f64,
+    /// Writing and re-reading 1024 f32 partials of 512 dims (one per row, head and
+    /// split; 2 MB): the cost that grows with the split count.
+    partials_per_1024: f64,
+}
+/// 64-head CTAs (the warp-group kernel).
+const WIDE_CTA_COSTS: SplitCosts = SplitCosts { step: 3.4, cta: 3.2, combine: 2.3, partials_per_1024: 1.7 };
+/// 16- and 32-head CTAs.
+const NARROW_CTA_COSTS: SplitCosts = SplitCosts { step: 1.6, cta: 4.0, combine: 4.0, partials_per_1024: 3.1 };
 
-/// The split count minimising the modelled time of `base_ctas` CTAs (one per
-/// query row and head tile) that each walk `steps` 64-token steps, at one CTA per
-/// SM (the kernel uses ≥ 168 KB of shared memory): waves × (steps per split +
-/// overhead), plus the combine when split. Ties go to fewer splits.
-pub fn choose_splits(base_ctas: usize, steps: u32, sm_count: u32) -> u32 {
+/// The split count minimising the modelled time of `rows` query rows of `heads`
+/// heads in CTAs of `head_tile` heads, each row walking `steps` 64-token steps, at
+/// one CTA per SM (the kernels use ≥ 168 KB of shared memory): waves × (steps per
+/// split + a CTA's fixed work), plus, when split, the combine and the partials it
+/// moves. Ties go to fewer splits.
+pub fn choose_splits(rows: usize, heads: u32, head_tile: u32, steps: u32, sm_count: u32) -> u32 {
     let sms = sm_count.max(1) as usize;
-    let mut best = (usize::MAX, 1);
+    let base_ctas = rows * heads.div_ceil(head_tile.max(1)) as usize;
+    let c = if head_tile >= 64 { WIDE_CTA_COSTS } else { NARROW_CTA_COSTS };
+    let mut best = (f64::INFINITY, 1);
     for s in 1..=steps.max(1) as usize {
         let per_split = (steps as usize).div_ceil(s);
         if (steps as usize).div_ceil(per_split) != s {
             continue; // the same split as a smaller s, with empty tails
         }
         let waves = (base_ctas * s).div_ceil(sms);
-        let cost = waves * (per_split + CTA_OVERHEAD_STEPS) + if s > 1 { COMBINE_STEPS } else { 0 };
+        let partials = (rows * heads as usize * s) as f64 / 1024.0;
+        let combine = if s > 1 { c.combine + partials * c.partials_per_1024 } else { 0.0 };
+        let cost = waves as f64 * (per_split as f64 * c.step + c.cta) + combine;
         if cost < best.0 {
             best = (cost, s as u32);
         }
@@ -97,8 +116,7 @@ pub const BATCH_INVARIANT_ROWS: usize = 32;
 /// top-k) and GPU (SM count), whatever the batch.
 pub fn batch_invariant_splits(shape: DecodeShape, gpu: LaunchTarget) -> Result<u32> {
     let head_tile = check_shape(&shape, gpu.target)?;
-    let head_tiles = shape.heads.div_ceil(head_tile) as usize;
-    Ok(choose_splits(BATCH_INVARIANT_ROWS * head_tiles, shape.topk / DECODE_BLOCK_TOKENS, gpu.sm_count))
+    Ok(choose_splits(BATCH_INVARIANT_ROWS, shape.heads, head_tile, shape.topk / DECODE_BLOCK_TOKENS, gpu.sm_count))
 }
 
 impl DecodePlan {
@@ -106,8 +124,8 @@ impl DecodePlan {
     /// the splits for its SM count.
     pub fn new(shape: DecodeShape, gpu: LaunchTarget) -> Result<DecodePlan> {
         let head_tile = check_shape(&shape, gpu.target)?;
-        let head_tiles = shape.heads.div_ceil(head_tile) as usize;
-        let splits = choose_splits(shape.rows() * head_tiles, shape.topk / DECODE_BLOCK_TOKENS, gpu.sm_count);
+        let steps = shape.topk / DECODE_BLOCK_TOKENS;
+        let splits = choose_splits(shape.rows(), shape.heads, head_tile, steps, gpu.sm_count);
         Ok(DecodePlan::split(shape, gpu.target, head_tile, splits))
     }
 
@@ -399,20 +417,27 @@ mod tests {
 
     #[test]
     fn splits_fill_the_gpu_only_when_rows_are_few() {
-        // (query rows × head tiles, 64-token steps, SMs) → splits
+        // (query rows, heads, head tile, 64-token steps, SMs) → splits.
         let table = [
-            (2, 32, 132, 32),  // b1 h128: one step per CTA
-            (1, 32, 132, 32),  // b1 h16
-            (64, 32, 132, 2),  // b32 h128
-            (32, 32, 132, 4),  // b32 h16
-            (128, 32, 132, 1), // b128 h16: one wave already
-            (256, 32, 132, 1), // b128 h128, b64 h128 s_q2
-            (150, 32, 132, 4), // just over a wave: quarters beat a second full wave
-            (2, 1, 132, 1),    // top-k 64: nothing to split
-            (4, 9, 132, 9),    // top-k 576
+            (1, 128, 64, 32, 132, 16),  // b1 h128: 32 splits are as fast with twice the partials
+            (2, 128, 64, 32, 132, 16),  // b2 h128
+            (4, 128, 64, 32, 132, 11),  // b4 h128: 3 steps a split
+            (8, 128, 64, 32, 132, 8),   // b8 h128
+            (16, 128, 64, 32, 132, 4),  // b8 s_q2 h128
+            (32, 128, 64, 32, 132, 2),  // b32 h128
+            (1, 16, 16, 32, 132, 32),   // b1 h16: one step per CTA
+            (4, 16, 16, 32, 132, 16),   // b4 h16
+            (16, 16, 16, 32, 132, 8),   // b16 h16
+            (32, 16, 16, 32, 132, 4),   // b32 h16
+            (128, 16, 16, 32, 132, 1),  // b128 h16: one wave already
+            (128, 128, 64, 32, 132, 1), // b128 h128, b64 h128 s_q2
+            (75, 128, 64, 32, 132, 2),  // just over a wave: halves beat a second full wave
+            (1, 128, 64, 1, 132, 1),    // top-k 64: nothing to split
+            (2, 128, 64, 9, 132, 9),    // top-k 576
         ];
-        for (base, steps, sms, want) in table {
-            assert_eq!(choose_splits(base, steps, sms), want, "base {base} steps {steps} sms {sms}");
+        for (rows, heads, tile, steps, sms, want) in table {
+            let got = choose_splits(rows, heads, tile, steps, sms);
+            assert_eq!(got, want, "rows {rows} heads {heads} tile {tile} steps {steps} sms {sms}");
         }
     }
 
@@ -474,8 +499,8 @@ mod tests {
     fn workspace_covers_partials_only_when_split() {
         let shape = DecodeShape { batch: 1, s_q: 1, heads: 128, topk: 2048, page_size: 64 };
         let plan = DecodePlan::new(shape, H200).unwrap();
-        assert_eq!(plan.splits, 32);
-        assert_eq!(plan.workspace_floats(), 32 * 128 * 513);
+        assert_eq!(plan.splits, 16);
+        assert_eq!(plan.workspace_floats(), 16 * 128 * 513);
         let big = DecodePlan::new(DecodeShape { batch: 128, ..shape }, H200).unwrap();
         assert_eq!((big.splits, big.workspace_floats()), (1, 0));
         assert!(plan.explain().contains("combine"), "{}", plan.explain());

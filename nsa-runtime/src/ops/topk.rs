@@ -220,14 +220,15 @@ pub fn choose_plan(
     workspace: bool,
     clusters: bool,
 ) -> (TopkPlan, &'static str) {
-    // Measured on an H200 (December 2026), 1 row × 128K: cluster of 8
-    // 17.2 µs, split 16.6 (the two trade places between runs), one block 18.7; at
-    // 64 rows one block per row wins (20.1 against 25.7 for clusters of 2 and 29.2
-    // split). So only rows ≤ SMs / 8 are spread, over a cluster where the target
-    // has them (no workspace needed).
+    // Clusters, measured on an H100 (2026-12-07, f32 scores, k 2048, µs): they pay
+    // only for long rows and few of them: 1 × 64K cluster of 8 14.8 against 15.5 in
+    // one block, 4 × 64K 14.6 against 15.2, 4 × 128K 15.1 against 18.8; but 1 × 32K
+    // 14.1 against 13.1, 16 × 64K 25.8 against 15.7, 16 × 128K 25.9 against 19.4.
     let sms = sm_count as usize;
-    let few_long = !deterministic && rows > 0 && 8 * rows <= sms && row_capacity >= SPREAD_MIN_ROW;
-    if few_long && clusters {
+    let spread = |sms_per_row: usize, min_row: usize| {
+        !deterministic && rows > 0 && sms_per_row * rows <= sms && row_capacity >= min_row
+    };
+    if clusters && spread(CLUSTER_SMS_PER_ROW, CLUSTER_MIN_ROW) {
         let size = cluster_size(rows, sm_count);
         return (TopkPlan::Cluster { size }, "few long rows: each row over a cluster of CTAs, one launch");
     }
@@ -239,13 +240,16 @@ pub fn choose_plan(
         let size = cluster_size(rows, sm_count);
         return (TopkPlan::Cluster { size }, "rows too long for one block's filter: each row over a cluster of CTAs");
     }
-    if few_long && workspace {
+    // The split path serves targets without clusters; its bounds were measured on an
+    // H200 (December 2026): 1 × 128K split 16.6 µs against 18.7 in one block, 64 ×
+    // 128K 29.2 against 20.1.
+    if !clusters && workspace && spread(SPLIT_SMS_PER_ROW, SPLIT_MIN_ROW) {
         return (
             split_plan(rows, row_capacity, sm_count),
             "few long rows: each row spread over many blocks, one launch",
         );
     }
-    let (layout, why) = choose_layout(rows, sm_count);
+    let (layout, why) = choose_layout(rows, row_capacity, sm_count);
     (TopkPlan::Single(layout), why)
 }
 
@@ -264,9 +268,25 @@ pub fn split_plan(rows: usize, row_capacity: usize, sm_count: u32) -> TopkPlan {
 /// it): they run its histogram path.
 pub const ONE_BLOCK_FILTER_MAX_ROW: usize = 262_144;
 
-/// Rows shorter than this stay in one block (spreading a row over a cluster or split
-/// blocks: the per-block sample would cost more than the row).
-pub const SPREAD_MIN_ROW: usize = 16_384;
+/// Rows shorter than this stay in one block rather than spread over a cluster (its
+/// per-CTA phases would cost more than the row).
+pub const CLUSTER_MIN_ROW: usize = 49_152;
+/// Rows take clusters only while the GPU has this many SMs per row (4 rows on an H100).
+pub const CLUSTER_SMS_PER_ROW: usize = 32;
+/// Rows shorter than this stay in one block rather than split over blocks (targets
+/// without clusters).
+pub const SPLIT_MIN_ROW: usize = 16_384;
+/// Rows are split over blocks only while the GPU has this many SMs per row.
+pub const SPLIT_SMS_PER_ROW: usize = 8;
+/// Batches of at most SHORT_ROW_MAX_ROWS rows of at most SHORT_ROW_MAX keys run in
+/// 512-thread (throughput) blocks: measured faster there (H100, 2026-12-07, µs: 1 ×
+/// 16K 9.8 against 11.6 in a 1024-thread block, 16 × 16K 10.7 against 12.6, 1 × 24K
+/// 12.3 against 12.9; at 32K the 1024-thread block leads, 13.1 against 13.3). In the
+/// layer (indexer logits, PDL) the top-k of 32 and 128 such rows took 31.5 and 30.5
+/// µs in them against 18.1 and 20.3 in 1024-thread blocks, so larger batches keep those.
+pub const SHORT_ROW_MAX: usize = 24_576;
+/// See SHORT_ROW_MAX.
+pub const SHORT_ROW_MAX_ROWS: usize = 16;
 /// Keys per split block at least: below this the per-block sample dominates.
 pub const SPLIT_MIN_CHUNK: usize = 1024;
 
@@ -334,13 +354,16 @@ fn check_page_table(t: &PageTable<'_>) -> Result<()> {
     Ok(())
 }
 
-/// The top-k layout for a batch of `rows` rows on a GPU with `sm_count` SMs, and
-/// why. One 1024-thread block per row caches the row in shared memory but takes a
-/// whole SM; with at least two rows per SM, 512-thread blocks (two per SM) keep
-/// HBM busier. Pure, so a server can log it and tests can pin it.
-pub fn choose_layout(rows: usize, sm_count: u32) -> (TopkLayout, &'static str) {
+/// The top-k layout for a batch of `rows` rows of up to `row_capacity` keys on a GPU
+/// with `sm_count` SMs, and why. One 1024-thread block per row caches the row in
+/// shared memory but takes a whole SM; with at least two rows per SM, 512-thread
+/// blocks (two per SM) keep HBM busier, and a few rows of up to SHORT_ROW_MAX keys
+/// finish sooner in them. Pure, so a server can log it and tests can pin it.
+pub fn choose_layout(rows: usize, row_capacity: usize, sm_count: u32) -> (TopkLayout, &'static str) {
     if rows >= 2 * sm_count as usize {
         (TopkLayout::Throughput, "at least two rows per SM: two 512-thread blocks share each SM")
+    } else if rows <= SHORT_ROW_MAX_ROWS && row_capacity <= SHORT_ROW_MAX {
+        (TopkLayout::Throughput, "a few short rows: one 512-thread block per row (measured faster than 1024 threads)")
     } else {
         (TopkLayout::Latency, "fewer than two rows per SM: one 1024-thread block per row, row cached in shared memory")
     }
@@ -739,10 +762,14 @@ mod tests {
         // With clusters, few long rows take them (no workspace needed); the rest as above.
         let with = |rows, cap, det| choose_plan(rows, cap, 132, det, false, true).0;
         assert_eq!(with(1, 131_072, false), TopkPlan::Cluster { size: 8 });
-        assert_eq!(with(16, 131_072, false), TopkPlan::Cluster { size: 8 });
-        assert_eq!(with(17, 131_072, false), TopkPlan::Single(TopkLayout::Latency));
+        assert_eq!(with(4, 65_536, false), TopkPlan::Cluster { size: 8 });
+        assert_eq!(with(5, 131_072, false), TopkPlan::Single(TopkLayout::Latency));
+        assert_eq!(with(16, 131_072, false), TopkPlan::Single(TopkLayout::Latency));
         assert_eq!(with(64, 131_072, false), TopkPlan::Single(TopkLayout::Latency));
-        assert_eq!(with(1, 8192, false), TopkPlan::Single(TopkLayout::Latency), "short rows stay in one block");
+        assert_eq!(with(1, 32_768, false), TopkPlan::Single(TopkLayout::Latency), "one block up to 48K keys");
+        assert_eq!(with(1, 16_448, false), TopkPlan::Single(TopkLayout::Throughput), "short rows: 512 threads");
+        assert_eq!(with(16, 16_384, false), TopkPlan::Single(TopkLayout::Throughput), "short rows: 512 threads");
+        assert_eq!(with(32, 16_384, false), TopkPlan::Single(TopkLayout::Latency), "32 rows: 1024 threads");
         assert_eq!(with(1, 131_072, true), TopkPlan::Single(TopkLayout::Latency), "deterministic");
         assert_eq!(with(2048, 32_768, false), TopkPlan::Single(TopkLayout::Throughput));
         // Rows past the one-block filter's reach take clusters while clusters of 2 all fit.
@@ -776,16 +803,21 @@ mod tests {
 
     #[test]
     fn layout_table() {
-        for (rows, sms, want) in [
-            (0, 132, TopkLayout::Latency),
-            (1, 132, TopkLayout::Latency),
-            (64, 132, TopkLayout::Latency),
-            (263, 132, TopkLayout::Latency),
-            (264, 132, TopkLayout::Throughput),
-            (2048, 132, TopkLayout::Throughput),
-            (300, 148, TopkLayout::Throughput),
+        let (long, short) = (32_768, SHORT_ROW_MAX);
+        for (rows, cap, sms, want) in [
+            (0, long, 132, TopkLayout::Latency),
+            (1, long, 132, TopkLayout::Latency),
+            (64, long, 132, TopkLayout::Latency),
+            (263, long, 132, TopkLayout::Latency),
+            (264, long, 132, TopkLayout::Throughput),
+            (2048, long, 132, TopkLayout::Throughput),
+            (300, long, 148, TopkLayout::Throughput),
+            (1, short, 132, TopkLayout::Throughput),
+            (16, short, 132, TopkLayout::Throughput),
+            (17, short, 132, TopkLayout::Latency),
+            (1, short + 1, 132, TopkLayout::Latency),
         ] {
-            assert_eq!(choose_layout(rows, sms).0, want, "{rows} rows on {sms} SMs");
+            assert_eq!(choose_layout(rows, cap, sms).0, want, "{rows} rows of {cap} on {sms} SMs");
         }
     }
 }

@@ -222,8 +222,8 @@ impl TopkInputs {
 }
 
 /// The kernel `case` runs on a device with `sm_count` SMs.
-pub fn case_kernel(case: &TopkCase, sm_count: u32) -> TopkKernel {
-    path_kernel(case.k, case.deterministic, case.path, case.score, case.lengths.len(), sm_count)
+pub fn case_kernel(case: &TopkCase, row_capacity: usize, sm_count: u32) -> TopkKernel {
+    path_kernel(case.k, case.deterministic, case.path, case.score, case.lengths.len(), row_capacity, sm_count)
 }
 
 /// The kernel of `path` for `rows` rows (one-block rows take the layout
@@ -234,11 +234,12 @@ fn path_kernel(
     path: TopkPath,
     score: TopkScore,
     rows: usize,
+    row_capacity: usize,
     sm_count: u32,
 ) -> TopkKernel {
     let (family, cluster) = match path {
         TopkPath::Single(layout) => {
-            let layout = layout.unwrap_or_else(|| topk::choose_layout(rows, sm_count).0);
+            let layout = layout.unwrap_or_else(|| topk::choose_layout(rows, row_capacity, sm_count).0);
             (KernelFamily::TopK { k, deterministic, layout, score }, 1)
         }
         TopkPath::Split => (KernelFamily::TopkSplit { k, score }, 1),
@@ -253,7 +254,7 @@ pub const CHECK_SPLIT_CHUNK: usize = 4096;
 /// Runs `case` on `dev` and checks every row against the CPU reference.
 pub fn run_on(dev: &impl TopkDevice, case: &TopkCase) -> Result<Check> {
     let inputs = TopkInputs::new(case);
-    let kernel = case_kernel(case, dev.sm_count());
+    let kernel = case_kernel(case, inputs.row_capacity, dev.sm_count());
     let out = dev.topk(kernel, &inputs)?;
     Ok(check_output(case, &inputs, &out, kernel.name(dev.target())))
 }
@@ -478,7 +479,7 @@ pub fn page_holes_on(dev: &impl TopkDevice, case: &TopkCase) -> Result<Check> {
     let page_size = case.transform.page_size().unwrap_or(0) as i32;
     assert!(page_size > 1 && !case.grouped, "page_holes_on takes a decode-form table of pages");
     let mut inputs = TopkInputs::new(case);
-    let kernel = case_kernel(case, dev.sm_count());
+    let kernel = case_kernel(case, inputs.row_capacity, dev.sm_count());
     let whole = dev.topk(kernel, &inputs)?;
     let t = inputs.table.as_mut().expect("PAGED inputs carry a table");
     let holes: Vec<i32> = (0..t.rows).map(|r| std::mem::replace(&mut t.table[r * t.width + 1], -1)).collect();
@@ -625,7 +626,7 @@ pub fn transform_then_topk(rt: &Runtime, k: u32, rows: usize, n: usize, path: To
     let (table_view, cu_view) = (d_table.slice(0..), d_cu.slice(0..2));
     let pt =
         PageTable { table: &table_view, rows: 1, stride: width, width, page_size: 1, cu_seqlens_q: Some(&cu_view) };
-    let kernel = path_kernel(k, false, path, TopkScore::F32, rows, rt.gpu().caps().sm_count);
+    let kernel = path_kernel(k, false, path, TopkScore::F32, rows, n, rt.gpu().caps().sm_count);
     // Made before the transform: its zeroing copy must not sit between the launches.
     let mut ws = if path == TopkPath::Split { Some(topk::TopkWorkspace::new(rt, rows)?) } else { None };
     let mut mismatches = 0;

@@ -106,13 +106,24 @@ fn rising_scores_and_scales_rescale_the_output() {
 }
 
 /// The split path (partials + combine) and the direct path agree with the reference
-/// for every split count, including uneven last splits.
+/// for every split count, including uneven last splits, a count the combine's
+/// batches of loads do not divide, and the most a top-k of 4096 allows (64).
 #[test]
 fn every_split_count() {
     let rt = rt();
     let mut checks = Vec::new();
-    for (i, splits) in [1u32, 2, 3, 5, 9].into_iter().enumerate() {
-        let mut c = DecodeCase::new(shape(2, 1, 32, 576, 64), IndexPattern::Holes, 900 + i as u64);
+    let cases = [
+        (32, 576, 1u32),
+        (32, 576, 2),
+        (32, 576, 3),
+        (32, 576, 5),
+        (32, 576, 9),
+        (128, 2048, 32),
+        (64, 4096, 21),
+        (16, 4096, 64),
+    ];
+    for (i, (heads, topk, splits)) in cases.into_iter().enumerate() {
+        let mut c = DecodeCase::new(shape(2, 1, heads, topk, 64), IndexPattern::Holes, 900 + i as u64);
         c.splits = Some(splits);
         c.lengths = i % 2 == 1;
         checks.push(run(&rt, &c).unwrap());
