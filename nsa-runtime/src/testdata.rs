@@ -7,6 +7,8 @@ use nsa_kernels::layout::*;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+pub mod indexer_topics;
+
 /// What one 128-element tile holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TilePattern {

@@ -61,10 +61,17 @@ pub struct BenchArgs {
     #[arg(long, value_delimiter = ',', default_value = "f32", value_parser = parse_topk_score)]
     pub topk_scores: Vec<TopkScore>,
     /// Top-k score values: uniform in [0, 1) (as torch_topk.py's rows; the top keys
-    /// share one octave) or N(0, 1) (the top keys cross powers of two, as spread
-    /// logits do).
+    /// share one octave), N(0, 1) (the top keys cross powers of two, as spread
+    /// logits do), or indexer: the logits the indexer kernel computes from queries
+    /// and keys drawn around shared topics (`testdata::indexer_topics`), clustered
+    /// as a model's (keys per row a multiple of 64).
     #[arg(long, value_enum, default_value_t = TopkValues::Uniform)]
     pub topk_values: TopkValues,
+    /// Top-k: also write each shape's scores here, as `topk_<values>_<rows>x<keys>.f32`
+    /// (little-endian f32, row-major), so peers can be timed on the same rows
+    /// (`.ci/bench/peers_topk_values.py`).
+    #[arg(long)]
+    pub topk_dump: Option<std::path::PathBuf>,
     /// Launch every kernel without programmatic dependent launch (on by default on
     /// NVIDIA: each launch starts while the previous kernel runs and waits on the
     /// device until it is done), to compare.
@@ -116,6 +123,7 @@ pub enum Suite {
 pub enum TopkValues {
     Uniform,
     Gaussian,
+    Indexer,
 }
 
 impl TopkValues {
@@ -123,6 +131,7 @@ impl TopkValues {
         match self {
             TopkValues::Uniform => "uniform",
             TopkValues::Gaussian => "gaussian",
+            TopkValues::Indexer => "indexer",
         }
     }
 }
@@ -132,6 +141,8 @@ impl TopkValues {
 struct TopkData<'a> {
     scores: &'a [TopkScore],
     distribution: TopkValues,
+    /// Where to write each shape's scores (`--topk-dump`).
+    dump: Option<&'a std::path::Path>,
 }
 
 #[derive(Serialize, Debug)]
@@ -461,7 +472,11 @@ fn topk_bench(
         let values: Vec<f32> = match data.distribution {
             TopkValues::Uniform => (0..rows * n).map(|_| rand::Rng::random::<f32>(&mut rng)).collect(),
             TopkValues::Gaussian => testdata::score_row(testdata::ScorePattern::Gaussian, rows * n, &mut rng),
+            TopkValues::Indexer => crate::bench_indexer::structured_logits(rt, rows, n, rows as u64 ^ n as u64)?,
         };
+        if let Some(dir) = data.dump {
+            dump_scores(dir, data.distribution, rows, n, &values)?;
+        }
         let distribution = data.distribution;
         let shape = TopkShape { rows, n, reps, chosen_only, paged_requests, page_sizes, distribution, copy_gbps };
         for &score in data.scores {
@@ -475,6 +490,15 @@ fn topk_bench(
         }
     }
     Ok(out_rows)
+}
+
+/// Writes one shape's scores for the peers' script: `dir/topk_<values>_<rows>x<n>.f32`.
+fn dump_scores(dir: &std::path::Path, values: TopkValues, rows: usize, n: usize, scores: &[f32]) -> Result<()> {
+    let path = dir.join(format!("topk_{}_{rows}x{n}.f32", values.tag()));
+    let io = |source| Error::Io { path: path.clone(), source };
+    std::fs::create_dir_all(dir).map_err(io)?;
+    let bytes: Vec<u8> = scores.iter().flat_map(|v| v.to_le_bytes()).collect();
+    std::fs::write(&path, bytes).map_err(io)
 }
 
 /// Bytes of the distinct 32-byte page-table sectors that PAGED `slots` were read
@@ -714,7 +738,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let topk = if want(Suite::Topk) {
         let requests = args.topk_paged_requests.map(|r| r as usize);
         let page_sizes: Vec<usize> = args.topk_page_sizes.iter().map(|&p| p as usize).collect();
-        let data = TopkData { scores: &args.topk_scores, distribution: args.topk_values };
+        let data =
+            TopkData { scores: &args.topk_scores, distribution: args.topk_values, dump: args.topk_dump.as_deref() };
         topk_bench(&rt, args.reps, &topk_cases, args.topk_chosen_only, requests, &page_sizes, data)?
     } else {
         vec![]

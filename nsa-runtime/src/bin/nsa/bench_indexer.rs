@@ -102,3 +102,33 @@ pub fn indexer_bench(rt: &Runtime, reps: usize) -> Result<Vec<IndexerRow>> {
     rows_out.push(IndexerRow { case, us, gbps: 0.0, fraction_of_copy: 0.0, tflops });
     Ok(rows_out)
 }
+
+/// The logits the paged indexer kernel computes for `rows` requests of `n` keys
+/// (a multiple of 64) from `testdata::indexer_topics`' structured inputs, `[rows, n]`.
+pub fn structured_logits(rt: &Runtime, rows: usize, n: usize, seed: u64) -> Result<Vec<f32>> {
+    if n % INDEXER_PAGE_TOKENS != 0 || n == 0 {
+        return Err(Error::InvalidArgument {
+            field: "--topk-shapes",
+            value: format!("{rows}x{n}"),
+            expected: format!("keys per row a positive multiple of {INDEXER_PAGE_TOKENS} with --topk-values indexer"),
+        });
+    }
+    let stream = rt.gpu().stream().clone();
+    let s = testdata::indexer_topics::structured_indexer(rows, n, seed);
+    let d_cache = upload(&stream, &s.cache)?;
+    let d_table = upload(&stream, &s.block_table)?;
+    let d_lens = upload(&stream, &s.context_lens)?;
+    let d_q = upload(&stream, &s.q)?;
+    let d_w = upload(&stream, &s.weights)?;
+    let mut d_out: CudaSlice<f32> = stream.alloc_zeros(rows * n).map_err(Error::driver("alloc"))?;
+    let query = IndexerQuery { heads: HEADS, q: d_q.slice(0..), weights: d_w.slice(0..) };
+    let keys = PagedIndexerKeys {
+        cache: d_cache.slice(0..),
+        block_table: d_table.slice(0..),
+        table_width: s.width,
+        context_lens: d_lens.slice(0..),
+        next_n: 1,
+    };
+    paged_logits(rt, &query, &keys, LogitsOut::new(&mut d_out.slice_mut(0..), n))?;
+    stream.clone_dtoh(&d_out).map_err(Error::driver("logits download"))
+}
