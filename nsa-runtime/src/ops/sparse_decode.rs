@@ -64,7 +64,7 @@ struct SplitCosts {
 }
 /// 64-head CTAs (the warp-group kernel).
 const WIDE_CTA_COSTS: SplitCosts = SplitCosts { step: 3.4, cta: 3.2, combine: 2.3, partials_per_1024: 1.7 };
-/// 16- and 32-head CTAs.
+/// 16- and 32-head CTAs (fitted on sm_90a's 16-head raw-record kernel).
 const NARROW_CTA_COSTS: SplitCosts = SplitCosts { step: 1.6, cta: 4.0, combine: 4.0, partials_per_1024: 3.1 };
 
 /// The split count minimising the modelled time of `rows` query rows of `heads`
