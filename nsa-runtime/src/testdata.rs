@@ -149,6 +149,11 @@ pub enum ScorePattern {
     /// sampled keys at 128K–1M keys), so for k 2048 at 128K and 256K keys its
     /// threshold sits high and keeps fewer than k: the filter must decline.
     Strided,
+    /// Indexer logits (the CPU reference's) of one request over keys drawn around
+    /// shared topics (`indexer_topics`): clustered as a model's, with every key of
+    /// other topics near 0 after the ReLU. Slow to build (a reference dot product
+    /// per key and head), so not in SCORE_PATTERNS.
+    IndexerTopics,
 }
 
 pub const SCORE_PATTERNS: [ScorePattern; 9] = [
@@ -184,5 +189,6 @@ pub fn score_row(pattern: ScorePattern, n: usize, rng: &mut StdRng) -> Vec<f32> 
         ScorePattern::AllNegInf => vec![f32::NEG_INFINITY; n],
         ScorePattern::Uniform => (0..n).map(|_| rng.random::<f32>()).collect(),
         ScorePattern::Strided => (0..n).map(|i| gaussian(rng) + if i % 32 == 0 { 100.0 } else { 0.0 }).collect(),
+        ScorePattern::IndexerTopics => indexer_topics::reference_logits(n, rng.random()),
     }
 }

@@ -345,7 +345,8 @@ macro_rules! topk_case_tests {
             paged_prefill_form_groups_rows_by_request,
             many_rows_and_very_long_rows,
             bf16_scores_every_path,
-            paged_tables_of_pages_every_path
+            paged_tables_of_pages_every_path,
+            indexer_logits_every_path
         );
     };
     ($run_all:ident: $($name:ident),+) => {
@@ -356,6 +357,28 @@ macro_rules! topk_case_tests {
             }
         )+
     };
+}
+
+/// Indexer logits (clustered, most keys near 0 after the ReLU) through every path
+/// the layer's decode rows take: a 16K-key row and a row cut off the page grid.
+pub fn indexer_logits_every_path() -> Vec<TopkCase> {
+    let paths = [
+        TopkPath::Single(Some(TopkLayout::Latency)),
+        TopkPath::Single(Some(TopkLayout::Throughput)),
+        TopkPath::Split,
+        TopkPath::Cluster(8),
+    ];
+    paths
+        .into_iter()
+        .enumerate()
+        .map(|(i, path)| {
+            let transform = if i % 2 == 0 { TopkTransform::Paged } else { TopkTransform::Plain };
+            let mut c =
+                case(2048, transform, false, ScorePattern::IndexerTopics, vec![16_384, 20_001], 1500 + i as u64);
+            c.path = path;
+            c
+        })
+        .collect()
 }
 
 /// The unfused page-table transform's cases: (k, prefill form).

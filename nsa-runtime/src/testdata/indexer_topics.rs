@@ -6,7 +6,7 @@
 
 use super::{gaussian, rng};
 use crate::reference::fp8::f32_to_e4m3_satfinite;
-use crate::reference::indexer::INDEX_HEADS;
+use crate::reference::indexer::{paged_logits, PagedKeys, INDEX_HEADS};
 use nsa_kernels::layout::{INDEXER_HEAD_DIM, INDEXER_PAGE_BYTES, INDEXER_PAGE_TOKENS};
 use rand::rngs::StdRng;
 use rand::Rng;
@@ -122,10 +122,34 @@ pub fn structured_indexer(requests: usize, context: usize, seed: u64) -> Structu
     }
 }
 
+/// The CPU reference's logits of one request over `n` structured keys (built for
+/// the next multiple of 64 and cut to `n`).
+pub fn reference_logits(n: usize, seed: u64) -> Vec<f32> {
+    if n == 0 {
+        return Vec::new();
+    }
+    let context = n.next_multiple_of(INDEXER_PAGE_TOKENS);
+    let s = structured_indexer(1, context, seed);
+    let (mut logits, _) = paged_logits(&s.q, &s.weights, s.keys(), 1, context);
+    logits.truncate(n);
+    logits
+}
+
+impl StructuredIndexer {
+    /// The keys as the reference's paged logits take them.
+    pub fn keys(&self) -> PagedKeys<'_> {
+        PagedKeys {
+            cache: &self.cache,
+            block_table: &self.block_table,
+            width: self.width,
+            context_lens: &self.context_lens,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::reference::indexer::{paged_logits, PagedKeys};
 
     /// The logits carry the structure: a request's highest-scoring keys are those of
     /// its own topics (as many as it has, up to k), and no logit is negative or
@@ -134,9 +158,7 @@ mod tests {
     fn top_keys_come_from_the_request_topics() {
         let (requests, context, k) = (4, 4096, 512);
         let s = structured_indexer(requests, context, 7);
-        let keys =
-            PagedKeys { cache: &s.cache, block_table: &s.block_table, width: s.width, context_lens: &s.context_lens };
-        let (logits, _) = paged_logits(&s.q, &s.weights, keys, 1, context);
+        let (logits, _) = paged_logits(&s.q, &s.weights, s.keys(), 1, context);
         for r in 0..requests {
             let row = &logits[r * context..][..context];
             assert!(row.iter().all(|x| x.is_finite() && *x >= 0.0), "request {r}");
