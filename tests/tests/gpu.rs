@@ -135,8 +135,7 @@ fn dequant_of_quant_within_e4m3_bound() {
     let d_rows = upload(&stream, &rows).unwrap();
     let d_loc = upload(&stream, &loc).unwrap();
     let mut d_cache = upload(&stream, &vec![0u8; n * FP8_TOKEN_BYTES]).unwrap();
-    let nope = Rows { data: d_rows.slice(0..), count: n, width: KV_LORA_RANK, stride: BF16_TOKEN_ELEMS };
-    let rope = Rows { data: d_rows.slice(KV_LORA_RANK..), count: n, width: ROPE_DIM, stride: BF16_TOKEN_ELEMS };
+    let (nope, rope) = verify::latent_views(&d_rows, n);
     kv_cache::store_mla(&rt, &nope, &rope, &d_loc.slice(0..), &mut MlaCacheMut::Fp8(d_cache.slice_mut(0..))).unwrap();
     let mut d_out = upload(&stream, &vec![bf16::ZERO; n * BF16_TOKEN_ELEMS]).unwrap();
     kv_cache::dequant_fp8(&rt, &d_cache.slice(0..), &d_loc.slice(0..), &mut d_out.slice_mut(0..)).unwrap();
@@ -182,8 +181,7 @@ fn rejected_slots_are_skipped_and_reported() {
     for checks in [DeviceChecks::Skip, DeviceChecks::Report] {
         rt.set_checks(checks).unwrap();
         let mut d_cache = upload(&stream, &sentinel).unwrap();
-        let nope = Rows { data: d_rows.slice(0..), count: n, width: KV_LORA_RANK, stride: BF16_TOKEN_ELEMS };
-        let rope = Rows { data: d_rows.slice(KV_LORA_RANK..), count: n, width: ROPE_DIM, stride: BF16_TOKEN_ELEMS };
+        let (nope, rope) = verify::latent_views(&d_rows, n);
         let r =
             kv_cache::store_mla(&rt, &nope, &rope, &d_loc.slice(0..), &mut MlaCacheMut::Fp8(d_cache.slice_mut(0..)));
         match (checks, r) {
@@ -229,8 +227,7 @@ fn step_store_rejects_per_cache_and_reports_each_token_once() {
             rt.set_checks(checks).unwrap();
             let mut d_cache = upload(&stream, &sentinel).unwrap();
             let mut d_index = upload(&stream, &index_sentinel).unwrap();
-            let nope = Rows { data: d_rows.slice(0..), count: n, width: KV_LORA_RANK, stride: BF16_TOKEN_ELEMS };
-            let rope = Rows { data: d_rows.slice(KV_LORA_RANK..), count: n, width: ROPE_DIM, stride: BF16_TOKEN_ELEMS };
+            let (nope, rope) = verify::latent_views(&d_rows, n);
             let index_k = Rows { data: d_keys.slice(0..), count: n, width: INDEXER_HEAD_DIM, stride: INDEXER_HEAD_DIM };
             let r = kv_cache::store_step(
                 &rt,

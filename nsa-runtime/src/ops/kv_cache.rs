@@ -216,12 +216,13 @@ fn check_indexer_store(
     check_len(width_name, k.width, INDEXER_HEAD_DIM, "index_head_dim")?;
     check_len(count_name, k.count, n, "one row per entry of loc")?;
     k.check(k_name, stream)?;
-    check_indexer_cache(cache_name, cache.len())?;
+    let pool_slots = check_indexer_cache(cache_name, cache.len())?;
     check_aligned(cache_name, cache, 16, stream)?;
-    Ok((cache.len() / INDEXER_PAGE_BYTES * INDEXER_PAGE_TOKENS) as i64)
+    Ok(pool_slots)
 }
 
-fn check_indexer_cache(field: &'static str, bytes: usize) -> Result<()> {
+/// Checks that an indexer cache of `bytes` is whole pages; the pool's slots.
+fn check_indexer_cache(field: &'static str, bytes: usize) -> Result<i64> {
     if bytes % INDEXER_PAGE_BYTES != 0 {
         return Err(invalid(
             field,
@@ -229,7 +230,7 @@ fn check_indexer_cache(field: &'static str, bytes: usize) -> Result<()> {
             format!("a whole number of {INDEXER_PAGE_BYTES}-byte pages (64 tokens × 132 bytes)"),
         ));
     }
-    Ok(())
+    Ok((bytes / INDEXER_PAGE_BYTES * INDEXER_PAGE_TOKENS) as i64)
 }
 
 /// Gathers the indexer keys of `slots` out of the paged indexer cache (`[pages, 8448]`
@@ -244,12 +245,11 @@ pub fn gather_indexer_k(
 ) -> Result<()> {
     let stream = rt.gpu().stream();
     let n = slots.len();
-    check_indexer_cache("cache", cache.len())?;
+    let pool_slots = check_indexer_cache("cache", cache.len())?;
     check_len("keys", keys.len(), n * INDEXER_HEAD_DIM, "slots.len() × 128")?;
     check_len("scales", scales.len(), n, "one scale per entry of slots")?;
     check_aligned("cache", cache, 16, stream)?;
     check_aligned("keys", keys, 16, stream)?;
-    let pool_slots = (cache.len() / INDEXER_PAGE_BYTES * INDEXER_PAGE_TOKENS) as i64;
     let num = check_count_fits_i32("slots", n)?;
     let kernel = rt.kernel(KernelFamily::IndexerKGather)?;
     let mut args = rt.args();

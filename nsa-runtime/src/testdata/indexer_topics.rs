@@ -13,8 +13,6 @@ use rand::Rng;
 
 /// Topics the keys are drawn around.
 pub const TOPICS: usize = 64;
-/// Topics each request's query heads mix (its "subject").
-pub const REQUEST_TOPICS: usize = 2;
 
 /// Paged indexer inputs of `requests` requests of `context` keys each (one query
 /// row a request, 64 heads): what `ops::indexer::paged_logits` and the CPU
@@ -35,9 +33,9 @@ pub struct StructuredIndexer {
     /// Pages per request.
     pub width: usize,
     pub context_lens: Vec<i32>,
-    /// Each request's topics, and each cached key's (by slot: page · 64 + offset),
+    /// Each request's two topics (its heads mix them), and each cached key's (by slot: page · 64 + offset),
     /// to check the structure.
-    pub request_topics: Vec<[usize; REQUEST_TOPICS]>,
+    pub request_topics: Vec<[usize; 2]>,
     pub key_topics: Vec<usize>,
 }
 

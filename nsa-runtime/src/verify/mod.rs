@@ -137,7 +137,7 @@ pub fn store_mla(rt: &Runtime, format: KvCacheFormat, n: usize, seed: u64) -> Re
 }
 
 /// `k_nope` and `k_rope` as strided views of `n` uploaded `[n, 576]` rows.
-fn latent_views(rows: &CudaSlice<bf16>, n: usize) -> (Rows<'_, bf16>, Rows<'_, bf16>) {
+pub fn latent_views(rows: &CudaSlice<bf16>, n: usize) -> (Rows<'_, bf16>, Rows<'_, bf16>) {
     let nope = Rows { data: rows.slice(0..), count: n, width: KV_LORA_RANK, stride: BF16_TOKEN_ELEMS };
     let rope =
         Rows { data: rows.slice(KV_LORA_RANK.min(rows.len())..), count: n, width: ROPE_DIM, stride: BF16_TOKEN_ELEMS };

@@ -13,7 +13,6 @@ use nsa_kernels::KvCacheFormat;
 use nsa_runtime::device::Gpu;
 use nsa_runtime::foreign::ForeignBuffer;
 use nsa_runtime::ops::kv_cache::{self, MlaCacheMut};
-use nsa_runtime::ops::Rows;
 use nsa_runtime::reference::kv_cache as reference;
 use nsa_runtime::verify::{self, download, split_rows, upload};
 use nsa_runtime::{testdata, Runtime};
@@ -50,8 +49,7 @@ fn an_eager_call_captures_into_a_graph_on_the_caller_s_stream() {
     let d_rows = upload(&stream, &rows).unwrap();
     let d_loc = upload(&stream, &loc).unwrap();
     let mut d_cache = upload(&stream, &vec![0xa5u8; pool * FP8_TOKEN_BYTES]).unwrap();
-    let nope = Rows { data: d_rows.slice(0..), count: n, width: KV_LORA_RANK, stride: BF16_TOKEN_ELEMS };
-    let rope = Rows { data: d_rows.slice(KV_LORA_RANK..), count: n, width: ROPE_DIM, stride: BF16_TOKEN_ELEMS };
+    let (nope, rope) = verify::latent_views(&d_rows, n);
     // The kernel is compiled and loaded before capture (loading is not capturable).
     rt.kernel(nsa_kernels::KernelFamily::KvStore { format: KvCacheFormat::Fp8 }).unwrap();
     stream.synchronize().unwrap();
@@ -144,8 +142,7 @@ fn foreign_buffers_are_used_in_place_and_never_freed_by_nsa() {
         let init = vec![bf16::from_bits(0xa5a5); pool * BF16_TOKEN_ELEMS];
         stream.memcpy_htod(&init, &mut cache.view_mut()).unwrap();
         let d_rows = upload(&stream, &rows).unwrap();
-        let nope = Rows { data: d_rows.slice(0..), count: n, width: KV_LORA_RANK, stride: BF16_TOKEN_ELEMS };
-        let rope = Rows { data: d_rows.slice(KV_LORA_RANK..), count: n, width: ROPE_DIM, stride: BF16_TOKEN_ELEMS };
+        let (nope, rope) = verify::latent_views(&d_rows, n);
         kv_cache::store_mla(&rt, &nope, &rope, &d_loc.view(), &mut MlaCacheMut::Bf16(cache.view_mut())).unwrap();
         let mut got = vec![bf16::ZERO; pool * BF16_TOKEN_ELEMS];
         stream.memcpy_dtoh(&cache.view(), &mut got).unwrap();
