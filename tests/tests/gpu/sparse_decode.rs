@@ -77,12 +77,13 @@ fn invalid_rows_lengths_and_duplicates() {
     assert_all(&checks);
 }
 
-/// FP8 scales of 2^15 and more take the kernel's two-multiply dequant path.
+/// FP8 scales of 2^15 and more take the kernel's two-multiply dequant path: the
+/// raw-record kernel (16 heads) and the warp-group kernel with one and two head tiles.
 #[test]
 fn huge_fp8_scales() {
     let rt = rt();
     let mut checks = Vec::new();
-    for (i, heads) in [16u32, 64].into_iter().enumerate() {
+    for (i, heads) in [16u32, 64, 128].into_iter().enumerate() {
         let mut c = DecodeCase::new(shape(3, 1, heads, 576, 64), IndexPattern::Full, 980 + i as u64);
         c.huge_scales = true;
         checks.push(run(&rt, &c).unwrap());
@@ -96,7 +97,7 @@ fn huge_fp8_scales() {
 fn rising_scores_and_scales_rescale_the_output() {
     let rt = rt();
     let mut checks = Vec::new();
-    for (i, (heads, splits)) in [(16u32, 1u32), (16, 4), (64, 1)].into_iter().enumerate() {
+    for (i, (heads, splits)) in [(16u32, 1u32), (16, 4), (64, 1), (128, 1), (128, 3)].into_iter().enumerate() {
         let mut c = DecodeCase::new(shape(4, 1, heads, 2048, 64), IndexPattern::Full, 990 + i as u64);
         c.rising = true;
         c.splits = Some(splits); // 1: one CTA walks all 32 steps of a row
@@ -131,22 +132,25 @@ fn every_split_count() {
     assert_all(&checks);
 }
 
-/// An index past the cache is skipped (like −1) by default and reported with
-/// device checks on, naming the field.
+/// An index past the cache is skipped (like −1) by default and reported once with
+/// device checks on, naming the field, also at 128 heads where two head tiles read
+/// it.
 #[test]
 fn out_of_cache_index_is_skipped_or_reported() {
     let mut rt = rt();
-    let mut c = DecodeCase::new(shape(2, 1, 16, 64, 64), IndexPattern::Full, 950);
-    c.bad_index = true;
-    let check = run(&rt, &c).unwrap();
-    assert_all(&[check]);
-    rt.set_checks(DeviceChecks::Report).unwrap();
-    let err = run(&rt, &c);
-    rt.set_checks(DeviceChecks::Skip).unwrap();
-    match err {
-        Err(Error::DeviceRejected { field, count, example, .. }) => {
-            assert_eq!((field, count, example), ("indices", 1, 0));
+    for (i, heads) in [16u32, 128].into_iter().enumerate() {
+        let mut c = DecodeCase::new(shape(2, 1, heads, 64, 64), IndexPattern::Full, 950 + i as u64);
+        c.bad_index = true;
+        let check = run(&rt, &c).unwrap();
+        assert_all(&[check]);
+        rt.set_checks(DeviceChecks::Report).unwrap();
+        let err = run(&rt, &c);
+        rt.set_checks(DeviceChecks::Skip).unwrap();
+        match err {
+            Err(Error::DeviceRejected { field, count, example, .. }) => {
+                assert_eq!((field, count, example), ("indices", 1, 0), "{heads} heads");
+            }
+            other => panic!("expected a rejected index at {heads} heads, got {other:?}"),
         }
-        other => panic!("expected a rejected index, got {other:?}"),
     }
 }
