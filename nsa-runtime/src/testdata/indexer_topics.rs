@@ -33,8 +33,8 @@ pub struct StructuredIndexer {
     /// Pages per request.
     pub width: usize,
     pub context_lens: Vec<i32>,
-    /// Each request's two topics (its heads mix them), and each cached key's (by slot: page · 64 + offset),
-    /// to check the structure.
+    /// Each request's two topics (its heads mix them), and each cached key's (by
+    /// slot: page · 64 + offset), to check the structure.
     pub request_topics: Vec<[usize; 2]>,
     pub key_topics: Vec<usize>,
 }
@@ -77,11 +77,13 @@ pub fn structured_indexer(requests: usize, context: usize, seed: u64) -> Structu
     let width = context / INDEXER_PAGE_TOKENS;
     let mut cache = vec![0u8; width * INDEXER_PAGE_BYTES];
     let mut key_topics = Vec::with_capacity(context);
+    // Per-dimension noise of sd 1 / (3 √128): a noise vector of a third of the unit topic's length.
+    let noise_sd = 1.0 / (3.0 * (INDEXER_HEAD_DIM as f32).sqrt());
     for slot in 0..context {
         let c = draw_topic(&mut rng);
         key_topics.push(c);
         let strength = rng.random_range(0.5..1.5f32);
-        let key: Vec<f32> = topics[c].iter().map(|&t| strength * (t + gaussian(&mut rng) / (3.0 * 11.3))).collect();
+        let key: Vec<f32> = topics[c].iter().map(|&t| strength * (t + gaussian(&mut rng) * noise_sd)).collect();
         let (bytes, scale) = quantize(&key);
         let (page, off) = (slot / INDEXER_PAGE_TOKENS, slot % INDEXER_PAGE_TOKENS);
         let base = page * INDEXER_PAGE_BYTES;
