@@ -1,5 +1,5 @@
 //! Builds the CPU emulation of the top-k kernels (`tests/emu/`): every top-k, split,
-//! cluster and page-table transform variant for k = 512, 1024, 2048 (bf16 scores for
+//! cluster (each writing positions and slots) and page-table transform variant for k = 512, 1024, 2048 (bf16 scores for
 //! 512 and 2048) of sm_90a (32-lane
 //! warps) and gfx942 (64-lane wavefronts, no clusters), and the scalar dense
 //! attention kernel (gfx942's) at both head shapes, and the KV cache's step store
@@ -8,7 +8,7 @@
 //! emulated arch layer (`nsa/emu/arch.cuh`) in place of the target's own.
 
 use nsa_kernels::spec::{DenseKernel, DENSE_HEAD_DIMS};
-use nsa_kernels::{render, KernelFamily, KernelSpec, KvCacheFormat, Target, TopkLayout, TopkScore};
+use nsa_kernels::{render, KernelFamily, KernelSpec, KvCacheFormat, Target, TopkEntries, TopkLayout, TopkScore};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
@@ -57,18 +57,20 @@ fn emulated_families(target: Target) -> Vec<KernelFamily> {
 /// Heads of the emulated dense kernels (`nsa_tests::emu::EMU_DENSE_HEADS`).
 const EMU_DENSE_HEADS: u32 = 3;
 
-/// One top-k variant on every path (each serves every transform): one block (both
+/// One top-k variant on every path, writing positions and slots: one block (both
 /// layouts, deterministic or not), split, and the cluster kernel where `target` has
 /// clusters.
 fn every_path(families: &mut Vec<KernelFamily>, target: Target, k: u32, score: TopkScore) {
-    for deterministic in [false, true] {
-        for layout in [TopkLayout::Latency, TopkLayout::Throughput] {
-            families.push(KernelFamily::TopK { k, deterministic, layout, score });
+    for entries in TopkEntries::ALL {
+        for deterministic in [false, true] {
+            for layout in [TopkLayout::Latency, TopkLayout::Throughput] {
+                families.push(KernelFamily::TopK { k, deterministic, layout, score, entries });
+            }
         }
-    }
-    families.push(KernelFamily::TopkSplit { k, score });
-    if target.has_clusters() {
-        families.push(KernelFamily::TopkCluster { k, score });
+        families.push(KernelFamily::TopkSplit { k, score, entries });
+        if target.has_clusters() {
+            families.push(KernelFamily::TopkCluster { k, score, entries });
+        }
     }
 }
 

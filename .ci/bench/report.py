@@ -145,7 +145,21 @@ TOPK_PEER_CASES = {
     ("plain", "gaussian"): ["fast_topk_v2 [gaussian values] f32", "top_k (sorted=False) [gaussian values] f32"],
     ("paged", "uniform"): ["fast_topk_transform_fused (page_table_1) f32", "top_k_page_table_transform f32"],
     ("ragged", "uniform"): ["fast_topk_transform_ragged_fused (+17) f32", "top_k_ragged_transform (+17) f32"],
+    ("plain", "indexer"): ["indexer values"],
 }
+
+
+def value_rows_as_peers(report):
+    """peers_topk_values.json's rows (peers timed on the very score rows nsa dumped)
+    as peers.json rows: case `<values> values <rows>x<n>`, the exact share as a check."""
+    out = []
+    for row in report.get("rows", []):
+        case = f"{row['values']} values {row['rows']}x{row['n']}"
+        entry = {"peer": row["peer"], "case": case, "us": row.get("us")}
+        if row.get("checked"):
+            entry["check"] = f"{row['exact']}/{row['checked']} of the exact top-k set"
+        out.append(entry)
+    return out
 
 
 def topk_table(nsa, times, names):
@@ -329,10 +343,11 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--nsa", action="append", default=[], help="an `nsa bench --json` report (repeatable)")
     ap.add_argument("--peers", help="peers.json of the same device call")
+    ap.add_argument("--topk-values", help="peers_topk_values.json: top-k peers on the rows nsa dumped")
     ap.add_argument("--python", help="python_compat.json of the same device call")
     ap.add_argument("--torch-dense", help="torch_dense.json of the same device call (the dense peers)")
     ap.add_argument("--results", metavar="DIR",
-                    help="a folder of measurements: nsa_*.json, peers.json, python_compat.json, torch_dense.json "
+                    help="a folder of measurements: nsa_*.json, peers.json, peers_topk_values.json, python_compat.json, torch_dense.json "
                          "and commands.json ({family: command})")
     ap.add_argument("--command", action="append", default=[],
                     help="the command that measured; FAMILY=COMMAND for one family's table (repeatable)")
@@ -345,6 +360,7 @@ def main(argv=None):
         found = lambda name: os.path.join(args.results, name) if os.path.exists(os.path.join(args.results, name)) else None
         args.nsa += sorted(glob.glob(os.path.join(args.results, "nsa_*.json")))
         args.peers = args.peers or found("peers.json")
+        args.topk_values = args.topk_values or found("peers_topk_values.json")
         args.python = args.python or found("python_compat.json")
         args.torch_dense = args.torch_dense or found("torch_dense.json")
         if found("commands.json"):
@@ -356,7 +372,11 @@ def main(argv=None):
             commands[fam] = rest
         else:
             commands[""] = c
-    out = tables(reports, load(args.peers) if args.peers else None, load(args.python) if args.python else [],
+    peers = load(args.peers) if args.peers else None
+    if args.topk_values:
+        base = peers.get("rows", []) if isinstance(peers, dict) else (peers or [])
+        peers = {"rows": base + value_rows_as_peers(load(args.topk_values))}
+    out = tables(reports, peers, load(args.python) if args.python else [],
                  commands, load(args.torch_dense) if args.torch_dense else None)
     target = args.write or args.check
     if not target:

@@ -3,7 +3,8 @@
 
 use crate::config::{KvCacheFormat, NsaConfig};
 use crate::spec::{
-    mha_kernel, IndexerLayout, KernelFamily, KernelSpec, MetadataMode, TopkLayout, TopkScore, MHA_HEAD_DIMS,
+    mha_kernel, IndexerLayout, KernelFamily, KernelSpec, MetadataMode, TopkEntries, TopkLayout, TopkScore,
+    MHA_HEAD_DIMS,
 };
 use crate::target::Vendor;
 
@@ -18,13 +19,13 @@ pub fn kernel_set(cfg: &NsaConfig) -> Vec<KernelSpec> {
         KernelFamily::IndexerKGather,
         KernelFamily::StepStore { format: cfg.kv_cache },
     ];
-    // Top-k: one kernel per plan and score type serves every fused transform (PAGED
-    // for decode/verify/draft-extend and extend without prefix, from a page_table_1
-    // or from the table of pages; RAGGED for extend with prefix; plain), plus the
-    // unfused page-table transform.
+    // Top-k: per plan and score type, one kernel writing slots (PAGED for
+    // decode/verify/draft-extend and extend without prefix, from a page_table_1 or
+    // from the table of pages) and one writing positions (RAGGED for extend with
+    // prefix; plain), plus the unfused page-table transform.
     families.extend(one_block_topk(cfg, false));
     for &score in topk_scores(cfg) {
-        families.push(KernelFamily::TopkSplit { k: cfg.topk, score });
+        families.extend(TopkEntries::ALL.map(|entries| KernelFamily::TopkSplit { k: cfg.topk, score, entries }));
     }
     families.push(KernelFamily::IndexTransform { k: cfg.topk });
     // Prefill with a prefix reads the cache back as bf16 rows: RAGGED sparse MLA on
@@ -54,9 +55,11 @@ pub fn kernel_set(cfg: &NsaConfig) -> Vec<KernelSpec> {
         sparse_mla.push(KernelFamily::SparseDecodeCombine { heads: cfg.num_q_heads });
     }
     // Few long top-k rows go over thread-block clusters where the target has them
-    // (`ops::topk::choose_plan`); one kernel serves every cluster size.
-    let clustered: Vec<KernelFamily> =
-        topk_scores(cfg).iter().map(|&score| KernelFamily::TopkCluster { k: cfg.topk, score }).collect();
+    // (`ops::topk::choose_plan`); one kernel per kind of entry serves every cluster size.
+    let clustered: Vec<KernelFamily> = topk_scores(cfg)
+        .iter()
+        .flat_map(|&score| TopkEntries::ALL.map(|entries| KernelFamily::TopkCluster { k: cfg.topk, score, entries }))
+        .collect();
     let mut specs: Vec<KernelSpec> = cfg
         .targets
         .iter()
@@ -85,14 +88,11 @@ fn topk_scores(cfg: &NsaConfig) -> &'static [TopkScore] {
     }
 }
 
-/// The one-block top-k kernels of `cfg`: every score type and layout.
+/// The one-block top-k kernels of `cfg`: every score type, layout and kind of entry.
 fn one_block_topk(cfg: &NsaConfig, deterministic: bool) -> impl Iterator<Item = KernelFamily> + '_ {
     topk_scores(cfg).iter().flat_map(move |&score| {
-        [TopkLayout::Latency, TopkLayout::Throughput].map(|layout| KernelFamily::TopK {
-            k: cfg.topk,
-            deterministic,
-            layout,
-            score,
+        [TopkLayout::Latency, TopkLayout::Throughput].into_iter().flat_map(move |layout| {
+            TopkEntries::ALL.map(|entries| KernelFamily::TopK { k: cfg.topk, deterministic, layout, score, entries })
         })
     })
 }

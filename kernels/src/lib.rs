@@ -13,7 +13,7 @@ pub mod target;
 pub use catalog::{deterministic_topk_set, kernel_set};
 pub use config::{excerpt, ConfigError, ConfigIssue, KvCacheFormat, NsaConfig, PRESETS};
 pub use render::{render, RenderError, RenderedKernel, HEADERS};
-pub use spec::{KernelFamily, KernelSpec, TopkLayout, TopkScore, TopkTransform};
+pub use spec::{KernelFamily, KernelSpec, TopkEntries, TopkLayout, TopkScore, TopkTransform};
 pub use target::{OutputKind, Target, Toolchain, Vendor};
 
 /// Constants of the DeepSeek V3.2 attention layout (spec §1–§2).

@@ -23,7 +23,9 @@ pub use crate::families::indexer::{
 };
 pub use crate::families::kv::step_store_blocks;
 pub use crate::families::metadata::{MetadataMode, METADATA_MAX_BATCH};
-pub use crate::families::topk::{TopkLayout, TopkScore, TopkTransform, TOPK_CLUSTER_SIZES, TOPK_PAGE_SIZES};
+pub use crate::families::topk::{
+    TopkEntries, TopkLayout, TopkScore, TopkTransform, TOPK_CLUSTER_SIZES, TOPK_PAGE_SIZES,
+};
 
 /// The kernel families and the knobs that change their generated code.
 ///
@@ -45,15 +47,17 @@ pub enum KernelFamily {
     /// [`IndexerKStore`](Self::IndexerKStore) at the same slots, each over its own
     /// part of the grid.
     StepStore { format: KvCacheFormat },
-    /// Exact top-k of f32 or bf16 scores per row, with the output transform fused in
-    /// (plain, RAGGED or PAGED: the launch parameters name it, so one kernel serves
-    /// every transform).
+    /// Exact top-k of f32 or bf16 scores per row, with the output transform fused in:
+    /// positions (plain or RAGGED) or slots (PAGED), the launch parameters naming the
+    /// rest (offsets, page table, page size).
     TopK {
         k: u32,
         deterministic: bool,
         layout: TopkLayout,
         #[serde(default)]
         score: TopkScore,
+        #[serde(default)]
+        entries: TopkEntries,
     },
     /// Unfused page-table transform of top-k positions (spec §7.7).
     IndexTransform { k: u32 },
@@ -69,6 +73,8 @@ pub enum KernelFamily {
         k: u32,
         #[serde(default)]
         score: TopkScore,
+        #[serde(default)]
+        entries: TopkEntries,
     },
     /// Exact top-k with each row spread over a thread-block cluster (sm_90+ only):
     /// one launch, the row read once, the CTAs' lists joined through distributed
@@ -78,6 +84,8 @@ pub enum KernelFamily {
         k: u32,
         #[serde(default)]
         score: TopkScore,
+        #[serde(default)]
+        entries: TopkEntries,
     },
     /// Sparse MLA decode over the FP8-656 cache (spec §8.3): heads, top-k and page
     /// size are constants (the page size turns the slot split into shifts or a

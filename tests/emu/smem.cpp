@@ -22,7 +22,7 @@ alignas(16) thread_local u32 smem[nsa_emu::kSmemBytes / 4];
 
 // The Rust side and launch.cpp (which declares every kernel with the 32-lane
 // build's types) rely on these layouts in both widths.
-static_assert(sizeof(nsa::topk::Params) == 96 && offsetof(nsa::topk::Params, row_stride) == 56 &&
+static_assert(sizeof(nsa::topk::Params) == 104 && offsetof(nsa::topk::Params, row_stride) == 56 &&
               offsetof(nsa::topk::Params, page_size) == 88);
 static_assert(sizeof(nsa::topk::Split) == 40 && offsetof(nsa::topk::Split, chunk) == 24);
 static_assert(sizeof(nsa::index_transform::Params) == 56 && offsetof(nsa::index_transform::Params, rows) == 40);

@@ -10,6 +10,7 @@
 use half::bf16;
 use nsa_kernels::{KernelFamily, KernelSpec, KvCacheFormat, Target, TopkScore};
 use nsa_runtime::ops::dense_prefill::{DensePrefillParams, DenseShape};
+use nsa_runtime::ops::topk::page_divisor;
 use nsa_runtime::verify::dense::{DenseDevice, DenseHostInputs};
 use nsa_runtime::verify::topk::{HostPageTable, TopkDevice, TopkInputs, TopkKernel, CHECK_SPLIT_CHUNK};
 use nsa_runtime::{Error, Result};
@@ -42,9 +43,10 @@ struct TopkParams {
     table_rows: i32,
     table_width: i32,
     page_size: i32,
-    pad: i32,
+    page_shift: i32,
+    page_magic: u64,
 }
-const _: () = assert!(size_of::<TopkParams>() == 96);
+const _: () = assert!(size_of::<TopkParams>() == 104);
 
 /// `nsa::topk::Split`.
 #[repr(C)]
@@ -287,6 +289,7 @@ impl TopkDevice for Emulator {
         }
         let table = inputs.table.as_ref();
         let bf16_scores = if inputs.score == TopkScore::Bf16 { inputs.scores_bf16() } else { Vec::new() };
+        let (page_magic, page_shift) = page_divisor(table.map_or(0, |t| t.page_size as u32));
         let params = TopkParams {
             scores: match inputs.score {
                 TopkScore::F32 => inputs.scores.as_ptr().cast(),
@@ -305,7 +308,8 @@ impl TopkDevice for Emulator {
             table_rows: table.map_or(0, |t| t.rows as i32),
             table_width: table.map_or(0, |t| t.width as i32),
             page_size: table.map_or(0, |t| t.page_size as i32),
-            pad: 0,
+            page_shift,
+            page_magic,
         };
         match family {
             KernelFamily::TopkSplit { .. } => {

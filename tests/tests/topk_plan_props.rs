@@ -2,7 +2,7 @@
 //! and options, `choose_plan` returns a plan the launchers can run, and spreads a
 //! row over blocks or a cluster only where the tables say it pays.
 
-use nsa_kernels::{kernel_set, KernelSpec, NsaConfig, Target, TopkScore};
+use nsa_kernels::{kernel_set, KernelSpec, NsaConfig, Target, TopkEntries, TopkScore};
 use nsa_runtime::ops::topk::{
     choose_layout, choose_plan, TopkPlan, CLUSTER_MIN_ROW, CLUSTER_SMS_PER_ROW, ONE_BLOCK_FILTER_MAX_ROW,
     SPLIT_MIN_CHUNK, SPLIT_MIN_ROW, SPLIT_SMS_PER_ROW,
@@ -72,7 +72,9 @@ proptest! {
         let set = kernel_set(&cfg);
         let sms = if target == Target::Gfx942 { 304 } else { 132 };
         let (plan, _) = choose_plan(rows, cap, sms, false, workspace, target.has_clusters());
-        let spec = KernelSpec::new(plan.family(cfg.topk, false, TopkScore::F32), target);
-        prop_assert!(set.contains(&spec), "{} ({plan:?}) is not in the kernel set", spec.id());
+        for entries in TopkEntries::ALL {
+            let spec = KernelSpec::new(plan.family(cfg.topk, false, TopkScore::F32, entries), target);
+            prop_assert!(set.contains(&spec), "{} ({plan:?}) is not in the kernel set", spec.id());
+        }
     }
 }

@@ -149,3 +149,22 @@ def test_a_results_folder(tmp_path):
     text = doc.read_text()
     assert "GPU T, 2026-12-07, `bench topk`" in text and "| b128 × s_q1 × h64 | 200.0 | 75% | 160.0 | 0.80× |" in text
     assert report.main(["--results", str(tmp_path), "--check", str(doc)]) == 0
+
+
+def test_peers_on_the_dumped_indexer_rows(tmp_path):
+    rows = dict(NSA["topk"][0], values="indexer", n=65536, rows=64, us=20.0)
+    (tmp_path / "nsa_topk.json").write_text(json.dumps({"device": "GPU T", "date_utc": "2026-12-07", "topk": [rows]}))
+    (tmp_path / "peers_topk_values.json").write_text(json.dumps({"rows": [
+        {"peer": "FlashInfer 0.7.2", "values": "indexer", "rows": 64, "n": 65536, "us": 50.0, "exact": 8192,
+         "checked": 8192},
+        {"peer": "sgl-kernel topk (32KB smem)", "values": "indexer", "rows": 64, "n": 65536, "us": 40.0,
+         "exact": 3000, "checked": 8192},
+        {"peer": "torch.topk", "values": "indexer", "rows": 64, "n": 65536, "us": None, "error": "OOM"},
+    ]}))
+    doc = tmp_path / "BENCH.md"
+    doc.write_text("<!-- report:topk -->\n<!-- /report:topk -->\n")
+    assert report.main(["--results", str(tmp_path), "--write", str(doc)]) == 0
+    text = doc.read_text()
+    assert ("| plain indexer 64×65536 k2048 | 20.00 | 1% | 50.00 | 2.50× | "
+            "40.00 (finds 3000/8192 of the exact set) | 2.00× |") in text
+    assert "torch.topk" not in text

@@ -75,8 +75,7 @@ impl std::str::FromStr for TopkScore {
     }
 }
 
-/// What a top-k call writes for each chosen position p of row b (every top-k kernel
-/// computes each of these; the launch parameters say which).
+/// What a top-k call writes for each chosen position p of row b.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum TopkTransform {
@@ -94,13 +93,59 @@ pub enum TopkTransform {
     Pages(u32),
 }
 
+/// What a top-k kernel writes, fixed when it is compiled (one kernel per plan and
+/// kind of entry; the launch parameters name the rest of the transform): positions
+/// serve plain and RAGGED (offsets given), slots serve PAGED from a page_table_1 or a
+/// table of pages of any size. One kernel for both measured 1-5% slower (H100,
+/// December 2026): the run-time choice stayed in the passes over the row.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TopkEntries {
+    /// Positions in the row, plus a per-row offset when one is given.
+    #[default]
+    Positions,
+    /// KV slots read from a page table.
+    Slots,
+}
+
+impl TopkEntries {
+    pub const ALL: [TopkEntries; 2] = [TopkEntries::Positions, TopkEntries::Slots];
+
+    pub fn tag(self) -> &'static str {
+        match self {
+            TopkEntries::Positions => "positions",
+            TopkEntries::Slots => "slots",
+        }
+    }
+
+    fn device_enum(self) -> &'static str {
+        match self {
+            TopkEntries::Positions => "kPositions",
+            TopkEntries::Slots => "kSlots",
+        }
+    }
+
+    fn description(self) -> &'static str {
+        match self {
+            TopkEntries::Positions => "positions (plain, or RAGGED when offsets are given)",
+            TopkEntries::Slots => "KV slots (PAGED, from a page_table_1 or a table of pages)",
+        }
+    }
+
+    /// Id knobs: none for positions (the ids that came before slots), `slots` otherwise.
+    fn id_knobs(self, knobs: &mut Vec<String>) {
+        if self == TopkEntries::Slots {
+            knobs.push(self.tag().into());
+        }
+    }
+}
+
 /// Page sizes [`TopkTransform::Pages`] takes.
 pub const TOPK_PAGE_SIZES: std::ops::RangeInclusive<u32> = 2..=65536;
 
 impl TopkTransform {
     /// The transforms a top-k call may ask for; [`TopkTransform::Pages`] joins them at
-    /// the config's page size. One kernel computes every one of them: the launch
-    /// parameters name the transform.
+    /// the config's page size.
     pub const ALL: [TopkTransform; 3] = [TopkTransform::Plain, TopkTransform::Paged, TopkTransform::Ragged];
 
     /// PAGED from a table with `page_size` positions per entry: 1 is a page_table_1.
@@ -124,6 +169,15 @@ impl TopkTransform {
             TopkTransform::Paged => Some(1),
             TopkTransform::Pages(p) => Some(p),
             TopkTransform::Plain | TopkTransform::Ragged => None,
+        }
+    }
+
+    /// The kernel that writes this transform's entries.
+    pub fn entries(self) -> TopkEntries {
+        if self.is_paged() {
+            TopkEntries::Slots
+        } else {
+            TopkEntries::Positions
         }
     }
 
@@ -229,10 +283,12 @@ pub fn candidates(spec: &KernelSpec) -> u32 {
 }
 
 /// Context shared by the top-k families (one block per row, split, cluster).
-fn shared_context(spec: &KernelSpec, ctx: &mut Map<String, Value>, k: u32, score: TopkScore) {
+fn shared_context(spec: &KernelSpec, ctx: &mut Map<String, Value>, k: u32, score: TopkScore, entries: TopkEntries) {
     ctx.insert("k".into(), json!(k));
     ctx.insert("score".into(), json!(score.tag()));
     ctx.insert("score_type".into(), json!(score.device_type()));
+    ctx.insert("entries_enum".into(), json!(entries.device_enum()));
+    ctx.insert("entries_desc".into(), json!(entries.description()));
     ctx.insert("smem_words".into(), json!(smem_words(spec)));
     ctx.insert("min_blocks_per_sm".into(), json!(min_blocks_per_sm(spec)));
 }
@@ -249,9 +305,10 @@ impl FamilyRules for Topk {
 
     fn knobs(&self, spec: &KernelSpec) -> Vec<String> {
         match spec.family {
-            KernelFamily::TopK { k, deterministic, layout, score } => {
+            KernelFamily::TopK { k, deterministic, layout, score, entries } => {
                 let mut v = vec![format!("k{k}")];
                 score.id_knobs(&mut v);
+                entries.id_knobs(&mut v);
                 if deterministic {
                     v.push("det".into());
                 }
@@ -260,9 +317,10 @@ impl FamilyRules for Topk {
                 }
                 v
             }
-            KernelFamily::TopkSplit { k, score } | KernelFamily::TopkCluster { k, score } => {
+            KernelFamily::TopkSplit { k, score, entries } | KernelFamily::TopkCluster { k, score, entries } => {
                 let mut v = vec![format!("k{k}")];
                 score.id_knobs(&mut v);
+                entries.id_knobs(&mut v);
                 v
             }
             KernelFamily::IndexTransform { k } => vec![format!("k{k}")],
@@ -309,18 +367,18 @@ impl FamilyRules for Topk {
 
     fn context(&self, spec: &KernelSpec, ctx: &mut Map<String, Value>) {
         match spec.family {
-            KernelFamily::TopK { k, deterministic, score, .. } => {
-                shared_context(spec, ctx, k, score);
+            KernelFamily::TopK { k, deterministic, score, entries, .. } => {
+                shared_context(spec, ctx, k, score, entries);
                 ctx.insert("deterministic".into(), json!(deterministic));
                 ctx.insert("candidate_capacity".into(), json!(candidates(spec)));
                 ctx.insert("row_cache_capacity".into(), json!(row_cache(spec)));
             }
-            KernelFamily::TopkSplit { k, score } => {
-                shared_context(spec, ctx, k, score);
+            KernelFamily::TopkSplit { k, score, entries } => {
+                shared_context(spec, ctx, k, score, entries);
                 ctx.insert("list_capacity".into(), json!(split_list(spec.target)));
             }
-            KernelFamily::TopkCluster { k, score } => {
-                shared_context(spec, ctx, k, score);
+            KernelFamily::TopkCluster { k, score, entries } => {
+                shared_context(spec, ctx, k, score, entries);
                 ctx.insert("candidate_capacity".into(), json!(candidates(spec)));
                 ctx.insert("row_cache_capacity".into(), json!(row_cache(spec)));
             }
@@ -333,31 +391,38 @@ impl FamilyRules for Topk {
 
     /// k 512/1024/2048, plus the deterministic and throughput k 2048 ones (f32 and
     /// bf16 scores); the index transform at 2048; the split path for both scores;
-    /// on NVIDIA, the cluster kernel for every k (bf16 at k 2048). Each serves every
-    /// transform.
+    /// on NVIDIA, the cluster kernel for every k (bf16 at k 2048). Each writes
+    /// positions; the f32 k 2048 kernel of every plan also writes slots.
     fn representatives(&self, target: Target) -> Vec<KernelFamily> {
         let mut families = Vec::new();
+        let positions = TopkEntries::Positions;
         for k in [512, 1024, 2048] {
-            let topk = |deterministic, layout, score| KernelFamily::TopK { k, deterministic, layout, score };
-            families.push(topk(false, TopkLayout::Latency, TopkScore::F32));
+            let topk =
+                |deterministic, layout, score, entries| KernelFamily::TopK { k, deterministic, layout, score, entries };
+            families.push(topk(false, TopkLayout::Latency, TopkScore::F32, positions));
             if k == 2048 {
                 // bf16 scores: every load path (both layouts, deterministic, split and cluster below).
                 for score in TopkScore::ALL {
-                    families.push(topk(true, TopkLayout::Latency, score));
-                    families.push(topk(false, TopkLayout::Throughput, score));
+                    families.push(topk(true, TopkLayout::Latency, score, positions));
+                    families.push(topk(false, TopkLayout::Throughput, score, positions));
                 }
-                families.push(topk(false, TopkLayout::Latency, TopkScore::Bf16));
+                families.push(topk(false, TopkLayout::Latency, TopkScore::Bf16, positions));
+                for layout in [TopkLayout::Latency, TopkLayout::Throughput] {
+                    families.push(topk(false, layout, TopkScore::F32, TopkEntries::Slots));
+                }
             }
         }
         families.push(KernelFamily::IndexTransform { k: 2048 });
         for score in TopkScore::ALL {
-            families.push(KernelFamily::TopkSplit { k: 2048, score });
+            families.push(KernelFamily::TopkSplit { k: 2048, score, entries: positions });
         }
+        families.push(KernelFamily::TopkSplit { k: 2048, score: TopkScore::F32, entries: TopkEntries::Slots });
         if target.vendor() == Vendor::Nvidia {
             for k in [512, 1024, 2048] {
-                families.push(KernelFamily::TopkCluster { k, score: TopkScore::F32 });
+                families.push(KernelFamily::TopkCluster { k, score: TopkScore::F32, entries: positions });
             }
-            families.push(KernelFamily::TopkCluster { k: 2048, score: TopkScore::Bf16 });
+            families.push(KernelFamily::TopkCluster { k: 2048, score: TopkScore::Bf16, entries: positions });
+            families.push(KernelFamily::TopkCluster { k: 2048, score: TopkScore::F32, entries: TopkEntries::Slots });
         }
         families
     }
@@ -365,19 +430,24 @@ impl FamilyRules for Topk {
     fn parse(&self, name: &str, knobs: &[&str]) -> Option<KernelFamily> {
         // Unknown flags parse to a family whose id differs, rejected by the caller.
         let score_of = |flags: &[&str]| if flags.contains(&"bf16") { TopkScore::Bf16 } else { TopkScore::F32 };
+        let entries_of =
+            |flags: &[&str]| if flags.contains(&"slots") { TopkEntries::Slots } else { TopkEntries::Positions };
         Some(match (name, knobs) {
             ("topk", [k, flags @ ..]) => KernelFamily::TopK {
                 k: number_after(k, 'k')?,
                 deterministic: flags.contains(&"det"),
                 layout: if flags.contains(&"tput") { TopkLayout::Throughput } else { TopkLayout::Latency },
                 score: score_of(flags),
+                entries: entries_of(flags),
             },
             ("index_transform", [k]) => KernelFamily::IndexTransform { k: number_after(k, 'k')? },
-            ("topk_cluster", [k, flags @ ..]) => {
-                KernelFamily::TopkCluster { k: number_after(k, 'k')?, score: score_of(flags) }
-            }
+            ("topk_cluster", [k, flags @ ..]) => KernelFamily::TopkCluster {
+                k: number_after(k, 'k')?,
+                score: score_of(flags),
+                entries: entries_of(flags),
+            },
             ("topk_split", [k, flags @ ..]) => {
-                KernelFamily::TopkSplit { k: number_after(k, 'k')?, score: score_of(flags) }
+                KernelFamily::TopkSplit { k: number_after(k, 'k')?, score: score_of(flags), entries: entries_of(flags) }
             }
             _ => return None,
         })

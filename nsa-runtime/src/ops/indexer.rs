@@ -15,6 +15,9 @@ use nsa_kernels::KernelFamily;
 const BLOCK_KEYS: usize = 64;
 /// At most this many 64-key blocks per CTA (longer rows get more CTAs).
 const MAX_BLOCKS_PER_CTA: usize = 16;
+/// The same for the warp-group kernel's RAGGED units (extend): a CTA loads its four
+/// Q tiles and fills its copy ring once for this many blocks.
+const MAX_BLOCKS_PER_CTA_RAGGED_WG: usize = 64;
 
 /// The query side shared by both layouts: `rows` query rows of `heads` × 128 e4m3
 /// bytes and their folded head weights (`weights = gate · 64^-0.5 · q_scale ·
@@ -118,11 +121,12 @@ unsafe impl DeviceRepr for IndexerLogitsParams {}
 
 /// 64-key blocks per CTA and CTAs per row (or per request, for the warp-group
 /// kernel) for `rows` units of at most `max_keys` keys: a pure function of the shape
-/// (CUDA-graph capturable), aiming at ≥ 8 CTAs per SM.
-pub fn split_rows(rows: usize, max_keys: usize, sm_count: u32) -> (usize, usize) {
+/// (CUDA-graph capturable), aiming at ≥ 8 CTAs per SM with at most `max_per_cta`
+/// blocks each.
+pub fn split_rows(rows: usize, max_keys: usize, sm_count: u32, max_per_cta: usize) -> (usize, usize) {
     let blocks = max_keys.div_ceil(BLOCK_KEYS).max(1);
     let want_ctas = 8 * sm_count.max(1) as usize;
-    let per_cta = (rows * blocks).div_ceil(want_ctas).clamp(1, MAX_BLOCKS_PER_CTA);
+    let per_cta = (rows * blocks).div_ceil(want_ctas).clamp(1, max_per_cta.max(1));
     (per_cta, blocks.div_ceil(per_cta))
 }
 
@@ -230,7 +234,7 @@ pub fn paged_logits(
     check_aligned("cache", &keys.cache, 16, stream)?;
     check_count_fits_i32("table_width", keys.table_width)?;
     let units = units(query.heads, IndexerLayout::Paged, rows, keys.next_n, rt);
-    let (per_cta, chunks) = split_rows(units, max_keys, rt.gpu().caps().sm_count);
+    let (per_cta, chunks) = split_rows(units, max_keys, rt.gpu().caps().sm_count, MAX_BLOCKS_PER_CTA);
     let (q, _g1) = query.q.device_ptr(stream);
     let (weights, _g2) = query.weights.device_ptr(stream);
     let (cache, _g3) = keys.cache.device_ptr(stream);
@@ -277,7 +281,9 @@ pub fn ragged_logits(
     check_aligned("q", &query.q, 16, stream)?;
     check_aligned("keys", &keys.keys, 16, stream)?;
     let units = units(query.heads, IndexerLayout::Ragged, rows, 1, rt);
-    let (per_cta, chunks) = split_rows(units, num_keys, rt.gpu().caps().sm_count);
+    let cap =
+        if indexer_wg_kernel(query.heads, rt.target()) { MAX_BLOCKS_PER_CTA_RAGGED_WG } else { MAX_BLOCKS_PER_CTA };
+    let (per_cta, chunks) = split_rows(units, num_keys, rt.gpu().caps().sm_count, cap);
     let (q, _g1) = query.q.device_ptr(stream);
     let (weights, _g2) = query.weights.device_ptr(stream);
     let (k, _g3) = keys.keys.device_ptr(stream);
@@ -312,11 +318,12 @@ mod tests {
     #[test]
     fn rows_split_into_enough_ctas() {
         // (rows, keys, SMs) → (blocks per CTA, CTAs per row)
-        assert_eq!(split_rows(1, 131_072, 132), (2, 1024));
-        assert_eq!(split_rows(128, 65_536, 132), (16, 64));
-        assert_eq!(split_rows(4096, 32_768, 132), (16, 32));
-        assert_eq!(split_rows(3, 10, 132), (1, 1));
-        assert_eq!(split_rows(0, 0, 132), (1, 1));
+        assert_eq!(split_rows(1, 131_072, 132, 16), (2, 1024));
+        assert_eq!(split_rows(128, 65_536, 132, 16), (16, 64));
+        assert_eq!(split_rows(4096, 32_768, 132, 16), (16, 32));
+        assert_eq!(split_rows(1024, 32_768, 132, 64), (64, 8));
+        assert_eq!(split_rows(3, 10, 132, 64), (1, 1));
+        assert_eq!(split_rows(0, 0, 132, 16), (1, 1));
     }
 
     #[test]

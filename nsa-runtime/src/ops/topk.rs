@@ -9,7 +9,7 @@ use cudarc::driver::{CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr}
 use half::bf16;
 use nsa_kernels::spec::TOPK_CLUSTER_SIZES;
 use nsa_kernels::spec::TOPK_PAGE_SIZES;
-use nsa_kernels::{KernelFamily, KernelSpec, Target, TopkLayout, TopkScore};
+use nsa_kernels::{KernelFamily, KernelSpec, Target, TopkEntries, TopkLayout, TopkScore};
 
 /// A score type top-k reads: f32 or bf16 (exact either way: a bf16's f32 value is
 /// exact, so the choice is that of the widened scores).
@@ -69,6 +69,16 @@ pub enum TopkOutput<'a> {
     Ragged { offsets: &'a CudaView<'a, i32> },
 }
 
+impl TopkOutput<'_> {
+    /// The kernel that writes this output's entries.
+    pub fn entries(&self) -> TopkEntries {
+        match self {
+            TopkOutput::Plain | TopkOutput::Ragged { .. } => TopkEntries::Positions,
+            TopkOutput::Paged(_) => TopkEntries::Slots,
+        }
+    }
+}
+
 /// Mirrors `nsa::topk::Params` (topk.cuh) field for field.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -87,10 +97,24 @@ struct TopkParams {
     table_rows: i32,
     table_width: i32,
     page_size: i32,
-    _pad: i32,
+    page_shift: i32,
+    page_magic: u64,
 }
 // SAFETY: plain old data with the C layout the kernel declares.
 unsafe impl DeviceRepr for TopkParams {}
+
+/// `(magic, shift)` with `pos / page_size == (pos * magic) >> shift` for every
+/// `pos < 2^31` (page_size >= 2: magic = ⌊2^(31 + l) / page_size⌋ + 1, l = ⌈log2
+/// page_size⌉; magic ≤ 2^32, so the product fits 64 bits): the kernels' division by
+/// a table of pages' run-time page size. `(0, 0)` for 0 and 1 (nothing to divide).
+pub fn page_divisor(page_size: u32) -> (u64, i32) {
+    if page_size < 2 {
+        return (0, 0);
+    }
+    let l = u32::BITS - (page_size - 1).leading_zeros();
+    let shift = 31 + l;
+    ((1u64 << shift) / page_size as u64 + 1, shift as i32)
+}
 
 /// Mirrors `nsa::topk::Split` (topk.cuh).
 #[repr(C)]
@@ -149,7 +173,7 @@ impl TopkWorkspace {
 
 /// Keys per row of the split path's list on `target`.
 fn split_list(target: Target) -> usize {
-    let split = KernelFamily::TopkSplit { k: 1, score: TopkScore::F32 };
+    let split = KernelFamily::TopkSplit { k: 1, score: TopkScore::F32, entries: TopkEntries::Positions };
     KernelSpec::new(split, target).topk_split_list() as usize
 }
 
@@ -190,13 +214,13 @@ pub enum TopkPlan {
 }
 
 impl TopkPlan {
-    /// The kernel this plan launches for top-`k` of `score`s (`deterministic`
-    /// applies to one block per row only); it serves every output transform.
-    pub fn family(self, k: u32, deterministic: bool, score: TopkScore) -> KernelFamily {
+    /// The kernel this plan launches for top-`k` of `score`s writing `entries`
+    /// (`deterministic` applies to one block per row only).
+    pub fn family(self, k: u32, deterministic: bool, score: TopkScore, entries: TopkEntries) -> KernelFamily {
         match self {
-            TopkPlan::Single(layout) => KernelFamily::TopK { k, deterministic, layout, score },
-            TopkPlan::Split { .. } => KernelFamily::TopkSplit { k, score },
-            TopkPlan::Cluster { .. } => KernelFamily::TopkCluster { k, score },
+            TopkPlan::Single(layout) => KernelFamily::TopK { k, deterministic, layout, score, entries },
+            TopkPlan::Split { .. } => KernelFamily::TopkSplit { k, score, entries },
+            TopkPlan::Cluster { .. } => KernelFamily::TopkCluster { k, score, entries },
         }
     }
 }
@@ -442,7 +466,7 @@ pub fn topk_with_layout<T: TopkScoreElem>(
     output: &TopkOutput<'_>,
     out: &mut CudaViewMut<'_, i32>,
 ) -> Result<()> {
-    let family = TopkPlan::Single(layout).family(k, deterministic, T::SCORE);
+    let family = TopkPlan::Single(layout).family(k, deterministic, T::SCORE, output.entries());
     launch_one(rt, k, family, 1, scores, output, out)
 }
 
@@ -492,7 +516,7 @@ pub fn topk_cluster<T: TopkScoreElem>(
             "an NVIDIA target (thread-block clusters need sm_90+); use topk_with_layout",
         ));
     }
-    let family = TopkPlan::Cluster { size: cluster }.family(k, false, T::SCORE);
+    let family = TopkPlan::Cluster { size: cluster }.family(k, false, T::SCORE, output.entries());
     launch_one(rt, k, family, cluster, scores, output, out)
 }
 
@@ -526,7 +550,7 @@ pub fn topk_split<T: TopkScoreElem>(
     if rows == 0 {
         return Ok(());
     }
-    let kernel = rt.kernel(TopkPlan::Split { chunk, chunks }.family(k, false, T::SCORE))?;
+    let kernel = rt.kernel(TopkPlan::Split { chunk, chunks }.family(k, false, T::SCORE, output.entries()))?;
     let stream = rt.gpu().stream();
     let (st, _s1) = workspace.state.device_ptr_mut(stream);
     let (ci, _s2) = workspace.cand_idx.device_ptr_mut(stream);
@@ -604,6 +628,7 @@ fn with_params<T: TopkScoreElem>(
         TopkOutput::Paged(t) => (t.stride as i64, t.rows as i32, t.width as i32, t.page_size as i32),
         _ => (0, 0, 0, 0),
     };
+    let (page_magic, page_shift) = page_divisor(page_size as u32);
     let stream = rt.gpu().stream();
     let (scores_ptr, _s1) = scores.scores.device_ptr(stream);
     let (lengths_ptr, _s2) = scores.lengths.device_ptr(stream);
@@ -642,7 +667,8 @@ fn with_params<T: TopkScoreElem>(
         table_rows,
         table_width,
         page_size,
-        _pad: 0,
+        page_shift,
+        page_magic,
     };
     launch(params)
 }
@@ -720,14 +746,31 @@ mod tests {
     }
 
     #[test]
+    fn page_divisor_divides_every_position() {
+        use rand::Rng;
+        let mut rng = crate::testdata::rng(7);
+        let random: Vec<u32> = (0..500).map(|_| rng.random_range(2..=65_536)).collect();
+        let sizes = (2..=4096u32).chain([4097, 32_767, 32_768, 65_535, 65_536]).chain(random);
+        for p in sizes {
+            let (magic, shift) = page_divisor(p);
+            let edges = [0u32, 1, p - 1, p, p + 1, i32::MAX as u32, i32::MAX as u32 - p, i32::MAX as u32 - 1];
+            for pos in edges.into_iter().chain((0..64).map(|_| rng.random_range(0..=i32::MAX as u32))) {
+                assert_eq!(((pos as u64 * magic) >> shift) as u32, pos / p, "page size {p}, position {pos}");
+            }
+        }
+        assert_eq!(page_divisor(1), (0, 0));
+    }
+
+    #[test]
     fn each_plan_launches_its_own_family_with_every_knob() {
-        let (k, s) = (1024, TopkScore::Bf16);
-        let single = TopkPlan::Single(TopkLayout::Throughput).family(k, true, s);
-        assert_eq!(single, KernelFamily::TopK { k, deterministic: true, layout: TopkLayout::Throughput, score: s });
-        let split = TopkPlan::Split { chunk: 4096, chunks: 3 }.family(k, false, s);
-        assert_eq!(split, KernelFamily::TopkSplit { k, score: s });
-        let cluster = TopkPlan::Cluster { size: 4 }.family(k, false, TopkScore::F32);
-        assert_eq!(cluster, KernelFamily::TopkCluster { k, score: TopkScore::F32 });
+        let (k, s, e) = (1024, TopkScore::Bf16, TopkEntries::Slots);
+        let single = TopkPlan::Single(TopkLayout::Throughput).family(k, true, s, e);
+        let layout = TopkLayout::Throughput;
+        assert_eq!(single, KernelFamily::TopK { k, deterministic: true, layout, score: s, entries: e });
+        let split = TopkPlan::Split { chunk: 4096, chunks: 3 }.family(k, false, s, TopkEntries::Positions);
+        assert_eq!(split, KernelFamily::TopkSplit { k, score: s, entries: TopkEntries::Positions });
+        let cluster = TopkPlan::Cluster { size: 4 }.family(k, false, TopkScore::F32, e);
+        assert_eq!(cluster, KernelFamily::TopkCluster { k, score: TopkScore::F32, entries: e });
     }
 
     #[test]

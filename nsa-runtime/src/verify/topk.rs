@@ -10,7 +10,7 @@ use crate::testdata::{self, ScorePattern};
 use crate::Result;
 use cudarc::driver::{CudaView, CudaViewMut};
 use half::bf16;
-use nsa_kernels::{KernelFamily, KernelSpec, Target, TopkLayout, TopkScore, TopkTransform};
+use nsa_kernels::{KernelFamily, KernelSpec, Target, TopkEntries, TopkLayout, TopkScore, TopkTransform};
 use rand::Rng;
 use std::collections::HashMap;
 
@@ -223,16 +223,19 @@ impl TopkInputs {
 
 /// The kernel `case` runs on a device with `sm_count` SMs.
 pub fn case_kernel(case: &TopkCase, row_capacity: usize, sm_count: u32) -> TopkKernel {
-    path_kernel(case.k, case.deterministic, case.path, case.score, case.lengths.len(), row_capacity, sm_count)
+    let entries = case.transform.entries();
+    path_kernel(case.k, case.deterministic, case.path, case.score, entries, case.lengths.len(), row_capacity, sm_count)
 }
 
-/// The kernel of `path` for `rows` rows (one-block rows take the layout
-/// `choose_layout` picks unless the path names one). It serves every transform.
+/// The kernel of `path` writing `entries` for `rows` rows (one-block rows take the
+/// layout `choose_layout` picks unless the path names one).
+#[allow(clippy::too_many_arguments)]
 fn path_kernel(
     k: u32,
     deterministic: bool,
     path: TopkPath,
     score: TopkScore,
+    entries: TopkEntries,
     rows: usize,
     row_capacity: usize,
     sm_count: u32,
@@ -240,10 +243,10 @@ fn path_kernel(
     let (family, cluster) = match path {
         TopkPath::Single(layout) => {
             let layout = layout.unwrap_or_else(|| topk::choose_layout(rows, row_capacity, sm_count).0);
-            (KernelFamily::TopK { k, deterministic, layout, score }, 1)
+            (KernelFamily::TopK { k, deterministic, layout, score, entries }, 1)
         }
-        TopkPath::Split => (KernelFamily::TopkSplit { k, score }, 1),
-        TopkPath::Cluster(size) => (KernelFamily::TopkCluster { k, score }, size),
+        TopkPath::Split => (KernelFamily::TopkSplit { k, score, entries }, 1),
+        TopkPath::Cluster(size) => (KernelFamily::TopkCluster { k, score, entries }, size),
     };
     TopkKernel { family, cluster }
 }
@@ -533,7 +536,7 @@ fn launch_kernel<T: TopkScoreElem>(
         other => unreachable!("{other:?} is not a top-k family"),
     };
     // The launcher picks the kernel from the inputs: it must be the one asked for.
-    let launched = plan.family(k, deterministic, T::SCORE);
+    let launched = plan.family(k, deterministic, T::SCORE, output.entries());
     if launched != family {
         let expected = format!("{launched:?}, the kernel of these scores and this output");
         return Err(crate::error::invalid("family", format!("{family:?}"), expected));
@@ -626,7 +629,8 @@ pub fn transform_then_topk(rt: &Runtime, k: u32, rows: usize, n: usize, path: To
     let (table_view, cu_view) = (d_table.slice(0..), d_cu.slice(0..2));
     let pt =
         PageTable { table: &table_view, rows: 1, stride: width, width, page_size: 1, cu_seqlens_q: Some(&cu_view) };
-    let kernel = path_kernel(k, false, path, TopkScore::F32, rows, n, rt.gpu().caps().sm_count);
+    let sm_count = rt.gpu().caps().sm_count;
+    let kernel = path_kernel(k, false, path, TopkScore::F32, TopkEntries::Positions, rows, n, sm_count);
     // Made before the transform: its zeroing copy must not sit between the launches.
     let mut ws = if path == TopkPath::Split { Some(topk::TopkWorkspace::new(rt, rows)?) } else { None };
     let mut mismatches = 0;

@@ -29,14 +29,15 @@
 namespace nsa {
 namespace topk {
 
-// The output transform. kAny, every kernel's: the one the launch parameters name,
-// PAGED when a page table is given (page_size positions an entry; 1: a
-// page_table_1; a page entry < 0 gives the slot -1, spec §2.2), otherwise the
-// position plus offsets[row] when offsets is given (RAGGED), otherwise the position
-// (plain). kRaw, internal: the position as it is, for the passes over the row,
-// whose entries are translated after they are placed (or before, for lists whose
-// page_table_1 slots were looked up where they were built).
-enum Transform { kRaw = 0, kAny = 1 };
+// The output transform, fixed per kernel as the entries it writes. kPositions: the
+// position, plus offsets[row] when offsets is given (RAGGED; plain otherwise).
+// kSlots: PAGED, the KV slot from the page table (page_size positions an entry; 1: a
+// page_table_1; a page entry < 0 gives the slot -1, spec §2.2). kRaw, internal: the
+// position as it is, for the passes over the row, whose entries are translated
+// after they are placed (or before, for lists whose page_table_1 slots were looked
+// up where they were built). Two kernels per plan instead of one keep the run-time
+// choice out of the passes: the one-for-all kernel measured 1-5% slower.
+enum Transform { kRaw = 0, kPositions = 1, kSlots = 2 };
 
 // Kernel parameters; the host mirrors this layout field for field.
 struct Params {
@@ -54,14 +55,20 @@ struct Params {
   i32 table_rows;
   i32 table_width;          // PAGED: lengths[r] must be <= this * page_size
   i32 page_size;            // PAGED: positions per page-table entry (1: a page_table_1)
-  i32 pad;
+  i32 page_shift;           // tables of pages: pos / page_size = (pos * page_magic) >> page_shift
+  u64 page_magic;           //   for every pos < 2^31 (the host's page_divisor)
 };
 
-// What the parameters ask of kAny: PAGED at all; PAGED from a page_table_1 (a slot
-// lookup per listed key); any entry other than the position itself.
-NSA_DEVICE bool is_paged(const Params& p) { return p.page_table != nullptr; }
-NSA_DEVICE bool reads_table_1(const Params& p) { return p.page_table != nullptr && p.page_size == 1; }
-NSA_DEVICE bool translates(const Params& p) { return p.page_table != nullptr || p.offsets != nullptr; }
+// What a kernel's transform and its parameters ask: PAGED from a page_table_1 (a
+// slot lookup per listed key); any entry other than the position itself.
+template <int kTransform>
+NSA_DEVICE bool reads_table_1(const Params& p) {
+  return kTransform == kSlots && p.page_size == 1;
+}
+template <int kTransform>
+NSA_DEVICE bool translates(const Params& p) {
+  return kTransform == kSlots || (kTransform == kPositions && p.offsets != nullptr);
+}
 
 // Workspace of the split path (few long rows, each over many blocks): zero on
 // entry, and left zero again by each row's last block.
@@ -242,8 +249,9 @@ NSA_DEVICE void for_each_key_as(bool cached, const u32* cache, const S* src, i32
 }
 
 // Which page-table row serves score row `row` (-1: none).
+template <int kTransform>
 NSA_DEVICE i32 table_row_of(const Params& p, i32 row) {
-  return is_paged(p) ? segment_of(p.cu_seqlens_q, p.table_rows, row) : 0;
+  return kTransform == kSlots ? segment_of(p.cu_seqlens_q, p.table_rows, row) : 0;
 }
 
 // Page-table row `trow` as words, for the asynchronous slot lookups.
@@ -253,9 +261,11 @@ NSA_DEVICE const u32* table_row_slots(const Params& p, i32 trow) {
 
 // Slot of position `pos` in a table of pages of P >= 2 positions (spec §2.2):
 // table[pos / P] · P + pos % P, or -1 where the page entry is < 0 (no page), as its
-// page_table_1 entries would be.
-NSA_DEVICE i32 page_slot(const i32* table_row, u32 P, i32 pos) {
-  const u32 page = (u32)pos / P;
+// page_table_1 entries would be. The division is a multiply and a shift by the
+// host's constants: a few instructions at every inlined call instead of a loop.
+NSA_DEVICE i32 page_slot(const Params& p, const i32* table_row, i32 pos) {
+  const u32 P = (u32)p.page_size;
+  const u32 page = (u32)(((u64)(u32)pos * p.page_magic) >> p.page_shift);
   const i32 entry = table_row[page];
   return entry < 0 ? -1 : (i32)((u32)entry * P + ((u32)pos - page * P));
 }
@@ -264,9 +274,9 @@ NSA_DEVICE i32 page_slot(const i32* table_row, u32 P, i32 pos) {
 template <int kTransform>
 NSA_DEVICE i32 emit(const Params& p, i32 row, i32 trow, i32 pos) {
   if (kTransform == kRaw) return pos;
-  if (p.page_table == nullptr) return p.offsets != nullptr ? pos + p.offsets[row] : pos;
+  if (kTransform == kPositions) return p.offsets != nullptr ? pos + p.offsets[row] : pos;
   const i32* table_row = p.page_table + (i64)trow * p.table_stride;
-  return p.page_size == 1 ? table_row[pos] : page_slot(table_row, (u32)p.page_size, pos);
+  return p.page_size == 1 ? table_row[pos] : page_slot(p, table_row, pos);
 }
 
 // Finds the bin holding the r-th largest key (counting down from the top bin) in
@@ -411,7 +421,12 @@ NSA_DEVICE void overflow_select(const Params& p, i32 row, i32 trow, i32* out, bo
 // positions (n > K); each thread translates its own.
 template <int K, int kTransform, int kBlockThreads>
 NSA_DEVICE void translate_placed(const Params& p, i32 row, i32 trow, i32* out) {
-  for (int k = thread_x(); k < K; k += kBlockThreads) out[k] = emit<kTransform>(p, row, trow, out[k]);
+  if constexpr (kTransform == kPositions) {  // RAGGED: one offset for the row
+    const i32 add = p.offsets != nullptr ? p.offsets[row] : 0;
+    for (int k = thread_x(); k < K; k += kBlockThreads) out[k] += add;
+  } else {
+    for (int k = thread_x(); k < K; k += kBlockThreads) out[k] = emit<kTransform>(p, row, trow, out[k]);
+  }
 }
 
 // overflow_select compiled apart, for the histogram path that is itself compiled
@@ -424,7 +439,7 @@ NSA_NOINLINE void overflow_select_apart(const Params& p, i32 row, i32 trow, i32*
                                         u32* cand_key) {
   overflow_select<K, kRaw, kBlockThreads, kCandCap>(p, row, trow, out, cached, cache, src, n, bin0, r, hist, sm,
                                                      cand_idx, cand_key);
-  if (translates(p)) translate_placed<K, kTransform, kBlockThreads>(p, row, trow, out);
+  if (translates<kTransform>(p)) translate_placed<K, kTransform, kBlockThreads>(p, row, trow, out);
 }
 
 // Shared-memory words the kernel needs beyond the candidate list and row cache.
@@ -767,10 +782,21 @@ NSA_DEVICE void place_listed(const Params& p, i32 row, i32 trow, i32* out, const
   sync_block();
   constexpr u32 kPer = ((u32)K + kBlockThreads - 1) / kBlockThreads;
   i32 v[kPer];
+  // Positions plus one offset for the row (plain, RAGGED, or slots looked up
+  // already), or table lookups; chosen once, outside the unrolled loads.
+  if (kTransform != kSlots || translated) {
+    const i32 add = kTransform == kPositions && p.offsets != nullptr ? p.offsets[row] : 0;
 #pragma unroll
-  for (u32 j = 0; j < kPer; ++j) {
-    const u32 k = tid + j * kBlockThreads;
-    v[j] = k >= (u32)K ? 0 : translated ? (i32)stage[k] : emit<kTransform>(p, row, trow, (i32)stage[k]);
+    for (u32 j = 0; j < kPer; ++j) {
+      const u32 k = tid + j * kBlockThreads;
+      v[j] = k >= (u32)K ? 0 : (i32)stage[k] + add;
+    }
+  } else {
+#pragma unroll
+    for (u32 j = 0; j < kPer; ++j) {
+      const u32 k = tid + j * kBlockThreads;
+      v[j] = k >= (u32)K ? 0 : emit<kTransform>(p, row, trow, (i32)stage[k]);
+    }
   }
 #pragma unroll
   for (u32 j = 0; j < kPer; ++j) {
@@ -812,7 +838,7 @@ template <int K, int kTransform, int kBlockThreads>
 NSA_DEVICE void cut_and_place(const Params& p, i32 row, i32 trow, i32* out, u32* fidx, const u32* fkey, u32 kept,
                               u32* hist, u32* sm, bool listed) {
   static_assert(K <= kBins, "the chosen positions fit the histogram words");
-  const bool table_1 = reads_table_1(p);
+  const bool table_1 = reads_table_1<kTransform>(p);
   i64 thr;
   u32 ties;
   auto after_round0 = [&](int shift, u64 bin) {
@@ -848,13 +874,14 @@ struct RowExtent {
   i32 trow;
   bool ok;
 };
+template <int kTransform>
 NSA_DEVICE RowExtent row_extent(const Params& p, i32 row) {
   RowExtent e;
   e.s0 = p.row_starts != nullptr ? p.row_starts[row] : 0;
   e.n = p.lengths[row] > 0 ? p.lengths[row] : 0;
-  e.trow = table_row_of(p, row);
+  e.trow = table_row_of<kTransform>(p, row);
   e.ok = e.n == 0 || (e.s0 >= 0 && (i64)e.s0 + e.n <= p.row_capacity && e.trow >= 0 &&
-                      (!is_paged(p) || (i64)e.n <= (i64)p.table_width * p.page_size));
+                      (kTransform != kSlots || (i64)e.n <= (i64)p.table_width * p.page_size));
   return e;
 }
 
@@ -879,13 +906,13 @@ NSA_DEVICE void select_row(const Params& p, u32* status, i32 row) {
 
   const u32 tid = thread_x();
   i32* out = p.out + (i64)row * K;
-  const RowExtent ext = row_extent(p, row);
+  const RowExtent ext = row_extent<kTransform>(p, row);
   const i32 s0 = ext.s0, n = ext.n, trow = ext.trow;
   // The passes over the row write positions (kRaw); translate_after turns the K
   // placed ones into the transform's entries (after a barrier), keeping the table
   // reads and the run-time choice out of the passes.
   auto translate_after = [&] {
-    if (translates(p)) {
+    if (translates<kTransform>(p)) {
       sync_block();
       translate_placed<K, kTransform, kBlockThreads>(p, row, trow, out);
     }
@@ -947,7 +974,7 @@ NSA_DEVICE void select_row(const Params& p, u32* status, i32 row) {
     if constexpr (kFilter) {
       overflow_select<K, kRaw, kBlockThreads, kCandCap>(p, row, trow, out, cached, cache, src, n, bin0, r, hist, sm,
                                                          cand_idx, cand_key);
-      if (translates(p)) translate_placed<K, kTransform, kBlockThreads>(p, row, trow, out);
+      if (translates<kTransform>(p)) translate_placed<K, kTransform, kBlockThreads>(p, row, trow, out);
     } else {
       overflow_select_apart<K, kTransform, kBlockThreads, kCandCap>(p, row, trow, out, cached, cache, src, n, bin0, r,
                                                                    hist, sm, cand_idx, cand_key);
@@ -1075,7 +1102,7 @@ NSA_DEVICE void split_select(const Params& p, const Split& split, u32* status) {
   const u32 tid = thread_x();
   const i32 row = (i32)(block_x() / (u32)split.chunks);
   const i32 chunk = (i32)(block_x() % (u32)split.chunks);
-  const RowExtent ext = row_extent(p, row);
+  const RowExtent ext = row_extent<kTransform>(p, row);
   const i32 n = ext.n;
   // The histogram path in the same shared memory: up to 4096 candidates, the rest
   // as row cache.
@@ -1100,7 +1127,7 @@ NSA_DEVICE void split_select(const Params& p, const Split& split, u32* status) {
   u32* gidx = split.cand_idx + (i64)row * split.cand_cap;
   u32* gkey = split.cand_key + (i64)row * split.cand_cap;
   const u32 mine = sm[kCands];
-  const bool table_1 = reads_table_1(p);
+  const bool table_1 = reads_table_1<kTransform>(p);
   if (table_1) translate_listed<kBlockThreads>(p, ext.trow, fidx, mine < (u32)kCap ? mine : (u32)kCap);
   if (tid == 0) sm[kBase] = atomic_add_ret(&state[kStateCands], mine);
   sync_block();

@@ -111,7 +111,7 @@ NSA_DEVICE void cluster_select(const Params& p, u32* status) {
   const u32 ctas = cluster::size();
   const u32 tid = thread_x();
   const i32 row = (i32)(block_x() / ctas);
-  const RowExtent ext = row_extent(p, row);
+  const RowExtent ext = row_extent<kTransform>(p, row);
   const i32 n = ext.n;
   auto whole_row = [&] {
     if (rank == 0) histogram_row<S, K, kTransform, kBlockThreads, kCandCap, kCacheCap, kSmemWords>(p, status, row);
@@ -145,7 +145,7 @@ NSA_DEVICE void cluster_select(const Params& p, u32* status) {
   // the lookups spread over the cluster and overlap the join instead of CTA 0 issuing
   // about K of them during its cut; the joined list then carries slots, and CTA 0
   // places them as is. Over a table of pages CTA 0 looks up winners at placement.
-  const bool table_1 = reads_table_1(p);
+  const bool table_1 = reads_table_1<kTransform>(p);
   if (table_1) translate_listed<kBlockThreads>(p, ext.trow, fidx, mine < (u32)kCap ? mine : (u32)kCap);
   cluster::sync();  // every CTA's list and count are final
 

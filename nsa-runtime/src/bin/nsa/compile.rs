@@ -227,26 +227,27 @@ pub fn verify(args: VerifyArgs) -> Result<()> {
                 KernelFamily::IndexerKStore => verify::store_indexer(&rt, n, seed)?,
                 KernelFamily::StepStore { format } => verify::store_step(&rt, format, n, seed)?,
                 KernelFamily::IndexerKGather => verify::gather_indexer(&rt, n, seed, n > 1)?,
-                // Each top-k kernel is checked on every transform it serves (plain,
-                // RAGGED, PAGED from a page_table_1 and from the config's table of
-                // pages) and, a cluster kernel, every size the launcher may pick.
-                KernelFamily::TopK { k, deterministic, layout, score } => {
-                    for call in topk_transforms.iter().copied() {
+                // Each top-k kernel is checked on every transform it serves (positions:
+                // plain and RAGGED; slots: PAGED from a page_table_1 and from the
+                // config's table of pages) and, a cluster kernel, every size the
+                // launcher may pick.
+                KernelFamily::TopK { k, deterministic, layout, score, entries } => {
+                    for call in topk_transforms.iter().copied().filter(|t| t.entries() == entries) {
                         let path = TopkPath::Single(Some(layout));
                         let case = TopkCase { deterministic, path, ..topk_case(k, call, score, i, n, seed) };
                         checks.push(vtopk::run(&rt, &case)?);
                     }
                     continue;
                 }
-                KernelFamily::TopkSplit { k, score } => {
-                    for call in topk_transforms.iter().copied() {
+                KernelFamily::TopkSplit { k, score, entries } => {
+                    for call in topk_transforms.iter().copied().filter(|t| t.entries() == entries) {
                         let case = TopkCase { path: TopkPath::Split, ..topk_case(k, call, score, i, n, seed) };
                         checks.push(vtopk::run(&rt, &case)?);
                     }
                     continue;
                 }
-                KernelFamily::TopkCluster { k, score } => {
-                    for call in topk_transforms.iter().copied() {
+                KernelFamily::TopkCluster { k, score, entries } => {
+                    for call in topk_transforms.iter().copied().filter(|t| t.entries() == entries) {
                         for cluster in TOPK_CLUSTER_SIZES {
                             let path = TopkPath::Cluster(cluster);
                             let case = TopkCase { path, ..topk_case(k, call, score, i, n, seed) };
