@@ -130,8 +130,8 @@ mod tests {
     fn deterministic_set_is_every_layout_and_apart_from_the_kernel_set() {
         let cfg = NsaConfig::preset("deepseek-v3.2").unwrap();
         let det = deterministic_topk_set(&cfg);
-        // Two layouts per target; each kernel serves every transform.
-        assert_eq!(det.len(), cfg.targets.len() * 2);
+        // Two layouts per target, each writing positions and slots.
+        assert_eq!(det.len(), cfg.targets.len() * 4);
         assert!(det.iter().all(|s| matches!(s.family, KernelFamily::TopK { deterministic: true, .. })));
         let set = kernel_set(&cfg);
         assert!(det.iter().all(|s| !set.contains(s)), "the deterministic kernels are a run-time choice");
@@ -143,9 +143,11 @@ mod tests {
     fn bf16_top_k_kernels_only_when_asked_for_on_every_plan() {
         assert!(bf16_ids(false).is_empty());
         let ids = bf16_ids(true);
-        // Per target (sm_90a, sm_100a): 2 layouts + split + cluster.
-        assert_eq!(ids.len(), 2 * 4, "{ids:?}");
-        for id in ["topk.k2048.bf16.tput.sm_90a", "topk_split.k2048.bf16.sm_100a", "topk_cluster.k2048.bf16.sm_90a"] {
+        // Per target (sm_90a, sm_100a): 2 layouts + split + cluster, each writing positions and slots.
+        assert_eq!(ids.len(), 2 * 4 * 2, "{ids:?}");
+        for id in
+            ["topk.k2048.bf16.tput.sm_90a", "topk_split.k2048.bf16.slots.sm_100a", "topk_cluster.k2048.bf16.sm_90a"]
+        {
             assert!(ids.iter().any(|i| i == id), "{id} missing from {ids:?}");
         }
         let gfx = NsaConfig {
