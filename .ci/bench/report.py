@@ -347,8 +347,8 @@ def main(argv=None):
     ap.add_argument("--python", help="python_compat.json of the same device call")
     ap.add_argument("--torch-dense", help="torch_dense.json of the same device call (the dense peers)")
     ap.add_argument("--results", metavar="DIR",
-                    help="a folder of measurements: nsa_*.json, peers.json, peers_topk_values.json, python_compat.json, torch_dense.json "
-                         "and commands.json ({family: command})")
+                    help="a folder of measurements: nsa_*.json, peers.json, peers_topk_values.json, "
+                         "python_compat.json, torch_dense.json and commands.json ({family: command})")
     ap.add_argument("--command", action="append", default=[],
                     help="the command that measured; FAMILY=COMMAND for one family's table (repeatable)")
     group = ap.add_mutually_exclusive_group()
