@@ -1,7 +1,7 @@
-//! Builds the CPU emulation of the top-k kernels (`tests/emu/`): every top-k, split,
-//! cluster (each writing positions and slots) and page-table transform variant for k = 512, 1024, 2048 (bf16 scores for
-//! 512 and 2048) of sm_90a (32-lane
-//! warps) and gfx942 (64-lane wavefronts, no clusters), and the scalar dense
+//! Builds the CPU emulation of the top-k kernels (`tests/emu/`): every top-k, split
+//! and cluster variant (each writing positions and slots) and the page-table
+//! transform for k = 512, 1024, 2048 (bf16 scores for 512 and 2048) of sm_90a
+//! (32-lane warps) and gfx942 (64-lane wavefronts, no clusters), and the scalar dense
 //! attention kernel (gfx942's) at both head shapes, and the KV cache's step store
 //! and reads in both cache formats, rendered from the same
 //! templates and headers as the GPU builds, compiled for the host against the

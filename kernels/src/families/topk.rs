@@ -96,7 +96,7 @@ pub enum TopkTransform {
 /// What a top-k kernel writes, fixed when it is compiled (one kernel per plan and
 /// kind of entry; the launch parameters name the rest of the transform): positions
 /// serve plain and RAGGED (offsets given), slots serve PAGED from a page_table_1 or a
-/// table of pages of any size. One kernel for both measured 1-5% slower (H100,
+/// table of pages of any size. One kernel for both measured up to 5.5% slower (H100,
 /// December 2026): the run-time choice stayed in the passes over the row.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -218,6 +218,7 @@ pub fn verify(args: VerifyArgs) -> Result<()> {
         .into_iter()
         .chain((cfg.page_size > 1).then_some(TopkTransform::Pages(cfg.page_size)))
         .collect();
+    let served = |entries| topk_transforms.iter().copied().filter(move |t: &TopkTransform| t.entries() == entries);
     for spec in kernel_set(&on_device) {
         for (i, &n) in args.sizes.iter().enumerate() {
             let seed = args.seed.wrapping_add(i as u64);
@@ -232,7 +233,7 @@ pub fn verify(args: VerifyArgs) -> Result<()> {
                 // config's table of pages) and, a cluster kernel, every size the
                 // launcher may pick.
                 KernelFamily::TopK { k, deterministic, layout, score, entries } => {
-                    for call in topk_transforms.iter().copied().filter(|t| t.entries() == entries) {
+                    for call in served(entries) {
                         let path = TopkPath::Single(Some(layout));
                         let case = TopkCase { deterministic, path, ..topk_case(k, call, score, i, n, seed) };
                         checks.push(vtopk::run(&rt, &case)?);
@@ -240,14 +241,14 @@ pub fn verify(args: VerifyArgs) -> Result<()> {
                     continue;
                 }
                 KernelFamily::TopkSplit { k, score, entries } => {
-                    for call in topk_transforms.iter().copied().filter(|t| t.entries() == entries) {
+                    for call in served(entries) {
                         let case = TopkCase { path: TopkPath::Split, ..topk_case(k, call, score, i, n, seed) };
                         checks.push(vtopk::run(&rt, &case)?);
                     }
                     continue;
                 }
                 KernelFamily::TopkCluster { k, score, entries } => {
-                    for call in topk_transforms.iter().copied().filter(|t| t.entries() == entries) {
+                    for call in served(entries) {
                         for cluster in TOPK_CLUSTER_SIZES {
                             let path = TopkPath::Cluster(cluster);
                             let case = TopkCase { path, ..topk_case(k, call, score, i, n, seed) };
