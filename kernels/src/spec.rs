@@ -16,7 +16,7 @@ pub use crate::families::attention::{
 };
 pub use crate::families::dense::{
     dense_scalar_smem_bytes, dense_smem_bytes, dense_wg_smem_bytes, mha_kernel, DenseKernel, DENSE_HEAD_DIMS,
-    DENSE_ROWS, DENSE_SCALAR_ROWS, DENSE_WG_ROWS, MHA_HEAD_DIMS,
+    DENSE_ROWS, DENSE_SCALAR_ROWS, DENSE_WG_KEYS, DENSE_WG_ROWS, MHA_HEAD_DIMS,
 };
 pub use crate::families::indexer::{
     indexer_wg_kernel, IndexerLayout, INDEXER_WG_HEADS, INDEXER_WG_RAGGED_ROWS, INDEXER_WG_SMEM_BYTES,

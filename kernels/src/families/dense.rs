@@ -57,7 +57,7 @@ const DENSE_KEYS: u32 = 64;
 /// a producer group; 128 keys per block.
 const WG_THREADS: u32 = 384;
 pub const DENSE_WG_ROWS: u32 = 128;
-const DENSE_WG_KEYS: u32 = 128;
+pub const DENSE_WG_KEYS: u32 = 128;
 /// The scalar kernel (`nsa::dense_scalar`): one thread per query row, 32 keys per block.
 pub const DENSE_SCALAR_ROWS: u32 = 64;
 const DENSE_SCALAR_KEYS: u32 = 32;
@@ -78,10 +78,10 @@ fn kernel_of(spec: &KernelSpec) -> DenseKernel {
 }
 
 /// Dynamic shared memory of the warp-group kernel; mirrors `nsa::dense_wg::Smem`:
-/// the Q tile, two K and two V tiles (unpadded, swizzled), four mbarriers and 1024
+/// the Q tile, two K and two V tiles (unpadded, swizzled), five mbarriers and 1024
 /// bytes of alignment.
 pub fn dense_wg_smem_bytes(d_qk: u32, d_v: u32) -> u32 {
-    DENSE_WG_ROWS * d_qk * 2 + 2 * DENSE_WG_KEYS * (d_qk + d_v) * 2 + 4 * 8 + 1024
+    DENSE_WG_ROWS * d_qk * 2 + 2 * DENSE_WG_KEYS * (d_qk + d_v) * 2 + 5 * 8 + 1024
 }
 
 /// Dynamic shared memory; mirrors `nsa::dense::Smem` (dense_prefill.cuh): the Q

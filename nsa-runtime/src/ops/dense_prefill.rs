@@ -4,11 +4,12 @@
 //! row i sees its keys `0 ..= lk − lq + i` (the first `lk − lq` are the prefix).
 
 use super::{check_aligned, check_count_fits_i32, check_len, check_target, invalid};
+use crate::error::Error;
 use crate::runtime::Runtime;
 use crate::Result;
-use cudarc::driver::{CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr};
+use cudarc::driver::{sys, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr};
 use half::bf16;
-use nsa_kernels::spec::{DenseKernel, DENSE_HEAD_DIMS};
+use nsa_kernels::spec::{DenseKernel, DENSE_HEAD_DIMS, DENSE_WG_KEYS, DENSE_WG_ROWS};
 use nsa_kernels::{KernelFamily, Target};
 
 /// The shape of one call.
@@ -152,6 +153,60 @@ impl DensePrefillParams {
     }
 }
 
+/// Mirrors `nsa::dense_wg::TensorMaps` (dense_prefill_wg.cuh): Q, K and V as the
+/// warp-group kernel's TMA copies read them.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct DenseTensorMaps {
+    q: sys::CUtensorMap,
+    k: sys::CUtensorMap,
+    v: sys::CUtensorMap,
+}
+// SAFETY: plain old data with the C layout the kernel declares.
+unsafe impl DeviceRepr for DenseTensorMaps {}
+
+/// Dims of one 128-byte swizzle span of bf16: a box's width.
+const WG_BOX_DIMS: u32 = 64;
+
+/// `[rows, heads, dim]` bf16 at `ptr` as a 3-D tensor map whose box is 64 dims of one
+/// head over `box_rows` rows, 128-byte swizzle (a 64-dim block of the kernel's tiles).
+fn rows_tensor_map(
+    name: &'static str,
+    ptr: u64,
+    rows: usize,
+    heads: u32,
+    dim: u32,
+    box_rows: u32,
+) -> Result<sys::CUtensorMap> {
+    let dims: [u64; 3] = [dim as u64, heads as u64, rows as u64];
+    let strides: [u64; 2] = [dim as u64 * 2, heads as u64 * dim as u64 * 2];
+    let boxes: [u32; 3] = [WG_BOX_DIMS, 1, box_rows];
+    let steps: [u32; 3] = [1, 1, 1];
+    // SAFETY: all-zero bytes are a valid opaque map; the encoder overwrites them.
+    let mut map: sys::CUtensorMap = unsafe { std::mem::zeroed() };
+    // SAFETY: the arrays hold `rank` entries (strides rank - 1); the encoder only reads
+    // them and writes `map`. It does not touch `ptr`, which the launch checked.
+    unsafe {
+        sys::cuTensorMapEncodeTiled(
+            &mut map,
+            sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+            3,
+            ptr as *mut std::ffi::c_void,
+            dims.as_ptr(),
+            strides.as_ptr(),
+            boxes.as_ptr(),
+            steps.as_ptr(),
+            sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+            sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+            sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        )
+    }
+    .result()
+    .map_err(Error::driver(format!("encoding the tensor map of {name} ({rows} rows × {heads} heads × {dim})")))?;
+    Ok(map)
+}
+
 /// The softmax scale the kernels take: finite and positive (the warp-group kernel
 /// takes row maxima of the unscaled scores).
 fn check_scale(sm_scale: f32) -> Result<()> {
@@ -201,8 +256,22 @@ pub fn dense_prefill(
     let (lse, _g7) = outputs.lse.device_ptr_mut(stream);
     let addrs = [q, k, v, cu_q, cu_k, out, lse];
     let params = DensePrefillParams::new(shape, addrs, inputs.sm_scale, rt.gpu().caps().sm_count);
+    let maps = match shape.kernel {
+        // No key rows: no block is copied, and the encoder takes no empty tensor.
+        DenseKernel::WarpGroup if shape.keys > 0 => Some(DenseTensorMaps {
+            q: rows_tensor_map("q", q, shape.rows, shape.heads, shape.d_qk, DENSE_WG_ROWS)?,
+            k: rows_tensor_map("k", k, shape.keys, shape.heads, shape.d_qk, DENSE_WG_KEYS)?,
+            v: rows_tensor_map("v", v, shape.keys, shape.heads, shape.d_v, DENSE_WG_KEYS)?,
+        }),
+        // SAFETY: zero bytes as a placeholder map, never read.
+        DenseKernel::WarpGroup => Some(unsafe { std::mem::zeroed() }),
+        DenseKernel::MmaSync | DenseKernel::Scalar => None,
+    };
     let mut args = rt.args();
     args.arg(&params);
+    if let Some(maps) = &maps {
+        args.arg(maps);
+    }
     rt.launch(
         &kernel,
         args,

@@ -2,15 +2,19 @@
 // MMA (sm_90a): one CTA of three warp groups per (128 query rows of a sequence, head).
 //   WG0, WG1 (consumers): 64 query rows each; per 128-key block S = Q K^T
 //     (wgmma m64n128k16, Q and K from shared memory), causal mask, online softmax,
-//     O += P V (wgmma m64n128k16, P from registers). A block's P V is issued
-//     without a wait so that it overlaps the next block's Q K^T. The two groups
-//     take turns issuing Q K^T (the turn barriers), so one's softmax runs while
-//     the other's products keep the tensor cores busy.
-//   WG2 (producer): copies K and V blocks into double-buffered tiles with 16-byte
-//     cp.async (zeros past the sequence), K one block ahead of V. Each copy
-//     signals an mbarrier when it lands (cp.async.mbarrier.arrive), so the
-//     producer never waits for its own copies, only for a buffer to be given back
-//     (the empty barriers: K after the block's Q K^T, V after its P V).
+//     O += P V (wgmma m64n128k16, P from registers). A group issues block j's
+//     Q K^T together with block j - 1's P V and runs block j's softmax while that
+//     P V is in flight. The two groups take turns issuing (the turn barriers), so
+//     one's softmax also overlaps the other's products.
+//   The Q tile arrives through its tensor map (TMA) at the start.
+//   WG2 (producer): copies K and V blocks into double-buffered tiles, K one block
+//     ahead of V: a whole block by one thread through the tensor maps (TMA, 64
+//     dims a copy), the sequence's last partial block by every lane with 16-byte
+//     cp.async, zeros past its end (the rows after it may hold anything, and P V
+//     must not read them). Either way the block's mbarrier completes when it has
+//     landed, so the producer never waits for its own copies, only for a buffer
+//     to be given back (the empty barriers: K after the block's Q K^T, V after
+//     its P V).
 // CTAs of `pair_group` (sequence, head) pairs are interleaved, heaviest row tile
 // first: the pairs in flight keep their K and V in L2 for every row tile that
 // re-reads them, and a small grid is one group (longest tiles first overall).
@@ -67,10 +71,10 @@ struct Smem {
   static constexpr u32 kQ = 0;
   static constexpr u32 kK = kQ + Q::kBytes;
   static constexpr u32 kV = kK + 2 * K::kBytes;
-  // mbarriers, producer -> consumers, a block landed: K of buffer 0, 1, V of 0, 1.
+  // mbarriers, producer -> consumers, a block landed: K of buffer 0, 1, V of 0, 1, Q.
   static constexpr u32 kFull = kV + 2 * V::kBytes;
   // The swizzle follows address bits: the layout starts 1024-byte aligned.
-  static constexpr u32 kBytes = kFull + 4 * 8 + 1024;
+  static constexpr u32 kBytes = kFull + 5 * 8 + 1024;
 };
 
 // Rows [0, valid) of a kR-row block of kDim-wide rows (`stride` elements apart in
@@ -92,8 +96,40 @@ NSA_DEVICE void copy_rows(u32 tile, const u16* src, i64 stride, i32 valid, u32 p
   }
 }
 
+// Key rows key0 .. key0 + kKeys of one head (`rows`: the sequence's row 0 of it in
+// global memory, `stride` elements apart; row 0 is row k0 of the tensor `map`
+// describes; the sequence has lk rows) into the tile `dst`, completing mbarrier
+// `full` when they land; by the producer group. A whole block is kDim / 64
+// tensor-map copies by one thread, the other lanes arriving; a partial one is
+// copy_rows, zeros past the sequence.
+template <int kDim>
+NSA_DEVICE void copy_block(const bulk::TensorMap* map, const u16* rows, i64 stride, i32 k0, i32 head, i32 key0, i32 lk,
+                           u32 dst, u32 full, u32 ptid, u64 policy) {
+  typedef Tile<kKeys, kDim> T;
+  if (key0 + kKeys <= lk) {
+    if (ptid == 0) {
+      bulk::mbar_arrive_expect_tx(full, T::kBytes);
+#pragma unroll
+      for (int b = 0; b < kDim / 64; ++b)
+        bulk::copy_tensor_3d(dst + b * T::kBlockBytes, map, 64 * b, head, k0 + key0, full, policy);
+    } else {
+      bulk::mbar_arrive(full);
+    }
+  } else {
+    copy_rows<kKeys, kDim>(dst, rows + (i64)key0 * stride, stride, lk - key0, ptid, policy);
+    bulk::mbar_arrive_on_cp_async(full);
+  }
+}
+
+// Q [rows, heads, d_qk], K [keys, heads, d_qk] and V [keys, heads, d_v] as 3-D tensor maps (dims innermost
+// first), boxes of 64 dims x 1 head x kKeys rows, 128-byte swizzle: a box is one
+// 64-dim block of a Tile. Passed as a __grid_constant__ parameter.
+struct TensorMaps {
+  bulk::TensorMap q, k, v;
+};
+
 template <int kHeads, int kDqk, int kDv>
-NSA_DEVICE void dense_prefill(const Params& p, u32* status) {
+NSA_DEVICE void dense_prefill(const Params& p, const TensorMaps& maps, u32* status) {
   static_assert(kDqk % 64 == 0 && kDv == 128, "q/k: whole 64-dim blocks; v: one n128 wgmma");
   typedef Smem<kDqk, kDv> L;
   typedef typename L::Q TQ;
@@ -123,23 +159,24 @@ NSA_DEVICE void dense_prefill(const Params& p, u32* status) {
   const u32 tid = thread_x();
   const i64 qk_stride = (i64)kHeads * kDqk, v_stride = (i64)kHeads * kDv;
 
-  // Q: the tile's rows (zeros past the sequence) by every thread.
-  {
-    const u16* src = p.q + (i64)(q0 + row0) * qk_stride + (i64)head * kDqk;
-    for (u32 i = tid; i < (u32)kRows * (kDqk / 8); i += kThreads) {
-      const u32 r = i / (kDqk / 8), c = i % (kDqk / 8);
-      Vec16 v = {{0u, 0u, 0u, 0u}};
-      if ((i32)r < lq - row0) v = mma::ldg_stream_v4(src + r * qk_stride + c * 8);
-      mma::sts_v4(base + L::kQ + TQ::offset(r, c), v);
-    }
-    mma::fence_proxy_async();
-    if (tid == 0) {
-      for (u32 b = 0; b < 4; ++b) bulk::mbar_init(base + L::kFull + 8 * b, kGroupThreads);
-      bulk::mbar_init_fence();
-    }
+  const u32 full_k = base + L::kFull, full_v = full_k + 16, full_q = full_k + 32;  // K, V: + 8 buffer
+  if (tid == 0) {
+    for (u32 b = 0; b < 4; ++b) bulk::mbar_init(full_k + 8 * b, kGroupThreads);
+    bulk::mbar_init(full_q, 1);
+    bulk::mbar_init_fence();
   }
   sync_block();
-  const u32 full_k = base + L::kFull, full_v = full_k + 16;  // + 8 buffer
+  // Q: the tile's rows through the tensor map by the producer's first thread. Rows
+  // past the sequence hold whatever follows it (zeros past the tensor): they only
+  // reach rows of S and O that are never stored.
+  if (tid == (u32)kConsumerThreads && steps > 0) {  // no key block: the maps may be placeholders
+    bulk::prefetch_tensor_map(&maps.q);
+    bulk::mbar_arrive_expect_tx(full_q, TQ::kBytes);
+#pragma unroll
+    for (int b = 0; b < kDqk / 64; ++b)
+      bulk::copy_tensor_3d(base + L::kQ + b * TQ::kBlockBytes, &maps.q, 64 * b, head, q0 + row0, full_q,
+                           mma::l2_evict_first_policy());
+  }
 
   if (tid >= (u32)kConsumerThreads) {
     // Producer: K of block 0, then per step K of the next block and V of this one,
@@ -148,23 +185,23 @@ NSA_DEVICE void dense_prefill(const Params& p, u32* status) {
     wg::regs_set<kLaunchRegs, kRegsProducer>();
     const u32 ptid = tid - kConsumerThreads;
     const u64 keep = mma::l2_evict_last_policy();  // every row tile of the head re-reads K and V
+    if (ptid == 0 && steps > 0) {
+      bulk::prefetch_tensor_map(&maps.k);
+      bulk::prefetch_tensor_map(&maps.v);
+    }
     auto copy_k = [&](i32 step) {
       const u32 buf = step & 1;
       if (step >= 2) mma::bar_sync(kBarEmptyK + buf, kThreads);
-      const i32 key0 = step * kKeys;
-      copy_rows<kKeys, kDqk>(base + L::kK + buf * TK::kBytes, p.k + (i64)(k0 + key0) * qk_stride + (i64)head * kDqk,
-                             qk_stride, lk - key0, ptid, keep);
-      bulk::mbar_arrive_on_cp_async(full_k + 8 * buf);
+      copy_block<kDqk>(&maps.k, p.k + (i64)k0 * qk_stride + (i64)head * kDqk, qk_stride, k0, head, step * kKeys, lk,
+                       base + L::kK + buf * TK::kBytes, full_k + 8 * buf, ptid, keep);
     };
     if (steps > 0) copy_k(0);
     for (i32 step = 0; step < steps; ++step) {
       const u32 buf = step & 1;
       if (step + 1 < steps) copy_k(step + 1);
       if (step >= 2) mma::bar_sync(kBarEmptyV + buf, kThreads);
-      const i32 key0 = step * kKeys;
-      copy_rows<kKeys, kDv>(base + L::kV + buf * TV::kBytes, p.v + (i64)(k0 + key0) * v_stride + (i64)head * kDv,
-                            v_stride, lk - key0, ptid, keep);
-      bulk::mbar_arrive_on_cp_async(full_v + 8 * buf);
+      copy_block<kDv>(&maps.v, p.v + (i64)k0 * v_stride + (i64)head * kDv, v_stride, k0, head, step * kKeys, lk,
+                      base + L::kV + buf * TV::kBytes, full_v + 8 * buf, ptid, keep);
     }
     return;
   }
@@ -181,44 +218,44 @@ NSA_DEVICE void dense_prefill(const Params& p, u32* status) {
 #pragma unroll
   for (int i = 0; i < 64; ++i) o[i] = 0.0f;
   float m_run[2] = {kMaxInit, kMaxInit}, l_run[2] = {0.0f, 0.0f};
-  // Group 0 issues first. Each group waits for its turn as often as the other
-  // hands it one (steps times), so no arrival is left over at exit.
-  if (group == 1 && steps > 0) mma::bar_arrive(kBarTurn, kPairThreads);
+  float s[64];
+  u32 pa[32];  // P of the block whose P V is issued next, bf16 pairs
+  float alpha[2];
 
-  for (i32 step = 0; step < steps; ++step) {
-    const u32 buf = step & 1;
-    const u32 kbuf = base + L::kK + buf * TK::kBytes, vbuf = base + L::kV + buf * TV::kBytes;
-    const u32 parity = (u32)(step >> 1) & 1u;
-    bulk::mbar_wait(full_k + 8 * buf, parity);
+  // Waits until K (full_k) or V (full_v) of block `step` has landed.
+  auto wait_block = [&](u32 full, i32 step) {
+    bulk::mbar_wait(full + 8 * (step & 1), (u32)(step >> 1) & 1u);
     mma::fence_proxy_async();  // the producer's cp.async writes, read by wgmma
-    mma::bar_sync(kBarTurn + group, kPairThreads);
-
-    float s[64];
-#pragma unroll
-    for (int i = 0; i < 64; ++i) s[i] = 0.0f;
-    const u64 k_desc = wg::desc_sw128(kbuf);
-    wg::fence();
+  };
+  // S = Q K^T of block `step` into s, issued (not waited for).
+  auto issue_qk = [&](i32 step) {
+    const u32 buf = step & 1;
+    const u64 k_desc = wg::desc_sw128(base + L::kK + buf * TK::kBytes);
 #pragma unroll
     for (int ks = 0; ks < kDqk / 16; ++ks) {
       wg::mma_m64n128k16_ss<0>(s, wg::desc_advance(q_desc, TQ::k_step(ks)), wg::desc_advance(k_desc, TK::k_step(ks)),
-                               true);
+                               ks > 0);
     }
     wg::commit();
-    if (group == 0 || step + 1 < steps) mma::bar_arrive(kBarTurn + (group ^ 1), kPairThreads);
-    // The previous block's P V overlapped these scores; once it retires its buffer
-    // goes back to the producer.
-    if (step >= 1) {
-      wg::wait<1>();
-      wg::pin(o);
-      if (step + 1 < steps) mma::bar_arrive(kBarEmptyV + (buf ^ 1), kThreads);
+  };
+  // O += P V of block `step` with P in pa, issued (not waited for).
+  auto issue_pv = [&](i32 step) {
+    const u32 buf = step & 1;
+    const u64 v_desc = wg::desc_sw128(base + L::kV + buf * TV::kBytes, TV::kBlockBytes);
+#pragma unroll
+    for (int ks = 0; ks < kKeys / 16; ++ks) {
+      // Keys 16 ks .. 16 ks + 15: n8 tiles 2 ks and 2 ks + 1 of S.
+      const u32 a[4] = {pa[4 * ks], pa[4 * ks + 1], pa[4 * ks + 2], pa[4 * ks + 3]};
+      wg::mma_m64n128k16_rs<1>(o, a, wg::desc_advance(v_desc, ks * 16 * 128), true);
     }
-    wg::wait<0>();
-    wg::pin(s);
-    if (step + 2 < steps) mma::bar_arrive(kBarEmptyK + buf, kThreads);
-
-    // Mask where the block crosses the diagonal or the sequence's end (uniform per
-    // group: its first row sees the fewest keys) and take the row max of the raw
-    // scores: the scale (> 0) goes into the exponent's FFMA, exp2(s c - m c).
+    wg::commit();
+  };
+  // The online softmax of block `step`'s scores in s: P in place of them (f32), the
+  // running max and sum, and alpha, the factor O takes before this block's P V. Masks where the
+  // block crosses the diagonal or the sequence's end (uniform per group: its first
+  // row sees the fewest keys); the row max is of the raw scores, the scale (> 0)
+  // goes into the exponent's FFMA, exp2(s c - m c).
+  auto softmax_block = [&](i32 step) {
     const i32 key0 = step * kKeys;
     const bool full = key0 + kKeys <= lk && key0 + kKeys - 1 <= shift + first_row;
     float mx[2] = {neg_inf(), neg_inf()};
@@ -241,7 +278,7 @@ NSA_DEVICE void dense_prefill(const Params& p, u32* status) {
         }
       }
     }
-    float alpha[2], neg_mc[2];
+    float neg_mc[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       mx[h] = fmax2(mx[h], shfl_xor(mx[h], 1));
@@ -251,8 +288,7 @@ NSA_DEVICE void dense_prefill(const Params& p, u32* status) {
       m_run[h] = m_new;
       neg_mc[h] = -m_new * c_scale;
     }
-    // P as bf16 pairs; the row sums in two chains per row (half the dependent adds).
-    u32 pa[32];
+    // The row sums in two chains per row (half the dependent adds).
     float sum[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
 #pragma unroll
     for (int i = 0; i < 16; ++i) {
@@ -262,11 +298,16 @@ NSA_DEVICE void dense_prefill(const Params& p, u32* status) {
       const float p3 = mma::exp2_approx(s[4 * i + 3] * c_scale + neg_mc[1]);
       sum[0][i & 1] += p0 + p1;
       sum[1][i & 1] += p2 + p3;
-      pa[2 * i] = mma::pack_bf16x2(p0, p1);
-      pa[2 * i + 1] = mma::pack_bf16x2(p2, p3);
+      s[4 * i] = p0;
+      s[4 * i + 1] = p1;
+      s[4 * i + 2] = p2;
+      s[4 * i + 3] = p3;
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h) l_run[h] = l_run[h] * alpha[h] + (sum[h][0] + sum[h][1]);
+  };
+
+  auto rescale_o = [&]() {
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
       o[4 * j] *= alpha[0];
@@ -274,20 +315,59 @@ NSA_DEVICE void dense_prefill(const Params& p, u32* status) {
       o[4 * j + 2] *= alpha[1];
       o[4 * j + 3] *= alpha[1];
     }
-    const u64 v_desc = wg::desc_sw128(vbuf, TV::kBlockBytes);
-    bulk::mbar_wait(full_v + 8 * buf, parity);
-    mma::fence_proxy_async();
-    wg::fence();
+  };
+  auto pack_p = [&]() {
 #pragma unroll
-    for (int ks = 0; ks < kKeys / 16; ++ks) {
-      // Keys 16 ks .. 16 ks + 15: n8 tiles 2 ks and 2 ks + 1 of S.
-      const u32 a[4] = {pa[4 * ks], pa[4 * ks + 1], pa[4 * ks + 2], pa[4 * ks + 3]};
-      wg::mma_m64n128k16_rs<1>(o, a, wg::desc_advance(v_desc, ks * 16 * 128), true);
-    }
-    wg::commit();
+    for (int i = 0; i < 32; ++i) pa[i] = mma::pack_bf16x2(s[2 * i], s[2 * i + 1]);
+  };
+
+  // Each group issues block step's Q K^T together with block step - 1's P V, so
+  // that block step's softmax overlaps its own P V as well as the other group's
+  // products. The groups take turns issuing (group 0 first); each waits for its
+  // turn as often as the other hands it one (steps times), so no arrival is left
+  // over at exit.
+  if (steps > 0) {
+    if (group == 1) mma::bar_arrive(kBarTurn, kPairThreads);
+    bulk::mbar_wait(full_q, 0);
+    wait_block(full_k, 0);
+    mma::bar_sync(kBarTurn + group, kPairThreads);
+    wg::fence();
+    issue_qk(0);
+    if (group == 0 || 1 < steps) mma::bar_arrive(kBarTurn + (group ^ 1), kPairThreads);
+    wg::wait<0>();
+    wg::pin(s);
+    if (2 < steps) mma::bar_arrive(kBarEmptyK, kThreads);
+    softmax_block(0);  // O is zero: its rescale by alpha changes nothing
+    pack_p();
   }
-  wg::wait<0>();
-  wg::pin(o);
+  for (i32 step = 1; step < steps; ++step) {
+    wait_block(full_k, step);
+    wait_block(full_v, step - 1);
+    mma::bar_sync(kBarTurn + group, kPairThreads);
+    wg::fence();  // P, written by this thread, read by the P V below
+    issue_qk(step);
+    // O to block step - 1's max while Q K^T runs: it is idle between two P V.
+    rescale_o();
+    wg::fence();
+    issue_pv(step - 1);
+    if (group == 0 || step + 1 < steps) mma::bar_arrive(kBarTurn + (group ^ 1), kPairThreads);
+    wg::wait<1>();
+    wg::pin(s);
+    if (step + 2 < steps) mma::bar_arrive(kBarEmptyK + (step & 1), kThreads);
+    softmax_block(step);
+    wg::wait<0>();
+    wg::pin(o);
+    if (step + 1 < steps) mma::bar_arrive(kBarEmptyV + ((step - 1) & 1), kThreads);
+    pack_p();  // pa is free once the P V that read it retired
+  }
+  if (steps > 0) {
+    wait_block(full_v, steps - 1);
+    rescale_o();
+    wg::fence();
+    issue_pv(steps - 1);
+    wg::wait<0>();
+    wg::pin(o);
+  }
 
   // The row sums over the quad, then out = O / l and lse (natural log).
 #pragma unroll
