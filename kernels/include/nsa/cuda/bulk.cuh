@@ -1,7 +1,7 @@
 // Bulk asynchronous copies (TMA, with or without a tensor map, sm_90+) and the
-// shared-memory mbarriers that count their bytes. A copy signals completion by decrementing the
-// barrier's transaction count; a phase completes when its arrivals and its expected
-// bytes are both in.
+// shared-memory mbarriers that count their bytes. A copy signals completion by
+// decrementing the barrier's transaction count; a phase completes when its arrivals
+// and its expected bytes are both in.
 #pragma once
 #ifndef NSA_CUDA
 #error "nsa/cuda/bulk.cuh needs the NVIDIA arch header"

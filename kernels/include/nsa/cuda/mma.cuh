@@ -116,6 +116,7 @@ NSA_DEVICE u64 l2_evict_first_policy() {
   asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
   return policy;
 }
+
 // cp_async_16 with an L2 cache policy (l2_evict_last_policy) on the source lines and
 // no L2 prefetch: a warp copies whole 128-byte lines of a gathered row, so a 256-byte
 // prefetch can only add a line of a neighbouring row, and those lines pushed the
