@@ -164,6 +164,8 @@ struct DenseTensorMaps {
 }
 // SAFETY: plain old data with the C layout the kernel declares.
 unsafe impl DeviceRepr for DenseTensorMaps {}
+// The kernel's parameter is three 128-byte maps; the driver copies that many bytes.
+const _: () = assert!(std::mem::size_of::<DenseTensorMaps>() == 3 * 128);
 
 /// Dims of one 128-byte swizzle span of bf16: a box's width.
 const WG_BOX_DIMS: u32 = 64;
