@@ -170,6 +170,26 @@ const _: () = assert!(std::mem::size_of::<DenseTensorMaps>() == 3 * 128);
 /// Dims of one 128-byte swizzle span of bf16: a box's width.
 const WG_BOX_DIMS: u32 = 64;
 
+/// A 3-D tensor map's shape, innermost dimension first: the tensor's extents, the
+/// byte strides of its outer two dimensions, and the box one copy moves.
+#[derive(Debug, PartialEq, Eq)]
+struct TensorMapGeometry {
+    dims: [u64; 3],
+    strides: [u64; 2],
+    boxes: [u32; 3],
+}
+
+/// `[rows, heads, dim]` bf16 as dims, strides and a box of 64 dims of one head over
+/// `box_rows` rows.
+fn tensor_map_geometry(rows: usize, heads: u32, dim: u32, box_rows: u32) -> TensorMapGeometry {
+    let (dim, heads) = (dim as u64, heads as u64);
+    TensorMapGeometry {
+        dims: [dim, heads, rows as u64],
+        strides: [dim * 2, heads * dim * 2],
+        boxes: [WG_BOX_DIMS, 1, box_rows],
+    }
+}
+
 /// `[rows, heads, dim]` bf16 at `ptr` as a 3-D tensor map whose box is 64 dims of one
 /// head over `box_rows` rows, 128-byte swizzle (a 64-dim block of the kernel's tiles).
 fn rows_tensor_map(
@@ -180,9 +200,7 @@ fn rows_tensor_map(
     dim: u32,
     box_rows: u32,
 ) -> Result<sys::CUtensorMap> {
-    let dims: [u64; 3] = [dim as u64, heads as u64, rows as u64];
-    let strides: [u64; 2] = [dim as u64 * 2, heads as u64 * dim as u64 * 2];
-    let boxes: [u32; 3] = [WG_BOX_DIMS, 1, box_rows];
+    let TensorMapGeometry { dims, strides, boxes } = tensor_map_geometry(rows, heads, dim, box_rows);
     let steps: [u32; 3] = [1, 1, 1];
     // SAFETY: all-zero bytes are a valid opaque map; the encoder overwrites them.
     let mut map: sys::CUtensorMap = unsafe { std::mem::zeroed() };
@@ -298,6 +316,25 @@ mod tests {
             max_seqlen_q: 2048,
             target: Target::Sm90a,
             kernel: DenseKernel::MmaSync,
+        }
+    }
+
+    #[test]
+    fn tensor_maps_describe_token_major_rows_in_swizzle_spans() {
+        // k of 1000 keys × 16 heads × 192 dims: a key row of one head is 384 bytes, a
+        // token's heads 6144 bytes apart; a box is one 128-byte swizzle span (64 bf16)
+        // of one head over a key block.
+        let g = tensor_map_geometry(1000, 16, 192, DENSE_WG_KEYS);
+        assert_eq!(g, TensorMapGeometry { dims: [192, 16, 1000], strides: [384, 6144], boxes: [64, 1, 128] });
+        for (d_qk, d_v) in DENSE_HEAD_DIMS {
+            for dim in [d_qk, d_v] {
+                let g = tensor_map_geometry(7, 128, dim, DENSE_WG_ROWS);
+                // The encoder takes strides in multiples of 16 bytes; 128-byte swizzle,
+                // boxes at most 128 bytes wide, each 64-dim block a whole box.
+                assert!(g.strides.iter().all(|s| s % 16 == 0), "{g:?}");
+                assert_eq!(g.boxes[0] * 2, 128);
+                assert_eq!(dim % g.boxes[0], 0, "d {dim} in whole boxes");
+            }
         }
     }
 
