@@ -10,7 +10,7 @@ use cudarc::driver::{sys, CudaFunction, CudaSlice, CudaStream, DevicePtr, Device
 use nsa_kernels::{KernelFamily, KernelSpec, Target};
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 /// How launchers treat device-side input errors (e.g. a slot outside the pool).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -44,6 +44,8 @@ pub struct Runtime {
     /// Live [`Runtime::hold_pdl`] guards that hold PDL off (a count, so guards of
     /// several threads may drop in any order).
     pdl_holds: AtomicU32,
+    /// [`Runtime::work_counter`]'s words, allocated on first use.
+    work_counter: OnceLock<CudaSlice<u32>>,
 }
 
 impl Runtime {
@@ -75,8 +77,16 @@ impl Runtime {
         // PDL by default where the target has it (H200: 1 × 128K top-k 17.0 -> 15.6 µs,
         // December 2026); its kernels wait on the device either way.
         let pdl = target.has_pdl();
-        let mut rt =
-            Runtime { gpu, cache, target, checks: DeviceChecks::Skip, status: None, pdl, pdl_holds: AtomicU32::new(0) };
+        let mut rt = Runtime {
+            gpu,
+            cache,
+            target,
+            checks: DeviceChecks::Skip,
+            status: None,
+            pdl,
+            pdl_holds: AtomicU32::new(0),
+            work_counter: OnceLock::new(),
+        };
         rt.set_checks(checks)?;
         Ok(rt)
     }
@@ -167,6 +177,27 @@ impl Runtime {
         }
         self.pdl = on;
         Ok(())
+    }
+
+    /// Two u32 words, zero between launches, for a kernel whose CTAs take work from
+    /// an atomic counter and whose last CTA zeroes it again (the dense warp-group
+    /// kernel): this runtime's own, so launches in its stream's order never share
+    /// them with another stream's. None while the stream captures a graph: the
+    /// launch then allocates its own in the graph (the runtime's words, allocated
+    /// there, would belong to the graph).
+    pub(crate) fn work_counter(&self) -> Result<Option<&CudaSlice<u32>>> {
+        let stream = self.gpu.stream();
+        let capturing = stream.capture_status().map_err(Error::driver("querying the stream's capture status"))?
+            != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        if capturing {
+            return Ok(None);
+        }
+        if let Some(words) = self.work_counter.get() {
+            return Ok(Some(words));
+        }
+        let words = stream.alloc_zeros(2).map_err(Error::driver("allocating the work counter"))?;
+        // Another thread may have set it meanwhile: either is zero and unused.
+        Ok(Some(self.work_counter.get_or_init(|| words)))
     }
 
     /// The variant of `family` for this device, compiled (or loaded) and ready to launch.

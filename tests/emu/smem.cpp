@@ -26,7 +26,7 @@ static_assert(sizeof(nsa::topk::Params) == 104 && offsetof(nsa::topk::Params, ro
               offsetof(nsa::topk::Params, page_size) == 88);
 static_assert(sizeof(nsa::topk::Split) == 40 && offsetof(nsa::topk::Split, chunk) == 24);
 static_assert(sizeof(nsa::index_transform::Params) == 56 && offsetof(nsa::index_transform::Params, rows) == 40);
-static_assert(sizeof(nsa::dense::Params) == 80 && offsetof(nsa::dense::Params, batch) == 56);
+static_assert(sizeof(nsa::dense::Params) == 88 && offsetof(nsa::dense::Params, batch) == 56);
 
 // The calling OS thread's shared memory (nsa_emu::kSmemBytes).
 extern "C" unsigned char* NSA_EMU_SMEM_FN() { return reinterpret_cast<unsigned char*>(nsa::topk::smem); }

@@ -75,7 +75,7 @@ struct TransformParams {
 const _: () = assert!(size_of::<TransformParams>() == 56);
 
 // `nsa::dense::Params` (dense_common.cuh): tests/emu/smem.cpp pins the same size.
-const _: () = assert!(size_of::<DensePrefillParams>() == 80);
+const _: () = assert!(size_of::<DensePrefillParams>() == 88);
 
 /// Heads of the emulated dense kernels (tests/build.rs).
 pub const EMU_DENSE_HEADS: u32 = 3;

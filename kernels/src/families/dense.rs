@@ -16,8 +16,8 @@ use serde_json::{json, Map, Value};
 pub enum DenseKernel {
     /// mma.sync m16n8k16: 64 query rows per CTA of 4 warps (every NVIDIA target).
     MmaSync,
-    /// wgmma (sm_90a only): 128 query rows per CTA of two consumer warp groups and
-    /// a producer group.
+    /// wgmma (sm_90a only): persistent CTAs of two consumer warp groups and a
+    /// producer warp, 128 query rows a tile.
     WarpGroup,
     /// No matrix instructions (every target; gfx942's): 64 query rows per CTA of 64
     /// threads, one row per thread.
@@ -54,7 +54,7 @@ const BLOCK_THREADS: u32 = 128;
 pub const DENSE_ROWS: u32 = 64;
 const DENSE_KEYS: u32 = 64;
 /// The warp-group kernel (`nsa::dense_wg`): two consumer groups of 64 query rows and
-/// a producer group; 128 keys per block.
+/// a producer group (one warp of it works); 128 keys per block.
 const WG_THREADS: u32 = 384;
 pub const DENSE_WG_ROWS: u32 = 128;
 pub const DENSE_WG_KEYS: u32 = 128;
@@ -78,10 +78,10 @@ fn kernel_of(spec: &KernelSpec) -> DenseKernel {
 }
 
 /// Dynamic shared memory of the warp-group kernel; mirrors `nsa::dense_wg::Smem`:
-/// the Q tile, two K and two V tiles (unpadded, swizzled), five mbarriers and 1024
-/// bytes of alignment.
+/// the Q tile, two K and two V tiles (unpadded, swizzled), ten mbarriers (full and
+/// empty of each), the announced tile (48 bytes) and 1024 bytes of alignment.
 pub fn dense_wg_smem_bytes(d_qk: u32, d_v: u32) -> u32 {
-    DENSE_WG_ROWS * d_qk * 2 + 2 * DENSE_WG_KEYS * (d_qk + d_v) * 2 + 5 * 8 + 1024
+    DENSE_WG_ROWS * d_qk * 2 + 2 * DENSE_WG_KEYS * (d_qk + d_v) * 2 + 10 * 8 + 48 + 1024
 }
 
 /// Dynamic shared memory; mirrors `nsa::dense::Smem` (dense_prefill.cuh): the Q

@@ -41,9 +41,20 @@ impl DenseShape {
         self.max_seqlen_q.div_ceil(self.kernel.rows() as usize)
     }
 
-    /// CTAs of the launch: row tiles × heads × batch.
+    /// Tiles of the launch: row tiles × heads × batch (a CTA each, but for the
+    /// warp-group kernel's persistent CTAs).
     pub fn ctas(&self) -> usize {
         self.row_tiles() * self.heads as usize * self.batch
+    }
+
+    /// CTAs launched on a GPU of `sm_count` SMs: a tile each, or for the warp-group
+    /// kernel one an SM at most (its shared memory allows one), each taking tiles
+    /// until none is left.
+    pub fn grid(&self, sm_count: u32) -> usize {
+        match self.kernel {
+            DenseKernel::WarpGroup => self.ctas().min(sm_count as usize),
+            DenseKernel::MmaSync | DenseKernel::Scalar => self.ctas(),
+        }
     }
 
     /// The warp-group kernel's (sequence, head) pairs whose row tiles run
@@ -126,6 +137,7 @@ pub struct DensePrefillParams {
     keys: i32,
     sm_scale: f32,
     pair_group: i32,
+    tile_counter: u64,
 }
 // SAFETY: plain old data with the C layout the kernel declares.
 unsafe impl DeviceRepr for DensePrefillParams {}
@@ -149,7 +161,14 @@ impl DensePrefillParams {
             keys: shape.keys as i32,
             sm_scale,
             pair_group: shape.pair_group(sm_count) as i32,
+            tile_counter: 0,
         }
+    }
+
+    /// The warp-group kernel's tile counter: two u32 words, zero at launch (the
+    /// kernel leaves them zero).
+    pub fn with_tile_counter(self, tile_counter: u64) -> Self {
+        DensePrefillParams { tile_counter, ..self }
     }
 }
 
@@ -275,7 +294,25 @@ pub fn dense_prefill(
     let (out, _g6) = outputs.out.device_ptr_mut(stream);
     let (lse, _g7) = outputs.lse.device_ptr_mut(stream);
     let addrs = [q, k, v, cu_q, cu_k, out, lse];
-    let params = DensePrefillParams::new(shape, addrs, inputs.sm_scale, rt.gpu().caps().sm_count);
+    let sm_count = rt.gpu().caps().sm_count;
+    let mut params = DensePrefillParams::new(shape, addrs, inputs.sm_scale, sm_count);
+    // The persistent CTAs' tile counter: the runtime's, or while a graph is captured,
+    // the graph's own (allocated and zeroed in it, freed after the launch).
+    let mut graph_counter = None;
+    let counter = match shape.kernel {
+        DenseKernel::WarpGroup => match rt.work_counter()? {
+            Some(words) => Some(words),
+            None => Some(&*graph_counter.insert(
+                stream.alloc_zeros::<u32>(2).map_err(Error::driver("allocating the dense kernel's tile counter"))?,
+            )),
+        },
+        DenseKernel::MmaSync | DenseKernel::Scalar => None,
+    };
+    let _counter_guard = counter.map(|c| {
+        let (ptr, guard) = c.device_ptr(stream);
+        params = params.with_tile_counter(ptr);
+        guard
+    });
     let maps = match shape.kernel {
         // No key rows: no block is copied, and the encoder takes no empty tensor.
         DenseKernel::WarpGroup if shape.keys > 0 => Some(DenseTensorMaps {
@@ -295,7 +332,7 @@ pub fn dense_prefill(
     rt.launch(
         &kernel,
         args,
-        ctas,
+        shape.grid(sm_count),
         "cu_seqlens_q",
         "non-decreasing offsets inside q/k (cu_seqlens_k too) with every sequence's query rows ≤ max_seqlen_q",
     )
@@ -342,6 +379,10 @@ mod tests {
     fn grid_and_argument_errors() {
         assert_eq!(shape().ctas(), 32 * 128 * 2);
         assert_eq!(DenseShape { kernel: DenseKernel::WarpGroup, ..shape() }.ctas(), 16 * 128 * 2);
+        assert_eq!(shape().grid(132), 32 * 128 * 2);
+        assert_eq!(DenseShape { kernel: DenseKernel::WarpGroup, ..shape() }.grid(132), 132);
+        let one_tile = DenseShape { kernel: DenseKernel::WarpGroup, heads: 8, batch: 1, max_seqlen_q: 100, ..shape() };
+        assert_eq!(one_tile.grid(132), 8);
         assert!(shape().check().is_ok());
         let err = |s: DenseShape| s.check().unwrap_err().to_string();
         assert!(err(DenseShape { heads: 0, ..shape() }).contains("`heads`"));

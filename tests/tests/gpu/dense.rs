@@ -4,7 +4,7 @@
 use super::{assert_all, rt};
 use nsa_kernels::spec::DenseKernel;
 use nsa_kernels::{KvCacheFormat, NsaConfig, Target};
-use nsa_runtime::verify::dense::{run, DenseCase};
+use nsa_runtime::verify::dense::{run, run_on, DenseCase, GraphReplays};
 use nsa_runtime::verify::mha::{self, MhaCase};
 
 /// Every dense kernel `target` runs (the warp-group one on sm_90a as well, and the
@@ -59,6 +59,23 @@ fn rows_without_keys_empty_sequences_and_an_empty_batch() {
         let uneven = DenseCase { heads: 8, d_qk: 192, d_v: 128, seqs, seed: 4200, kernel };
         let empty = DenseCase { heads: 8, d_qk: 192, d_v: 128, seqs: vec![], seed: 4201, kernel };
         checks.extend([run(&rt, &uneven).unwrap(), run(&rt, &empty).unwrap()]);
+    }
+    assert_all(&checks);
+}
+
+/// The warp-group kernel's persistent CTAs take tiles from a counter that each
+/// launch leaves zero: eager launches of several shapes on one runtime, and a
+/// captured launch replayed twice (outputs poisoned between), all exact.
+#[test]
+fn tile_counter_across_launches_and_graph_replays() {
+    let rt = rt();
+    let mut checks = Vec::new();
+    for kernel in kernels(rt.target()) {
+        for (heads, seqs) in [(16, mixed(7, 0)), (8, vec![(300, 300)]), (128, vec![(1, 1)]), (16, mixed(9, 64))] {
+            let case = DenseCase { heads, d_qk: 192, d_v: 128, seqs, seed: 4300 + heads as u64, kernel };
+            checks.push(run_on(&GraphReplays(&rt), &case).unwrap());
+            checks.push(run(&rt, &case).unwrap());
+        }
     }
     assert_all(&checks);
 }

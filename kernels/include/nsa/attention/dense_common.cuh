@@ -22,6 +22,7 @@ struct Params {
   i32 keys;                  // key rows of k and v (cu_seqlens_k must stay inside)
   float sm_scale;
   i32 pair_group;            // the warp-group kernel's (sequence, head) pairs per CTA group (dense_prefill_wg.cuh)
+  u32* tile_counter;         // the warp-group kernel's two words: tiles handed out, CTAs done; zero at launch
 };
 
 // The work of one CTA: rows [row0, row0 + tile rows) of sequence `seq`, whose query
@@ -34,16 +35,17 @@ struct SeqTile {
 // Row tile `tile` (kTileRows rows) of sequence `seq`, or false when the CTA has
 // nothing to do: its tile starts past the sequence's rows, or the sequence's
 // offsets lie outside the tensors, decrease, or hold more rows than the grid's
-// tiles cover (reported once per sequence, nothing computed for it).
+// tiles cover (reported once per sequence by the caller that passes `report`,
+// nothing computed for it).
 template <int kTileRows>
-NSA_DEVICE bool seq_tile(const Params& p, i32 seq, i32 tile, i32 head, u32* status, SeqTile& st) {
+NSA_DEVICE bool seq_tile(const Params& p, i32 seq, i32 tile, i32 head, bool report, u32* status, SeqTile& st) {
   st.q0 = p.cu_seqlens_q[seq];
   st.lq = p.cu_seqlens_q[seq + 1] - st.q0;
   st.k0 = p.cu_seqlens_k[seq];
   st.lk = p.cu_seqlens_k[seq + 1] - st.k0;
   if (st.q0 < 0 || st.lq < 0 || st.q0 + st.lq > p.rows || st.k0 < 0 || st.lk < 0 || st.k0 + st.lk > p.keys ||
       st.lq > p.row_tiles * kTileRows) {
-    if (tile == 0 && head == 0 && thread_x() == 0 && status != nullptr) report_bad_entry(status, seq);
+    if (tile == 0 && head == 0 && report && status != nullptr) report_bad_entry(status, seq);
     return false;
   }
   st.row0 = tile * kTileRows;

@@ -70,7 +70,7 @@ NSA_DEVICE void dense_prefill(const Params& p, u32* status) {
   const i32 seq = (i32)(bid / ((u32)p.row_tiles * (u32)kHeads));
   if (seq >= p.batch) return;
   SeqTile st;
-  if (!seq_tile<kRows>(p, seq, tile, head, status, st)) return;
+  if (!seq_tile<kRows>(p, seq, tile, head, thread_x() == 0, status, st)) return;
   // Plain copies: lambdas below capture them (structured bindings cannot be captured in C++17).
   const i32 q0 = st.q0, lq = st.lq, k0 = st.k0, lk = st.lk, row0 = st.row0, shift = st.shift, key_end = st.key_end;
   const i32 blocks = (key_end + kKeys - 1) / kKeys;

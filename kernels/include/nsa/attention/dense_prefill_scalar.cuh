@@ -61,7 +61,7 @@ NSA_DEVICE void dense_prefill(const Params& p, u32* status) {
   const i32 seq = (i32)(bid / ((u32)p.row_tiles * (u32)kHeads));
   if (seq >= p.batch) return;
   dense::SeqTile st;
-  if (!dense::seq_tile<kRows>(p, seq, tile, head, status, st)) return;
+  if (!dense::seq_tile<kRows>(p, seq, tile, head, thread_x() == 0, status, st)) return;
 
   extern NSA_SHARED u32 smem[];
   u16* const sq = reinterpret_cast<u16*>(reinterpret_cast<u8*>(smem) + L::kQ);

@@ -17,12 +17,14 @@ constexpr int kWarpSize = 32;
 
 NSA_DEVICE u32 thread_x() { return threadIdx.x; }
 NSA_DEVICE u32 block_x() { return blockIdx.x; }
+NSA_DEVICE u32 grid_x() { return gridDim.x; }
 NSA_DEVICE u32 lane_id() { return threadIdx.x % 32u; }
 
 NSA_DEVICE void sync_block() { __syncthreads(); }
 
 // Shared- or global-memory atomic add returning the old value.
 NSA_DEVICE u32 atomic_add_ret(u32* p, u32 v) { return atomicAdd(p, v); }
+NSA_DEVICE u32 atomic_exch_ret(u32* p, u32 v) { return atomicExch(p, v); }
 
 // Inclusive prefix sum across the 32 lanes of a converged warp.
 NSA_DEVICE u32 warp_inclusive_scan(u32 v) {
