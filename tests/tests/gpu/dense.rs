@@ -65,7 +65,8 @@ fn rows_without_keys_empty_sequences_and_an_empty_batch() {
 
 /// The warp-group kernel's persistent CTAs take tiles from a counter that each
 /// launch leaves zero: eager launches of several shapes on one runtime, and a
-/// captured launch replayed twice (outputs poisoned between), all exact.
+/// captured launch replayed twice (outputs poisoned between), each within the
+/// reference's tolerance.
 #[test]
 fn tile_counter_across_launches_and_graph_replays() {
     let rt = rt();
