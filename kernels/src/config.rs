@@ -325,14 +325,29 @@ pub fn nearest_name<'a>(given: &str, names: &[&'a str]) -> Option<&'a str> {
         .map(|(_, n)| n)
 }
 
-/// The `n` names closest to `given` by edit distance, closest first.
+/// The `n` names closest to `given`, closest first: by the edit distance to the
+/// name's nearest prefix (a partial or misspelt id such as `dense_prefil.h128`
+/// ranks the ids that start that way first), then to the whole name.
 pub fn closest_names<'a>(given: &str, names: &[&'a str], n: usize) -> Vec<&'a str> {
-    let mut ranked: Vec<(usize, &str)> = names.iter().map(|name| (edit_distance(given, name), *name)).collect();
+    let mut ranked: Vec<((usize, usize), &str)> = names
+        .iter()
+        .map(|name| {
+            let row = edit_distances_to_prefixes(given, name);
+            ((row.iter().copied().min().unwrap_or(0), row[row.len() - 1]), *name)
+        })
+        .collect();
     ranked.sort();
     ranked.into_iter().take(n).map(|(_, name)| name).collect()
 }
 
 fn edit_distance(a: &str, b: &str) -> usize {
+    let row = edit_distances_to_prefixes(a, b);
+    row[row.len() - 1]
+}
+
+/// The edit distance from `a` to every prefix of `b` (entry j: the first j chars),
+/// the last row of the Levenshtein table.
+fn edit_distances_to_prefixes(a: &str, b: &str) -> Vec<usize> {
     let b: Vec<char> = b.chars().collect();
     let mut prev: Vec<usize> = (0..=b.len()).collect();
     for (i, ca) in a.chars().enumerate() {
@@ -343,7 +358,7 @@ fn edit_distance(a: &str, b: &str) -> usize {
         }
         prev = cur;
     }
-    prev[b.len()]
+    prev
 }
 
 /// One problem with one field.

@@ -90,6 +90,9 @@ fn inspect_suggests_close_ids_and_refuses_impossible_requests_before_printing() 
     let out = nsa(&["inspect", "topk.k2048.sm90a"], &[]);
     fails_with(&out, &["the closest are topk.k2048.sm_90a"]);
     assert!(stderr(&out).len() < 1000, "{} bytes: not every id", stderr(&out).len());
+    // A misspelt start of an id: the ids that start that way come first.
+    let out = nsa(&["inspect", "dense_prefil.h128"], &[]);
+    fails_with(&out, &["the closest are dense_prefill.h128."]);
     let out = nsa(&["inspect", "kv_store.fp8_656.gfx942", "--ptx"], &[]);
     fails_with(&out, &["--ptx", "gfx942"]);
     assert!(stdout(&out).is_empty(), "{}", stdout(&out));
