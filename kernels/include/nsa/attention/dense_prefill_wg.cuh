@@ -102,7 +102,9 @@ template <int kR, int kDim>
 NSA_DEVICE void copy_rows(u32 tile, const u16* src, i64 stride, i32 valid, u32 ptid, u64 policy) {
   typedef Tile<kR, kDim> T;
   const u32 c8 = ptid % 8;
-#pragma unroll 4
+  // Not unrolled: the producer's 56 registers (a sequence's last partial block is
+  // the only caller) hold the loop without spilling.
+#pragma unroll 1
   for (u32 r = ptid / 8; r < (u32)kR; r += kProducerThreads / 8) {
     const bool live = (i32)r < valid;
     const u16* row = src + (live ? (i64)r * stride : 0);
