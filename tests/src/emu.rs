@@ -397,7 +397,7 @@ impl DenseDevice for Emulator {
         let (h, dv) = (shape.heads as usize, shape.d_v as usize);
         let mut out = vec![bf16::from_f32(7.0); shape.rows * h * dv];
         let mut lse = vec![7.0f32; shape.rows * h];
-        let grid = shape.ctas();
+        let grid = shape.grid(emulated_sms(self.target));
         if grid == 0 {
             return Ok((out, lse));
         }

@@ -41,9 +41,9 @@ impl DenseShape {
         self.max_seqlen_q.div_ceil(self.kernel.rows() as usize)
     }
 
-    /// Tiles of the launch: row tiles × heads × batch (a CTA each, but for the
-    /// warp-group kernel's persistent CTAs).
-    pub fn ctas(&self) -> usize {
+    /// Work tiles of the launch: row tiles × heads × batch (a CTA each, but for
+    /// the warp-group kernel's persistent CTAs: [`DenseShape::grid`]).
+    pub fn tiles(&self) -> usize {
         self.row_tiles() * self.heads as usize * self.batch
     }
 
@@ -52,8 +52,8 @@ impl DenseShape {
     /// until none is left.
     pub fn grid(&self, sm_count: u32) -> usize {
         match self.kernel {
-            DenseKernel::WarpGroup => self.ctas().min(sm_count as usize),
-            DenseKernel::MmaSync | DenseKernel::Scalar => self.ctas(),
+            DenseKernel::WarpGroup => self.tiles().min(sm_count as usize),
+            DenseKernel::MmaSync | DenseKernel::Scalar => self.tiles(),
         }
     }
 
@@ -93,7 +93,7 @@ impl DenseShape {
         }
         check_count_fits_i32("rows", self.rows)?;
         check_count_fits_i32("keys", self.keys)?;
-        check_count_fits_i32("CTAs (64-row tiles × heads × batch)", self.ctas())?;
+        check_count_fits_i32("tiles (row tiles × heads × batch)", self.tiles())?;
         Ok(())
     }
 }
@@ -274,8 +274,7 @@ pub fn dense_prefill(
     check_len("cu_seqlens_k", inputs.cu_seqlens_k.len(), shape.batch + 1, "batch + 1 offsets")?;
     check_len("out", outputs.out.len(), shape.rows * h * dv, "rows × heads × d_v")?;
     check_len("lse", outputs.lse.len(), shape.rows * h, "rows × heads")?;
-    let ctas = shape.ctas();
-    if ctas == 0 {
+    if shape.tiles() == 0 {
         return Ok(());
     }
     let stream = rt.gpu().stream();
@@ -377,8 +376,8 @@ mod tests {
 
     #[test]
     fn grid_and_argument_errors() {
-        assert_eq!(shape().ctas(), 32 * 128 * 2);
-        assert_eq!(DenseShape { kernel: DenseKernel::WarpGroup, ..shape() }.ctas(), 16 * 128 * 2);
+        assert_eq!(shape().tiles(), 32 * 128 * 2);
+        assert_eq!(DenseShape { kernel: DenseKernel::WarpGroup, ..shape() }.tiles(), 16 * 128 * 2);
         assert_eq!(shape().grid(132), 32 * 128 * 2);
         assert_eq!(DenseShape { kernel: DenseKernel::WarpGroup, ..shape() }.grid(132), 132);
         let one_tile = DenseShape { kernel: DenseKernel::WarpGroup, heads: 8, batch: 1, max_seqlen_q: 100, ..shape() };

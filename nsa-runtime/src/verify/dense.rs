@@ -119,12 +119,17 @@ fn dense_on_gpu(
         let captured = launch(&mut d_out, &mut d_lse);
         let graph = stream.end_capture(CUgraphInstantiate_flags(0)).map_err(driver("ending the graph capture"))?;
         captured?;
-        if let Some(graph) = graph {
-            for _ in 0..2 {
-                stream.memcpy_htod(&poison_out, &mut d_out).map_err(driver("poisoning out"))?;
-                stream.memcpy_htod(&poison_lse, &mut d_lse).map_err(driver("poisoning lse"))?;
-                graph.launch().map_err(driver("launching the dense graph"))?;
+        // Only a launch without tiles records nothing.
+        match graph {
+            Some(graph) => {
+                for _ in 0..2 {
+                    stream.memcpy_htod(&poison_out, &mut d_out).map_err(driver("poisoning out"))?;
+                    stream.memcpy_htod(&poison_lse, &mut d_lse).map_err(driver("poisoning lse"))?;
+                    graph.launch().map_err(driver("launching the dense graph"))?;
+                }
             }
+            None if shape.tiles() == 0 => {}
+            None => return Err(crate::Error::Other("the captured dense launch recorded no graph".into())),
         }
     }
     Ok((download(stream, &d_out, rows * h * dv)?, download(stream, &d_lse, rows * h)?))
