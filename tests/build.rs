@@ -57,18 +57,22 @@ fn emulated_families(target: Target) -> Vec<KernelFamily> {
 /// Heads of the emulated dense kernels (`nsa_tests::emu::EMU_DENSE_HEADS`).
 const EMU_DENSE_HEADS: u32 = 3;
 
-/// One top-k variant on every path, writing positions and slots: one block (both
-/// layouts, deterministic or not), split, and the cluster kernel where `target` has
-/// clusters.
+/// One top-k variant on every path, in every kind of entry its plan compiles: one
+/// block (both layouts, deterministic or not), split, and the cluster kernel where
+/// `target` has clusters.
 fn every_path(families: &mut Vec<KernelFamily>, target: Target, k: u32, score: TopkScore) {
-    for entries in TopkEntries::ALL {
-        for deterministic in [false, true] {
-            for layout in [TopkLayout::Latency, TopkLayout::Throughput] {
+    for deterministic in [false, true] {
+        for layout in [TopkLayout::Latency, TopkLayout::Throughput] {
+            for &entries in layout.kernel_entries() {
                 families.push(KernelFamily::TopK { k, deterministic, layout, score, entries });
             }
         }
+    }
+    for entries in TopkEntries::MERGED {
         families.push(KernelFamily::TopkSplit { k, score, entries });
-        if target.has_clusters() {
+    }
+    if target.has_clusters() {
+        for entries in TopkEntries::CALLS {
             families.push(KernelFamily::TopkCluster { k, score, entries });
         }
     }

@@ -19,13 +19,14 @@ pub fn kernel_set(cfg: &NsaConfig) -> Vec<KernelSpec> {
         KernelFamily::IndexerKGather,
         KernelFamily::StepStore { format: cfg.kv_cache },
     ];
-    // Top-k: per plan and score type, one kernel writing slots (PAGED for
+    // Top-k: per plan and score type, kernels writing slots (PAGED for
     // decode/verify/draft-extend and extend without prefix, from a page_table_1 or
-    // from the table of pages) and one writing positions (RAGGED for extend with
-    // prefix; plain), plus the unfused page-table transform.
+    // from the table of pages: one kernel per form on the plans of few rows, one for
+    // both on the others) and one writing positions (RAGGED for extend with prefix;
+    // plain), plus the unfused page-table transform.
     families.extend(one_block_topk(cfg, false));
     for &score in topk_scores(cfg) {
-        families.extend(TopkEntries::ALL.map(|entries| KernelFamily::TopkSplit { k: cfg.topk, score, entries }));
+        families.extend(TopkEntries::MERGED.map(|entries| KernelFamily::TopkSplit { k: cfg.topk, score, entries }));
     }
     families.push(KernelFamily::IndexTransform { k: cfg.topk });
     // Prefill with a prefix reads the cache back as bf16 rows: RAGGED sparse MLA on
@@ -58,7 +59,7 @@ pub fn kernel_set(cfg: &NsaConfig) -> Vec<KernelSpec> {
     // (`ops::topk::choose_plan`); one kernel per kind of entry serves every cluster size.
     let clustered: Vec<KernelFamily> = topk_scores(cfg)
         .iter()
-        .flat_map(|&score| TopkEntries::ALL.map(|entries| KernelFamily::TopkCluster { k: cfg.topk, score, entries }))
+        .flat_map(|&score| TopkEntries::CALLS.map(|entries| KernelFamily::TopkCluster { k: cfg.topk, score, entries }))
         .collect();
     let mut specs: Vec<KernelSpec> = cfg
         .targets
@@ -88,11 +89,18 @@ fn topk_scores(cfg: &NsaConfig) -> &'static [TopkScore] {
     }
 }
 
-/// The one-block top-k kernels of `cfg`: every score type, layout and kind of entry.
+/// The one-block top-k kernels of `cfg`: every score type and layout, each in the
+/// kinds of entry its layout compiles.
 fn one_block_topk(cfg: &NsaConfig, deterministic: bool) -> impl Iterator<Item = KernelFamily> + '_ {
     topk_scores(cfg).iter().flat_map(move |&score| {
         [TopkLayout::Latency, TopkLayout::Throughput].into_iter().flat_map(move |layout| {
-            TopkEntries::ALL.map(|entries| KernelFamily::TopK { k: cfg.topk, deterministic, layout, score, entries })
+            layout.kernel_entries().iter().map(move |&entries| KernelFamily::TopK {
+                k: cfg.topk,
+                deterministic,
+                layout,
+                score,
+                entries,
+            })
         })
     })
 }
@@ -130,8 +138,9 @@ mod tests {
     fn deterministic_set_is_every_layout_and_apart_from_the_kernel_set() {
         let cfg = NsaConfig::preset("deepseek-v3.2").unwrap();
         let det = deterministic_topk_set(&cfg);
-        // Two layouts per target, each writing positions and slots.
-        assert_eq!(det.len(), cfg.targets.len() * 4);
+        // Per target: the latency layout writing positions and slots from either
+        // table form (3), the throughput layout positions and slots (2).
+        assert_eq!(det.len(), cfg.targets.len() * 5);
         assert!(det.iter().all(|s| matches!(s.family, KernelFamily::TopK { deterministic: true, .. })));
         let set = kernel_set(&cfg);
         assert!(det.iter().all(|s| !set.contains(s)), "the deterministic kernels are a run-time choice");
@@ -143,11 +152,17 @@ mod tests {
     fn bf16_top_k_kernels_only_when_asked_for_on_every_plan() {
         assert!(bf16_ids(false).is_empty());
         let ids = bf16_ids(true);
-        // Per target (sm_90a, sm_100a): 2 layouts + split + cluster, each writing positions and slots.
-        assert_eq!(ids.len(), 2 * 4 * 2, "{ids:?}");
-        for id in
-            ["topk.k2048.bf16.tput.sm_90a", "topk_split.k2048.bf16.slots.sm_100a", "topk_cluster.k2048.bf16.sm_90a"]
-        {
+        // Per target (sm_90a, sm_100a): the latency layout and the cluster plan writing
+        // positions and slots from either table form (3 each), the throughput layout
+        // and the split plan positions and slots (2 each).
+        assert_eq!(ids.len(), 2 * (3 + 3 + 2 + 2), "{ids:?}");
+        for id in [
+            "topk.k2048.bf16.tput.sm_90a",
+            "topk_split.k2048.bf16.slots.sm_100a",
+            "topk_cluster.k2048.bf16.sm_90a",
+            "topk.k2048.bf16.table1.sm_90a",
+            "topk_cluster.k2048.bf16.pages.sm_100a",
+        ] {
             assert!(ids.iter().any(|i| i == id), "{id} missing from {ids:?}");
         }
         let gfx = NsaConfig {

@@ -347,14 +347,16 @@ fn ids_and_symbols_are_unique_and_round_trip() {
     // top-k (k 512, 1024, 2048) + 1 deterministic + 1 throughput top-k + 1 index
     // transform + 4 metadata modes × 2 page sizes + 1 split top-k per target, and bf16
     // scores for top-k, deterministic, throughput and split (4); the f32 k 2048
-    // top-k, throughput and split kernels also write slots (3; the rest, positions).
-    // On NVIDIA also 9 sparse decode variants, 5 combines, 7 sparse prefill variants,
-    // 2 indexer logits layouts, 3 cluster top-k (the cluster size is a launch
-    // attribute), 1 bf16 and 1 slots cluster top-k and 7 dense prefill variants; on
+    // top-k kernel also writes slots from a page_table_1 and from a table of pages
+    // (2), its throughput and split kernels slots of either form (2; the rest,
+    // positions). On NVIDIA also 9 sparse decode variants, 5 combines, 7 sparse
+    // prefill variants, 2 indexer logits layouts, 3 cluster top-k (the cluster size
+    // is a launch attribute), 1 bf16 and 2 slots cluster top-k (page_table_1, table
+    // of pages) and 7 dense prefill variants; on
     // sm_90a the same 7 with the warp-group kernel; on every target the same 7 with
     // the scalar kernel.
     let nvidia = Target::ALL.iter().filter(|t| t.vendor() == nsa_kernels::Vendor::Nvidia).count();
-    assert_eq!(specs.len(), 37 * Target::ALL.len() + 35 * nvidia + 7);
+    assert_eq!(specs.len(), 38 * Target::ALL.len() + 36 * nvidia + 7);
     let mut ids = BTreeMap::new();
     let mut symbols = BTreeMap::new();
     let mut sources = BTreeSet::new();

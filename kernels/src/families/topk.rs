@@ -93,28 +93,44 @@ pub enum TopkTransform {
     Pages(u32),
 }
 
-/// What a top-k kernel writes, fixed when it is compiled (one kernel per plan and
-/// kind of entry; the launch parameters name the rest of the transform): positions
-/// serve plain and RAGGED (offsets given), slots serve PAGED from a page_table_1 or a
-/// table of pages of any size. One kernel for both measured up to 5.5% slower (H100,
-/// December 2026): the run-time choice stayed in the passes over the row.
+/// What a top-k kernel writes, fixed when it is compiled (kernels per plan and kind
+/// of entry; the launch parameters name the rest of the transform): positions serve
+/// plain and RAGGED (offsets given); slots serve PAGED. One kernel for every
+/// transform measured up to 5.5% slower (H100, December 2026): the run-time choice
+/// stayed in the passes over the row. The plans of few rows (one block per row in
+/// the latency layout, clusters) give each PAGED form its own kernel (`table1`,
+/// `pages`): one kernel for both measured up to 1.8% slower there; the plans of many
+/// rows (throughput layout, split) serve both forms from one `slots` kernel, which
+/// measured within 0.1% of a kernel per form.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum TopkEntries {
     /// Positions in the row, plus a per-row offset when one is given.
     #[default]
     Positions,
-    /// KV slots read from a page table.
+    /// KV slots read from a page table of either form (chosen at run time).
     Slots,
+    /// KV slots read from a page_table_1.
+    Table1,
+    /// KV slots read from a table of pages (any page size, a launch parameter).
+    Pages,
 }
 
 impl TopkEntries {
-    pub const ALL: [TopkEntries; 2] = [TopkEntries::Positions, TopkEntries::Slots];
+    pub const ALL: [TopkEntries; 4] =
+        [TopkEntries::Positions, TopkEntries::Slots, TopkEntries::Table1, TopkEntries::Pages];
+    /// What a call writes ([`TopkTransform::entries`]): the kinds of the plans that
+    /// give each PAGED form its own kernel.
+    pub const CALLS: [TopkEntries; 3] = [TopkEntries::Positions, TopkEntries::Table1, TopkEntries::Pages];
+    /// The kinds of the plans whose one slots kernel serves both PAGED forms.
+    pub const MERGED: [TopkEntries; 2] = [TopkEntries::Positions, TopkEntries::Slots];
 
     pub fn tag(self) -> &'static str {
         match self {
             TopkEntries::Positions => "positions",
             TopkEntries::Slots => "slots",
+            TopkEntries::Table1 => "table1",
+            TopkEntries::Pages => "pages",
         }
     }
 
@@ -122,6 +138,8 @@ impl TopkEntries {
         match self {
             TopkEntries::Positions => "kPositions",
             TopkEntries::Slots => "kSlots",
+            TopkEntries::Table1 => "kTable1",
+            TopkEntries::Pages => "kPages",
         }
     }
 
@@ -129,13 +147,48 @@ impl TopkEntries {
         match self {
             TopkEntries::Positions => "positions (plain, or RAGGED when offsets are given)",
             TopkEntries::Slots => "KV slots (PAGED, from a page_table_1 or a table of pages)",
+            TopkEntries::Table1 => "KV slots (PAGED, from a page_table_1)",
+            TopkEntries::Pages => "KV slots (PAGED, from a table of pages)",
         }
     }
 
-    /// Id knobs: none for positions (the ids that came before slots), `slots` otherwise.
+    /// Either PAGED form as the one `slots` kind (the plans of many rows).
+    pub fn merged(self) -> TopkEntries {
+        match self {
+            TopkEntries::Table1 | TopkEntries::Pages => TopkEntries::Slots,
+            e => e,
+        }
+    }
+
+    /// Id knobs: none for positions (the ids that came before slots), the tag otherwise.
     fn id_knobs(self, knobs: &mut Vec<String>) {
-        if self == TopkEntries::Slots {
+        if self != TopkEntries::Positions {
             knobs.push(self.tag().into());
+        }
+    }
+
+    fn parse(flags: &[&str]) -> TopkEntries {
+        TopkEntries::ALL
+            .into_iter()
+            .find(|e| *e != TopkEntries::Positions && flags.contains(&e.tag()))
+            .unwrap_or_default()
+    }
+}
+
+impl TopkLayout {
+    /// The kinds of entry this layout's kernels are compiled for.
+    pub fn kernel_entries(self) -> &'static [TopkEntries] {
+        match self {
+            TopkLayout::Latency => &TopkEntries::CALLS,
+            TopkLayout::Throughput => &TopkEntries::MERGED,
+        }
+    }
+
+    /// The kind of this layout's kernel for a call writing `entries`.
+    pub fn entries(self, entries: TopkEntries) -> TopkEntries {
+        match self {
+            TopkLayout::Latency => entries,
+            TopkLayout::Throughput => entries.merged(),
         }
     }
 }
@@ -172,12 +225,13 @@ impl TopkTransform {
         }
     }
 
-    /// The kernel that writes this transform's entries.
+    /// What this transform writes, as the plans of few rows compile it (one of
+    /// [`TopkEntries::CALLS`]; [`TopkEntries::merged`] for the plans of many rows).
     pub fn entries(self) -> TopkEntries {
-        if self.is_paged() {
-            TopkEntries::Slots
-        } else {
-            TopkEntries::Positions
+        match self {
+            TopkTransform::Plain | TopkTransform::Ragged => TopkEntries::Positions,
+            TopkTransform::Paged => TopkEntries::Table1,
+            TopkTransform::Pages(_) => TopkEntries::Pages,
         }
     }
 
@@ -392,7 +446,8 @@ impl FamilyRules for Topk {
     /// k 512/1024/2048, plus the deterministic and throughput k 2048 ones (f32 and
     /// bf16 scores); the index transform at 2048; the split path for both scores;
     /// on NVIDIA, the cluster kernel for every k (bf16 at k 2048). Each writes
-    /// positions; the f32 k 2048 kernel of every plan also writes slots.
+    /// positions; the f32 k 2048 kernel of every plan also writes slots, in the kinds
+    /// its plan compiles (`table1` and `pages`, or `slots`).
     fn representatives(&self, target: Target) -> Vec<KernelFamily> {
         let mut families = Vec::new();
         let positions = TopkEntries::Positions;
@@ -408,7 +463,9 @@ impl FamilyRules for Topk {
                 }
                 families.push(topk(false, TopkLayout::Latency, TopkScore::Bf16, positions));
                 for layout in [TopkLayout::Latency, TopkLayout::Throughput] {
-                    families.push(topk(false, layout, TopkScore::F32, TopkEntries::Slots));
+                    for &entries in layout.kernel_entries().iter().filter(|&&e| e != positions) {
+                        families.push(topk(false, layout, TopkScore::F32, entries));
+                    }
                 }
             }
         }
@@ -422,7 +479,9 @@ impl FamilyRules for Topk {
                 families.push(KernelFamily::TopkCluster { k, score: TopkScore::F32, entries: positions });
             }
             families.push(KernelFamily::TopkCluster { k: 2048, score: TopkScore::Bf16, entries: positions });
-            families.push(KernelFamily::TopkCluster { k: 2048, score: TopkScore::F32, entries: TopkEntries::Slots });
+            for entries in [TopkEntries::Table1, TopkEntries::Pages] {
+                families.push(KernelFamily::TopkCluster { k: 2048, score: TopkScore::F32, entries });
+            }
         }
         families
     }
@@ -430,25 +489,25 @@ impl FamilyRules for Topk {
     fn parse(&self, name: &str, knobs: &[&str]) -> Option<KernelFamily> {
         // Unknown flags parse to a family whose id differs, rejected by the caller.
         let score_of = |flags: &[&str]| if flags.contains(&"bf16") { TopkScore::Bf16 } else { TopkScore::F32 };
-        let entries_of =
-            |flags: &[&str]| if flags.contains(&"slots") { TopkEntries::Slots } else { TopkEntries::Positions };
         Some(match (name, knobs) {
             ("topk", [k, flags @ ..]) => KernelFamily::TopK {
                 k: number_after(k, 'k')?,
                 deterministic: flags.contains(&"det"),
                 layout: if flags.contains(&"tput") { TopkLayout::Throughput } else { TopkLayout::Latency },
                 score: score_of(flags),
-                entries: entries_of(flags),
+                entries: TopkEntries::parse(flags),
             },
             ("index_transform", [k]) => KernelFamily::IndexTransform { k: number_after(k, 'k')? },
             ("topk_cluster", [k, flags @ ..]) => KernelFamily::TopkCluster {
                 k: number_after(k, 'k')?,
                 score: score_of(flags),
-                entries: entries_of(flags),
+                entries: TopkEntries::parse(flags),
             },
-            ("topk_split", [k, flags @ ..]) => {
-                KernelFamily::TopkSplit { k: number_after(k, 'k')?, score: score_of(flags), entries: entries_of(flags) }
-            }
+            ("topk_split", [k, flags @ ..]) => KernelFamily::TopkSplit {
+                k: number_after(k, 'k')?,
+                score: score_of(flags),
+                entries: TopkEntries::parse(flags),
+            },
             _ => return None,
         })
     }

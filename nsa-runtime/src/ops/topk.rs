@@ -70,11 +70,13 @@ pub enum TopkOutput<'a> {
 }
 
 impl TopkOutput<'_> {
-    /// The kernel that writes this output's entries.
+    /// What this output's entries are (one of [`TopkEntries::CALLS`]); each plan
+    /// maps it to the kind its kernel compiles ([`TopkPlan::family`]).
     pub fn entries(&self) -> TopkEntries {
         match self {
             TopkOutput::Plain | TopkOutput::Ragged { .. } => TopkEntries::Positions,
-            TopkOutput::Paged(_) => TopkEntries::Slots,
+            TopkOutput::Paged(t) if t.page_size == 1 => TopkEntries::Table1,
+            TopkOutput::Paged(_) => TopkEntries::Pages,
         }
     }
 }
@@ -215,11 +217,15 @@ pub enum TopkPlan {
 
 impl TopkPlan {
     /// The kernel this plan launches for top-`k` of `score`s writing `entries`
-    /// (`deterministic` applies to one block per row only).
+    /// (`deterministic` applies to one block per row only). The plans of many rows
+    /// (throughput layout, split) serve both PAGED forms from one kernel
+    /// ([`TopkEntries::merged`]); the others have a kernel per form.
     pub fn family(self, k: u32, deterministic: bool, score: TopkScore, entries: TopkEntries) -> KernelFamily {
         match self {
-            TopkPlan::Single(layout) => KernelFamily::TopK { k, deterministic, layout, score, entries },
-            TopkPlan::Split { .. } => KernelFamily::TopkSplit { k, score, entries },
+            TopkPlan::Single(layout) => {
+                KernelFamily::TopK { k, deterministic, layout, score, entries: layout.entries(entries) }
+            }
+            TopkPlan::Split { .. } => KernelFamily::TopkSplit { k, score, entries: entries.merged() },
             TopkPlan::Cluster { .. } => KernelFamily::TopkCluster { k, score, entries },
         }
     }
@@ -763,12 +769,21 @@ mod tests {
 
     #[test]
     fn each_plan_launches_its_own_family_with_every_knob() {
-        let (k, s, e) = (1024, TopkScore::Bf16, TopkEntries::Slots);
+        let (k, s, e) = (1024, TopkScore::Bf16, TopkEntries::Pages);
+        let slots = TopkEntries::Slots;
         let single = TopkPlan::Single(TopkLayout::Throughput).family(k, true, s, e);
         let layout = TopkLayout::Throughput;
-        assert_eq!(single, KernelFamily::TopK { k, deterministic: true, layout, score: s, entries: e });
+        assert_eq!(single, KernelFamily::TopK { k, deterministic: true, layout, score: s, entries: slots });
+        let layout = TopkLayout::Latency;
+        let single = TopkPlan::Single(layout).family(k, true, s, TopkEntries::Table1);
+        assert_eq!(
+            single,
+            KernelFamily::TopK { k, deterministic: true, layout, score: s, entries: TopkEntries::Table1 }
+        );
         let split = TopkPlan::Split { chunk: 4096, chunks: 3 }.family(k, false, s, TopkEntries::Positions);
         assert_eq!(split, KernelFamily::TopkSplit { k, score: s, entries: TopkEntries::Positions });
+        let split = TopkPlan::Split { chunk: 4096, chunks: 3 }.family(k, false, s, TopkEntries::Table1);
+        assert_eq!(split, KernelFamily::TopkSplit { k, score: s, entries: slots });
         let cluster = TopkPlan::Cluster { size: 4 }.family(k, false, TopkScore::F32, e);
         assert_eq!(cluster, KernelFamily::TopkCluster { k, score: TopkScore::F32, entries: e });
     }

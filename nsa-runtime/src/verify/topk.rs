@@ -240,14 +240,15 @@ fn path_kernel(
     row_capacity: usize,
     sm_count: u32,
 ) -> TopkKernel {
-    let (family, cluster) = match path {
+    // The launcher's plans name the kernel (a kind of entry per plan).
+    let (plan, cluster) = match path {
         TopkPath::Single(layout) => {
-            let layout = layout.unwrap_or_else(|| topk::choose_layout(rows, row_capacity, sm_count).0);
-            (KernelFamily::TopK { k, deterministic, layout, score, entries }, 1)
+            (TopkPlan::Single(layout.unwrap_or_else(|| topk::choose_layout(rows, row_capacity, sm_count).0)), 1)
         }
-        TopkPath::Split => (KernelFamily::TopkSplit { k, score, entries }, 1),
-        TopkPath::Cluster(size) => (KernelFamily::TopkCluster { k, score, entries }, size),
+        TopkPath::Split => (TopkPlan::Split { chunk: CHECK_SPLIT_CHUNK, chunks: 1 }, 1),
+        TopkPath::Cluster(size) => (TopkPlan::Cluster { size }, size),
     };
+    let family = plan.family(k, deterministic, score, entries);
     TopkKernel { family, cluster }
 }
 

@@ -32,12 +32,18 @@ namespace topk {
 // The output transform, fixed per kernel as the entries it writes. kPositions: the
 // position, plus offsets[row] when offsets is given (RAGGED; plain otherwise).
 // kSlots: PAGED, the KV slot from the page table (page_size positions an entry; 1: a
-// page_table_1; a page entry < 0 gives the slot -1, spec §2.2). kRaw, internal: the
-// position as it is, for the passes over the row, whose entries are translated
-// after they are placed (or before, for lists whose page_table_1 slots were looked
-// up where they were built). Two kernels per plan instead of one keep the run-time
-// choice out of the passes: the one-for-all kernel measured up to 5.5% slower.
-enum Transform { kRaw = 0, kPositions = 1, kSlots = 2 };
+// page_table_1; a page entry < 0 gives the slot -1, spec §2.2); kTable1 and kPages:
+// the same with the table's form fixed (a page_table_1; a table of pages), for the
+// plans whose rows are few, where the form chosen at run time measured up to 1.8%
+// slower. kRaw, internal: the position as it is, for the passes over the row, whose
+// entries are translated after they are placed (or before, for lists whose
+// page_table_1 slots were looked up where they were built). Kernels per kind of
+// entry keep the run-time choice out of the passes: one kernel for every transform
+// measured up to 5.5% slower.
+enum Transform { kRaw = 0, kPositions = 1, kSlots = 2, kTable1 = 3, kPages = 4 };
+
+// Any PAGED form: the entries are KV slots.
+NSA_DEVICE constexpr bool is_slots(int transform) { return transform >= kSlots; }
 
 // Kernel parameters; the host mirrors this layout field for field.
 struct Params {
@@ -63,11 +69,11 @@ struct Params {
 // slot lookup per listed key); any entry other than the position itself.
 template <int kTransform>
 NSA_DEVICE bool reads_table_1(const Params& p) {
-  return kTransform == kSlots && p.page_size == 1;
+  return kTransform == kTable1 || (kTransform == kSlots && p.page_size == 1);
 }
 template <int kTransform>
 NSA_DEVICE bool translates(const Params& p) {
-  return kTransform == kSlots || (kTransform == kPositions && p.offsets != nullptr);
+  return is_slots(kTransform) || (kTransform == kPositions && p.offsets != nullptr);
 }
 
 // Workspace of the split path (few long rows, each over many blocks): zero on
@@ -251,7 +257,7 @@ NSA_DEVICE void for_each_key_as(bool cached, const u32* cache, const S* src, i32
 // Which page-table row serves score row `row` (-1: none).
 template <int kTransform>
 NSA_DEVICE i32 table_row_of(const Params& p, i32 row) {
-  return kTransform == kSlots ? segment_of(p.cu_seqlens_q, p.table_rows, row) : 0;
+  return is_slots(kTransform) ? segment_of(p.cu_seqlens_q, p.table_rows, row) : 0;
 }
 
 // Page-table row `trow` as words, for the asynchronous slot lookups.
@@ -276,7 +282,7 @@ NSA_DEVICE i32 emit(const Params& p, i32 row, i32 trow, i32 pos) {
   if (kTransform == kRaw) return pos;
   if (kTransform == kPositions) return p.offsets != nullptr ? pos + p.offsets[row] : pos;
   const i32* table_row = p.page_table + (i64)trow * p.table_stride;
-  return p.page_size == 1 ? table_row[pos] : page_slot(p, table_row, pos);
+  return reads_table_1<kTransform>(p) ? table_row[pos] : page_slot(p, table_row, pos);
 }
 
 // Finds the bin holding the r-th largest key (counting down from the top bin) in
@@ -784,7 +790,7 @@ NSA_DEVICE void place_listed(const Params& p, i32 row, i32 trow, i32* out, const
   i32 v[kPer];
   // Positions plus one offset for the row (plain, RAGGED, or slots looked up
   // already), or table lookups; chosen once, outside the unrolled loads.
-  if (kTransform != kSlots || translated) {
+  if (!is_slots(kTransform) || translated) {
     const i32 add = kTransform == kPositions && p.offsets != nullptr ? p.offsets[row] : 0;
 #pragma unroll
     for (u32 j = 0; j < kPer; ++j) {
@@ -881,7 +887,7 @@ NSA_DEVICE RowExtent row_extent(const Params& p, i32 row) {
   e.n = p.lengths[row] > 0 ? p.lengths[row] : 0;
   e.trow = table_row_of<kTransform>(p, row);
   e.ok = e.n == 0 || (e.s0 >= 0 && (i64)e.s0 + e.n <= p.row_capacity && e.trow >= 0 &&
-                      (kTransform != kSlots || (i64)e.n <= (i64)p.table_width * p.page_size));
+                      (!is_slots(kTransform) || (i64)e.n <= (i64)p.table_width * p.page_size));
   return e;
 }
 

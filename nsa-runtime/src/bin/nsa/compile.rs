@@ -5,7 +5,8 @@ use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 use nsa_kernels::spec::{MetadataMode, TOPK_CLUSTER_SIZES};
 use nsa_kernels::{
-    deterministic_topk_set, kernel_set, KernelFamily, KernelSpec, NsaConfig, Target, TopkScore, TopkTransform,
+    deterministic_topk_set, kernel_set, KernelFamily, KernelSpec, NsaConfig, Target, TopkEntries, TopkScore,
+    TopkTransform,
 };
 use nsa_runtime::cache::prebuild::{self, Caches};
 use nsa_runtime::cache::{CachedKernel, Origin};
@@ -216,9 +217,13 @@ pub fn verify(args: VerifyArgs) -> Result<()> {
     on_device.targets = vec![rt.target()];
     let topk_transforms: Vec<TopkTransform> = TopkTransform::ALL
         .into_iter()
-        .chain((cfg.page_size > 1).then_some(TopkTransform::Pages(cfg.page_size)))
+        // The `pages` kernels serve any page size: at page size 1, a table of pages of 2.
+        .chain([TopkTransform::Pages(cfg.page_size.max(2))])
         .collect();
-    let served = |entries| topk_transforms.iter().copied().filter(move |t: &TopkTransform| t.entries() == entries);
+    // A `slots` kernel serves both PAGED forms; the others their own kind.
+    let served = |entries: TopkEntries| {
+        topk_transforms.iter().copied().filter(move |t| t.entries() == entries || t.entries().merged() == entries)
+    };
     for spec in kernel_set(&on_device) {
         for (i, &n) in args.sizes.iter().enumerate() {
             let seed = args.seed.wrapping_add(i as u64);
@@ -230,8 +235,8 @@ pub fn verify(args: VerifyArgs) -> Result<()> {
                 KernelFamily::IndexerKGather => verify::gather_indexer(&rt, n, seed, n > 1)?,
                 // Each top-k kernel is checked on every transform it serves (positions:
                 // plain and RAGGED; slots: PAGED from a page_table_1 and from the
-                // config's table of pages) and, a cluster kernel, every size the
-                // launcher may pick.
+                // config's table of pages; table1 and pages: one of them) and, a
+                // cluster kernel, every size the launcher may pick.
                 KernelFamily::TopK { k, deterministic, layout, score, entries } => {
                     for call in served(entries) {
                         let path = TopkPath::Single(Some(layout));
