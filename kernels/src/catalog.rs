@@ -42,7 +42,8 @@ pub fn kernel_set(cfg: &NsaConfig) -> Vec<KernelSpec> {
     // pool for PAGED, the dequantized prefix for RAGGED) for every format; decode
     // (spec §8.3) reads the FP8 cache.
     let d_qk = cfg.kv_lora_rank + cfg.qk_rope_head_dim;
-    let mut sparse_mla = vec![KernelFamily::SparsePrefill { heads: cfg.num_q_heads, topk: cfg.topk, d_qk }];
+    let mut sparse_mla =
+        vec![KernelFamily::SparsePrefill { heads: cfg.num_q_heads, topk: cfg.topk, d_qk, paired: false }];
     // Indexer logits (spec §6): FP8 warp-group MMA on sm_90a, mma.sync elsewhere; NVIDIA only for now.
     for layout in IndexerLayout::ALL {
         sparse_mla.push(KernelFamily::IndexerLogits { heads: cfg.index_n_heads, layout });

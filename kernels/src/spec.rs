@@ -97,7 +97,9 @@ pub enum KernelFamily {
     /// Sparse MLA prefill over bf16 KV rows (spec §8.2): heads, top-k and the Q/K
     /// width `d_qk` (576 = latent + rope, or 512 without rope) are constants. One
     /// CTA per (query token, head tile); no batch dimension (indices carry it).
-    SparsePrefill { heads: u32, topk: u32, d_qk: u32 },
+    /// `paired`: the warp-group kernel whose two consumer groups take alternate
+    /// 64-token blocks (sm_90a, 17+ heads; opt-in, `ops::sparse_prefill::Kernel`).
+    SparsePrefill { heads: u32, topk: u32, d_qk: u32, paired: bool },
     /// Lightning-indexer logits (spec §6.2, §6.3) over FP8 keys: PAGED from the
     /// indexer cache (decode / verify / draft-extend, page size 64 fixed by the
     /// cache layout) or RAGGED from gathered keys with per-row [ks, ke) (extend).

@@ -353,10 +353,10 @@ fn ids_and_symbols_are_unique_and_round_trip() {
     // prefill variants, 2 indexer logits layouts, 3 cluster top-k (the cluster size
     // is a launch attribute), 1 bf16 and 2 slots cluster top-k (page_table_1, table
     // of pages) and 7 dense prefill variants; on
-    // sm_90a the same 7 with the warp-group kernel; on every target the same 7 with
-    // the scalar kernel.
+    // sm_90a the same 7 with the warp-group kernel and 4 paired-block sparse prefill
+    // variants; on every target the same 7 with the scalar kernel.
     let nvidia = Target::ALL.iter().filter(|t| t.vendor() == nsa_kernels::Vendor::Nvidia).count();
-    assert_eq!(specs.len(), 38 * Target::ALL.len() + 36 * nvidia + 7);
+    assert_eq!(specs.len(), 38 * Target::ALL.len() + 36 * nvidia + 7 + 4);
     let mut ids = BTreeMap::new();
     let mut symbols = BTreeMap::new();
     let mut sources = BTreeSet::new();

@@ -57,6 +57,18 @@ pub fn wg_smem_bytes(d_qk: u32) -> u32 {
     3 * tile + WG_HEAD_TILE * DECODE_BLOCK_TOKENS * 2 + 3 * WG_HEAD_TILE * 4 + 2 * DECODE_BLOCK_TOKENS + 1024
 }
 
+/// Dynamic shared memory of the paired-block warp-group prefill kernel (its two
+/// consumer groups on alternate blocks); mirrors `nsa::prefill_pairs::Smem`
+/// (sparse_prefill_pairs.cuh): Q and two K/V tiles, the P tiles the groups exchange
+/// (one in K's rope block when the rows have one), each group's row maxima and
+/// sums, validity flags, and 1 KiB of slack for the 1024-byte alignment.
+pub fn pairs_smem_bytes(d_qk: u32) -> u32 {
+    let tile = WG_HEAD_TILE * d_qk * 2;
+    let p_tile = WG_HEAD_TILE * DECODE_BLOCK_TOKENS * 2;
+    let p_tiles = if d_qk > 512 { 1 } else { 2 };
+    3 * tile + p_tiles * p_tile + 4 * WG_HEAD_TILE * 4 + 2 * DECODE_BLOCK_TOKENS + 1024
+}
+
 /// Tokens one sparse-decode pipeline step covers (top-k must be a multiple).
 pub const DECODE_BLOCK_TOKENS: u32 = 64;
 /// Threads of a sparse-decode CTA (8 producer + 8 consumer warps).
@@ -164,7 +176,9 @@ pub(crate) fn decode_f8_kernel(spec: &KernelSpec, heads: u32) -> bool {
 /// double-buffered tiles.
 fn mla_smem_bytes(spec: &KernelSpec, heads: u32, d_qk: u32) -> u32 {
     let prefill = matches!(spec.family, KernelFamily::SparsePrefill { .. });
+    let paired = matches!(spec.family, KernelFamily::SparsePrefill { paired: true, .. });
     match head_tile(spec, heads) {
+        Some(WG_HEAD_TILE) if paired => pairs_smem_bytes(d_qk),
         Some(WG_HEAD_TILE) => wg_smem_bytes(d_qk),
         Some(t) if prefill => prefill_ring_smem_bytes(t, d_qk),
         tile => tile.map_or(0, |t| attend_smem_bytes(t, d_qk)),
@@ -199,8 +213,12 @@ impl FamilyRules for Attention {
                 vec![format!("h{heads}"), format!("k{topk}"), format!("p{page_size}")]
             }
             KernelFamily::SparseDecodeCombine { heads } => vec![format!("h{heads}")],
-            KernelFamily::SparsePrefill { heads, topk, d_qk } => {
-                vec![format!("h{heads}"), format!("k{topk}"), format!("d{d_qk}")]
+            KernelFamily::SparsePrefill { heads, topk, d_qk, paired } => {
+                let mut v = vec![format!("h{heads}"), format!("k{topk}"), format!("d{d_qk}")];
+                if paired {
+                    v.push("pairs".into());
+                }
+                v
             }
             _ => unreachable!("not a sparse MLA family"),
         }
@@ -218,6 +236,7 @@ impl FamilyRules for Attention {
                 }
             }
             KernelFamily::SparseDecodeCombine { .. } => "sparse_decode_combine.cu.tera",
+            KernelFamily::SparsePrefill { paired: true, .. } => "sparse_prefill_pairs.cu.tera",
             KernelFamily::SparsePrefill { heads, .. } if wg_kernel(spec, heads) => "sparse_prefill_wg.cu.tera",
             _ => "sparse_prefill.cu.tera",
         }
@@ -264,7 +283,7 @@ impl FamilyRules for Attention {
             KernelFamily::SparseDecodeCombine { heads } => {
                 ctx.insert("heads".into(), json!(heads));
             }
-            KernelFamily::SparsePrefill { heads, topk, d_qk } => {
+            KernelFamily::SparsePrefill { heads, topk, d_qk, .. } => {
                 mla_context(spec, ctx, heads, topk, d_qk);
                 ctx.insert("d_qk".into(), json!(d_qk));
             }
@@ -276,7 +295,8 @@ impl FamilyRules for Attention {
     /// count of [`DECODE_HEADS`] at top-k 2048 / page 64, top-k 512 and 1024 at 128
     /// heads, and page sizes 1 and 61; prefill for every head count of
     /// [`PREFILL_HEADS`] at top-k 2048 / d_qk 576, top-k 512 and 1024 and d_qk 512
-    /// at 128 heads.
+    /// at 128 heads; on sm_90a the paired-block prefill kernel at 32, 64 and 128 heads
+    /// (d_qk 576) and at 128 heads with d_qk 512.
     fn representatives(&self, target: Target) -> Vec<KernelFamily> {
         let mut families = Vec::new();
         if target.vendor() != Vendor::Nvidia {
@@ -292,14 +312,30 @@ impl FamilyRules for Attention {
         for page_size in [1, 61] {
             families.push(KernelFamily::SparseDecode { heads: 16, topk: 2048, page_size });
         }
+        let prefill = |heads, topk, d_qk, paired| KernelFamily::SparsePrefill { heads, topk, d_qk, paired };
         for heads in PREFILL_HEADS {
-            families.push(KernelFamily::SparsePrefill { heads, topk: 2048, d_qk: 576 });
+            families.push(prefill(heads, 2048, 576, false));
         }
         for topk in [512, 1024] {
-            families.push(KernelFamily::SparsePrefill { heads: 128, topk, d_qk: 576 });
+            families.push(prefill(128, topk, 576, false));
         }
-        families.push(KernelFamily::SparsePrefill { heads: 128, topk: 2048, d_qk: 512 });
+        families.push(prefill(128, 2048, 512, false));
+        if target == Target::Sm90a {
+            for heads in [32, 64, 128] {
+                families.push(prefill(heads, 2048, 576, true));
+            }
+            families.push(prefill(128, 2048, 512, true));
+        }
         families
+    }
+
+    /// The paired-block prefill kernel exists only where the warp-group one does
+    /// (sm_90a, 17+ heads).
+    fn exists(&self, spec: &KernelSpec) -> bool {
+        match spec.family {
+            KernelFamily::SparsePrefill { heads, paired: true, .. } => wg_kernel(spec, heads),
+            _ => true,
+        }
     }
 
     fn parse(&self, name: &str, knobs: &[&str]) -> Option<KernelFamily> {
@@ -309,10 +345,11 @@ impl FamilyRules for Attention {
                 topk: number_after(k, 'k')?,
                 page_size: number_after(p, 'p')?,
             },
-            ("sparse_prefill", [h, k, d]) => KernelFamily::SparsePrefill {
+            ("sparse_prefill", [h, k, d, flags @ ..]) => KernelFamily::SparsePrefill {
                 heads: number_after(h, 'h')?,
                 topk: number_after(k, 'k')?,
                 d_qk: number_after(d, 'd')?,
+                paired: flags.contains(&"pairs"),
             },
             ("sparse_decode_combine", [h]) => KernelFamily::SparseDecodeCombine { heads: number_after(h, 'h')? },
             _ => return None,
@@ -323,6 +360,20 @@ impl FamilyRules for Attention {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The paired-block prefill kernel exists where the warp-group one does (sm_90a,
+    /// 17+ heads), under its own id and template.
+    #[test]
+    fn paired_prefill_only_beside_the_warp_group_kernel() {
+        let id = "sparse_prefill.h128.k2048.d576.pairs.sm_90a";
+        let spec = KernelSpec::from_id(id).expect("the paired kernel at 128 heads on sm_90a");
+        assert!(matches!(spec.family, KernelFamily::SparsePrefill { paired: true, .. }));
+        assert!(crate::render(&spec).unwrap().source.contains("prefill_pairs::sparse_prefill"));
+        assert_eq!(spec.dynamic_smem_bytes(), pairs_smem_bytes(576));
+        for missing in ["sparse_prefill.h16.k2048.d576.pairs.sm_90a", "sparse_prefill.h128.k2048.d576.pairs.sm_100a"] {
+            assert_eq!(KernelSpec::from_id(missing), None, "{missing}");
+        }
+    }
 
     /// Decode and prefill agree on which head counts exist; they differ only in
     /// the tile sm_90a runs for 17+ heads that are not a multiple of 64.
@@ -352,7 +403,10 @@ mod tests {
                 |target| KernelSpec::new(KernelFamily::SparseDecode { heads, topk: 2048, page_size: 64 }, target);
             assert_eq!(decode(Target::Sm90a).decode_f8_kernel(heads), decode90 == Some(16), "h{heads}");
             assert!(!decode(Target::Sm100a).decode_f8_kernel(heads), "h{heads} sm_100a");
-            let prefill = KernelSpec::new(KernelFamily::SparsePrefill { heads, topk: 2048, d_qk: 576 }, Target::Sm90a);
+            let prefill = KernelSpec::new(
+                KernelFamily::SparsePrefill { heads, topk: 2048, d_qk: 576, paired: false },
+                Target::Sm90a,
+            );
             assert!(!prefill.decode_f8_kernel(heads), "prefill h{heads}");
         }
     }

@@ -157,6 +157,31 @@ fn check_inputs(
     Ok(ctas)
 }
 
+/// Which kernel a sparse prefill call launches where the warp-group kernel runs
+/// (sm_90a, 17+ heads; elsewhere only `Standard` exists).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PrefillKernel {
+    /// One consumer group computes every block's scores and softmax, both groups
+    /// half of P·V (sparse_prefill_wg.cuh).
+    #[default]
+    Standard,
+    /// The two consumer groups take alternate 64-token blocks and exchange the row
+    /// max and P (sparse_prefill_pairs.cuh). Opt-in: not yet timed against
+    /// `Standard` on a GPU.
+    Pairs,
+}
+
+impl std::str::FromStr for PrefillKernel {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "standard" => Ok(PrefillKernel::Standard),
+            "pairs" => Ok(PrefillKernel::Pairs),
+            _ => Err(format!("unknown sparse prefill kernel `{s}`: allowed standard or pairs")),
+        }
+    }
+}
+
 /// Sparse MLA prefill: `out[t, h] = softmax_j(sm_scale · q·k_j) · k_j[..512]` over
 /// the valid indices of query t, with `max_logits` and `lse` (natural log).
 pub fn sparse_prefill(
@@ -165,15 +190,38 @@ pub fn sparse_prefill(
     inputs: &SparsePrefillInputs<'_>,
     outputs: SparsePrefillOutputs<'_, '_>,
 ) -> Result<()> {
+    sparse_prefill_with(rt, shape, PrefillKernel::Standard, inputs, outputs)
+}
+
+/// [`sparse_prefill`] on the kernel the caller names (benchmarks, tests).
+pub fn sparse_prefill_with(
+    rt: &Runtime,
+    shape: &PrefillShape,
+    kernel: PrefillKernel,
+    inputs: &SparsePrefillInputs<'_>,
+    outputs: SparsePrefillOutputs<'_, '_>,
+) -> Result<()> {
     check_target("shape.target", shape.target, rt)?;
     let ctas = check_inputs(shape, &inputs.query, inputs.kv.width, &outputs)?;
-    launch(rt, shape, ctas, inputs, outputs)
+    let paired = kernel == PrefillKernel::Pairs;
+    if paired && shape.head_tile()? != nsa_kernels::spec::WG_HEAD_TILE {
+        return Err(invalid(
+            "kernel",
+            "Pairs",
+            format!(
+                "PrefillKernel::Standard for {} heads on {}: Pairs needs sm_90a and 17+ heads",
+                shape.heads, shape.target
+            ),
+        ));
+    }
+    launch(rt, shape, paired, ctas, inputs, outputs)
 }
 
 /// The launch after [`check_inputs`]: the KV view, alignment, the kernel.
 fn launch(
     rt: &Runtime,
     shape: &PrefillShape,
+    paired: bool,
     ctas: usize,
     inputs: &SparsePrefillInputs<'_>,
     outputs: SparsePrefillOutputs<'_, '_>,
@@ -186,7 +234,8 @@ fn launch(
     let query = &inputs.query;
     check_aligned("q", &query.q, 16, stream)?;
     check_aligned("out", outputs.out, 16, stream)?;
-    let kernel = rt.kernel(KernelFamily::SparsePrefill { heads: shape.heads, topk: shape.topk, d_qk: shape.d_qk })?;
+    let kernel =
+        rt.kernel(KernelFamily::SparsePrefill { heads: shape.heads, topk: shape.topk, d_qk: shape.d_qk, paired })?;
     let (q, _g1) = query.q.device_ptr(stream);
     let (kv, _g2) = inputs.kv.data.device_ptr(stream);
     let (indices, _g3) = query.indices.device_ptr(stream);
@@ -238,7 +287,7 @@ pub fn sparse_prefill_fp8_ragged(
     check_len("kv.buffer", kv.buffer.len(), ragged_kv_elems(rows), "kv_slots.len() × 576 (ragged_kv_elems)")?;
     dequant_fp8(rt, &kv.cache, &kv.kv_slots, kv.buffer)?;
     let rows = Rows { data: kv.buffer.slice(0..), count: rows, width: BF16_TOKEN_ELEMS, stride: BF16_TOKEN_ELEMS };
-    launch(rt, shape, ctas, &SparsePrefillInputs { query, kv: rows }, outputs)
+    launch(rt, shape, false, ctas, &SparsePrefillInputs { query, kv: rows }, outputs)
 }
 
 #[cfg(test)]

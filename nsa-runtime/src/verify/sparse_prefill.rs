@@ -5,7 +5,7 @@
 use super::attention::{compare, index_row, reference_rows, sample_rows, GpuAttention, IndexPattern};
 use super::{download, upload, Check};
 use crate::ops::sparse_prefill::{
-    self, Fp8RaggedKv, PrefillQuery, PrefillShape, SparsePrefillInputs, SparsePrefillOutputs,
+    self, Fp8RaggedKv, PrefillKernel, PrefillQuery, PrefillShape, SparsePrefillInputs, SparsePrefillOutputs,
 };
 use crate::ops::Rows;
 use crate::reference::kv_cache::{dequantize_fp8_token, quantize_fp8_token};
@@ -44,6 +44,8 @@ pub struct PrefillCase {
     pub row_pad: usize,
     /// Queries compared against the reference (evenly spread, first and last included).
     pub check_rows: usize,
+    /// The kernel launched for bf16 KV rows (the FP8 RAGGED path runs the standard one).
+    pub kernel: PrefillKernel,
     pub seed: u64,
 }
 
@@ -58,6 +60,7 @@ impl PrefillCase {
             out_of_range: false,
             row_pad: 0,
             check_rows: 24,
+            kernel: PrefillKernel::Standard,
             seed,
         }
     }
@@ -112,6 +115,10 @@ fn kv_data(case: &PrefillCase, rng: &mut rand::rngs::StdRng) -> KvData {
 /// Builds KV rows, random queries and index rows, runs the kernel and compares the
 /// sampled queries with the reference.
 pub fn run(rt: &Runtime, case: &PrefillCase) -> Result<Check> {
+    if case.kernel == PrefillKernel::Pairs && !matches!(case.source, KvSource::Bf16) {
+        let want = "PrefillKernel::Standard with an FP8 source (its RAGGED prefill launches the standard kernel)";
+        return Err(crate::error::invalid("kernel", "Pairs", want));
+    }
     let stream = rt.gpu().stream();
     let s = case.shape;
     let mut rng = testdata::rng(case.seed);
@@ -157,7 +164,13 @@ pub fn run(rt: &Runtime, case: &PrefillCase) -> Result<Check> {
         None => {
             let d_kv = upload(stream, &kv.device_rows)?;
             let rows = Rows { data: d_kv.slice(0..), count: case.s_kv, width: d, stride: kv.stride };
-            sparse_prefill::sparse_prefill(rt, &s, &SparsePrefillInputs { query, kv: rows }, outputs)?;
+            sparse_prefill::sparse_prefill_with(
+                rt,
+                &s,
+                case.kernel,
+                &SparsePrefillInputs { query, kv: rows },
+                outputs,
+            )?;
         }
         Some((pool, slots)) => {
             let d_pool = upload(stream, pool)?;
@@ -191,8 +204,16 @@ pub fn run(rt: &Runtime, case: &PrefillCase) -> Result<Check> {
     });
     let gpu = GpuAttention { heads, out: &out, lse: &lse, max_logits: Some(&max_logits) };
     let (mismatches, first_mismatch) = compare(&gpu, &picked, &want);
-    let id =
-        KernelSpec::new(KernelFamily::SparsePrefill { heads: s.heads, topk: s.topk, d_qk: s.d_qk }, rt.target()).id();
+    let id = KernelSpec::new(
+        KernelFamily::SparsePrefill {
+            heads: s.heads,
+            topk: s.topk,
+            d_qk: s.d_qk,
+            paired: case.kernel == PrefillKernel::Pairs,
+        },
+        rt.target(),
+    )
+    .id();
     Ok(Check {
         kernel: id,
         case: format!(

@@ -4,7 +4,7 @@
 use super::{assert_all, rt};
 use nsa_kernels::spec::PREFILL_HEADS;
 use nsa_kernels::Target;
-use nsa_runtime::ops::sparse_prefill::PrefillShape;
+use nsa_runtime::ops::sparse_prefill::{PrefillKernel, PrefillShape};
 use nsa_runtime::verify::attention::IndexPattern;
 use nsa_runtime::verify::sparse_prefill::{run, KvSource, PrefillCase};
 
@@ -66,6 +66,44 @@ fn invalid_rows_masked_indices_lengths_and_duplicates() {
         c.out_of_range = true;
         checks.push(run(&rt, &c).unwrap());
     }
+    assert_all(&checks);
+}
+
+/// The paired-block kernel (its consumer groups on alternate 64-token blocks): every
+/// head count with a warp-group kernel, both widths, even and odd block counts (top-k
+/// 64 is one block, 576 nine), per-query lengths (a last pair of one block, queries
+/// without keys), masked and duplicate indices, strided rows, long KV.
+#[test]
+fn paired_block_kernel_every_shape_and_edge() {
+    let rt = rt();
+    let mut checks = Vec::new();
+    let mut seed = 1900;
+    let mut push = |mut c: PrefillCase| {
+        c.kernel = PrefillKernel::Pairs;
+        checks.push(run(&rt, &c).unwrap());
+    };
+    for heads in PREFILL_HEADS.into_iter().filter(|&h| h > 16) {
+        for topk in [64, 576, 2048] {
+            for d_qk in [576, 512] {
+                seed += 1;
+                push(PrefillCase::new(shape(62, heads, topk, d_qk), 577, IndexPattern::Holes, seed));
+            }
+        }
+    }
+    let base = shape(40, 128, 2048, 576);
+    push(PrefillCase::new(base, 3000, IndexPattern::AllInvalid, 1950));
+    push(PrefillCase::new(base, 3000, IndexPattern::Duplicates, 1951));
+    let mut c = PrefillCase::new(base, 3000, IndexPattern::Full, 1952);
+    c.lengths = true;
+    c.out_of_range = true;
+    push(c);
+    let mut c = PrefillCase::new(shape(40, 64, 2048, 512), 3000, IndexPattern::Holes, 1953);
+    c.row_pad = 64;
+    c.lengths = true;
+    push(c);
+    let mut c = PrefillCase::new(shape(4096, 128, 2048, 576), 32768, IndexPattern::Holes, 1954);
+    c.check_rows = 16;
+    push(c);
     assert_all(&checks);
 }
 

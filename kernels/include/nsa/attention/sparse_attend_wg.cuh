@@ -1,6 +1,8 @@
 // The consumer half of the warp-group (wgmma, sm_90a) sparse MLA kernels, playbook
 // stage D3 (the decode kernel's; kept apart from its FP8 producer so a bf16
-// prefill producer can reuse it, stage P2). A CTA computes a 64-head tile:
+// prefill producer can reuse it, stage P2; the paired-block prefill kernel,
+// sparse_prefill_pairs.cuh, shares its tiles and P V helpers but not this
+// schedule). A CTA computes a 64-head tile:
 //   WG0: S = Q K^T (wgmma m64n64k16, both operands in shared memory), masking,
 //        online softmax, P to shared memory, O[:, 0:256] += P V (A = P from
 //        registers);
@@ -123,6 +125,16 @@ NSA_DEVICE void scale_rows(float (&o)[128], float a0, float a1) {
     o[4 * j + 2] *= a1;
     o[4 * j + 3] *= a1;
   }
+}
+
+// A group's 256 output columns of head row r0 + 8 h (`o` as the group holds them),
+// scaled by `inv`, into `dst` (the head's [512] output row) as bf16 (evict-first:
+// a prefill's large output must not push its KV out of L2).
+NSA_DEVICE void store_half_bf16(const float (&o)[128], u32 group, const Lane& ln, u16* dst, int h, float inv) {
+  dst += group * (kDv / 2) + 2 * ln.t;
+#pragma unroll
+  for (int j = 0; j < 32; ++j)
+    mma::stg_stream_u32(dst + j * 8, mma::pack_bf16x2(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv));
 }
 
 // WG0: scores, softmax, the left half of the output.
@@ -277,14 +289,9 @@ struct Consumers {
   }
 
   // This thread's columns of head row r0 + 8 h, scaled by `inv`, into `dst` (the
-  // head's [512] output row): bf16 (evict-first: a prefill's large output must not
-  // push its KV out of L2) or f32 (decode split partials, re-read by the combine).
-  NSA_DEVICE void store_bf16(u16* dst, int h, float inv) const {
-    dst += group * (kDv / 2) + 2 * ln.t;
-#pragma unroll
-    for (int j = 0; j < 32; ++j)
-      mma::stg_stream_u32(dst + j * 8, mma::pack_bf16x2(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv));
-  }
+  // head's [512] output row): bf16 (store_half_bf16) or f32 (decode split partials,
+  // re-read by the combine).
+  NSA_DEVICE void store_bf16(u16* dst, int h, float inv) const { store_half_bf16(o, group, ln, dst, h, inv); }
 
   NSA_DEVICE void store_f32(float* dst, int h, float inv) const {
     dst += group * (kDv / 2) + 2 * ln.t;

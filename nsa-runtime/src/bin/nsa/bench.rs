@@ -87,6 +87,11 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = crate::bench_prefill::DEFAULT_S_KV,
           value_parser = clap::value_parser!(u64).range(crate::bench_prefill::TOPK as u64..=i32::MAX as u64))]
     pub prefill_s_kv: u64,
+    /// Sparse prefill: the kernel of the shapes with a warp-group kernel (sm_90a, 17+
+    /// heads): standard, or pairs (its two consumer groups on alternate blocks), to
+    /// compare the two
+    #[arg(long, default_value = "standard")]
+    pub prefill_kernel: nsa_runtime::ops::sparse_prefill::PrefillKernel,
     /// Which benchmarks: kv (store/dequant + JIT), topk, metadata, plan (eager plans
     /// and steps with host- or device-built metadata), decode, prefill (sparse),
     /// dense (causal varlen MHA, 2K-token requests), indexer, host
@@ -750,7 +755,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         vec![]
     };
     let prefill = if want(Suite::Prefill) {
-        crate::bench_prefill::prefill_bench(&rt, args.reps.min(20), args.prefill_s_kv as usize)?
+        crate::bench_prefill::prefill_bench(&rt, args.reps.min(20), args.prefill_s_kv as usize, args.prefill_kernel)?
     } else {
         vec![]
     };
@@ -890,5 +895,14 @@ mod tests {
         let err = parse(&["bench", "--prefill-s-kv", "2047"]).unwrap_err().to_string();
         assert!(err.contains("--prefill-s-kv") && err.contains("2047") && err.contains("2048.."), "{err}");
         assert!(parse(&["bench", "--prefill-s-kv", "2147483648"]).is_err());
+    }
+
+    #[test]
+    fn prefill_kernel_defaults_to_standard_and_names_what_it_allows() {
+        use nsa_runtime::ops::sparse_prefill::PrefillKernel;
+        assert_eq!(parse(&["bench"]).unwrap().prefill_kernel, PrefillKernel::Standard);
+        assert_eq!(parse(&["bench", "--prefill-kernel", "pairs"]).unwrap().prefill_kernel, PrefillKernel::Pairs);
+        let err = parse(&["bench", "--prefill-kernel", "paired"]).unwrap_err().to_string();
+        assert!(err.contains("--prefill-kernel") && err.contains("standard or pairs"), "{err}");
     }
 }

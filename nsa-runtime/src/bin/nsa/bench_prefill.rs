@@ -7,7 +7,7 @@ use cudarc::driver::CudaSlice;
 use half::bf16;
 use nsa_kernels::layout::*;
 use nsa_runtime::ops::sparse_prefill::{
-    sparse_prefill, PrefillQuery, PrefillShape, SparsePrefillInputs, SparsePrefillOutputs,
+    sparse_prefill_with, PrefillKernel, PrefillQuery, PrefillShape, SparsePrefillInputs, SparsePrefillOutputs,
 };
 use nsa_runtime::ops::Rows;
 use nsa_runtime::verify::upload;
@@ -30,6 +30,8 @@ pub struct PrefillRow {
     s_kv: usize,
     heads: u32,
     d_qk: u32,
+    /// `pairs` where the paired-block kernel ran (`--prefill-kernel pairs`), else `standard`.
+    kernel: &'static str,
     us: f64,
     tflops: f64,
     /// max(FLOPs at the bf16 peak, HBM bytes (q, out, unique KV, indices) at the copy rate).
@@ -44,7 +46,9 @@ fn bf16_values(n: usize, rng: &mut impl Rng) -> Vec<bf16> {
 }
 
 /// `s_kv` >= TOPK (`--prefill-s-kv` is range-checked when parsed).
-pub fn prefill_bench(rt: &Runtime, reps: usize, s_kv: usize) -> Result<Vec<PrefillRow>> {
+/// `kernel`: the kernel of the shapes that have a warp-group kernel (the others run
+/// the standard one, and their rows say so).
+pub fn prefill_bench(rt: &Runtime, reps: usize, s_kv: usize, kernel: PrefillKernel) -> Result<Vec<PrefillRow>> {
     let stream = rt.gpu().stream().clone();
     let copy_gbps = copy_gbps(&stream)?;
     let mut rng = testdata::rng(12);
@@ -60,6 +64,8 @@ pub fn prefill_bench(rt: &Runtime, reps: usize, s_kv: usize) -> Result<Vec<Prefi
     let mut rows = Vec::new();
     for (heads, d_qk) in CASES {
         let shape = PrefillShape { s_q: S_Q, heads, topk: TOPK, d_qk, target: rt.target() };
+        let wg = shape.head_tile()? == nsa_kernels::spec::WG_HEAD_TILE;
+        let kernel = if wg { kernel } else { PrefillKernel::Standard };
         let h = heads as usize;
         let mut d_out: CudaSlice<bf16> = stream.alloc_zeros(S_Q * h * KV_LORA_RANK).map_err(Error::driver("alloc"))?;
         let mut d_max: CudaSlice<f32> = stream.alloc_zeros(S_Q * h).map_err(Error::driver("alloc"))?;
@@ -80,14 +86,15 @@ pub fn prefill_bench(rt: &Runtime, reps: usize, s_kv: usize) -> Result<Vec<Prefi
                 max_logits: &mut d_max.slice_mut(0..),
                 lse: &mut d_lse.slice_mut(0..),
             };
-            sparse_prefill(rt, &shape, &inputs, outputs)
+            sparse_prefill_with(rt, &shape, kernel, &inputs, outputs)
         })?;
         let flops = 2.0 * S_Q as f64 * heads as f64 * TOPK as f64 * (d_qk as usize + KV_LORA_RANK) as f64;
         let bytes = (S_Q * h * 2 * (d_qk as usize + KV_LORA_RANK) + s_kv * 2 * d_qk as usize + S_Q * k * 4) as f64;
         let roofline_us = (flops / (BF16_PEAK_TFLOPS * 1e6)).max(bytes / copy_gbps / 1e3);
-        let row = PrefillRow { s_q: S_Q, s_kv, heads, d_qk, us, tflops: flops / us / 1e6, roofline_us };
+        let kernel = if kernel == PrefillKernel::Pairs { "pairs" } else { "standard" };
+        let row = PrefillRow { s_q: S_Q, s_kv, heads, d_qk, kernel, us, tflops: flops / us / 1e6, roofline_us };
         println!(
-            "sparse prefill s_q{S_Q} s_kv{s_kv} h{heads:<4} d{d_qk}: {us:>10.1} µs  {:>6.1} TFLOP/s  (roofline {roofline_us:.1} µs: {BF16_PEAK_TFLOPS} TFLOP/s, {copy_gbps:.0} GB/s)",
+            "sparse prefill s_q{S_Q} s_kv{s_kv} h{heads:<4} d{d_qk} {kernel:<8}: {us:>10.1} µs  {:>6.1} TFLOP/s  (roofline {roofline_us:.1} µs: {BF16_PEAK_TFLOPS} TFLOP/s, {copy_gbps:.0} GB/s)",
             row.tflops
         );
         rows.push(row);

@@ -12,7 +12,7 @@ use nsa_runtime::cache::prebuild::{self, Caches};
 use nsa_runtime::cache::{CachedKernel, Origin};
 use nsa_runtime::metadata::GraphMode;
 use nsa_runtime::ops::sparse_decode::DecodeShape;
-use nsa_runtime::ops::sparse_prefill::PrefillShape;
+use nsa_runtime::ops::sparse_prefill::{PrefillKernel, PrefillShape};
 use nsa_runtime::testdata::ScorePattern;
 use nsa_runtime::verify::dense as vdense;
 use nsa_runtime::verify::indexer::{self as vindexer, IndexerCase};
@@ -319,13 +319,16 @@ pub fn verify(args: VerifyArgs) -> Result<()> {
                         vindexer::run_filled(&rt, &case, heads)?
                     }
                 }
-                KernelFamily::SparsePrefill { heads, topk, d_qk } => {
+                KernelFamily::SparsePrefill { heads, topk, d_qk, paired } => {
                     let shape = PrefillShape { s_q: 1 + n % 97, heads, topk, d_qk, target: rt.target() };
                     let mut case = PrefillCase::new(shape, 2 * topk as usize + n, IndexPattern::Holes, seed);
                     case.lengths = i % 2 == 1;
                     case.check_rows = 16;
+                    if paired {
+                        case.kernel = PrefillKernel::Pairs;
+                    }
                     // The FP8 configuration's prefill reads the dequantized prefix.
-                    if cfg.kv_cache == nsa_kernels::KvCacheFormat::Fp8 && d_qk == 576 {
+                    if cfg.kv_cache == nsa_kernels::KvCacheFormat::Fp8 && d_qk == 576 && !paired {
                         case.source = KvSource::Fp8Ragged;
                     }
                     vprefill::run(&rt, &case)?
