@@ -137,6 +137,20 @@ NSA_DEVICE void store_half_bf16(const float (&o)[128], u32 group, const Lane& ln
     mma::stg_stream_u32(dst + j * 8, mma::pack_bf16x2(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv));
 }
 
+// Zeroed S, then S += Q K^T over the K tile at `kbuf` (committed, not waited for).
+template <int kDqk>
+NSA_DEVICE void issue_scores(float (&s)[32], u64 q_desc, u32 kbuf) {
+#pragma unroll
+  for (int i = 0; i < 32; ++i) s[i] = 0.0f;
+  const u64 k_desc = k_major(kbuf);
+  wg::fence();
+#pragma unroll
+  for (int ks = 0; ks < kDqk / 16; ++ks)
+    wg::mma_m64n64k16_ss<0>(s, wg::desc_advance(q_desc, qk_step_bytes(ks)), wg::desc_advance(k_desc, qk_step_bytes(ks)),
+                            true);
+  wg::commit();
+}
+
 // WG0: scores, softmax, the left half of the output.
 template <int kDqk, int kThreads>
 NSA_DEVICE void run_wg0(u8* smem, u32 base, i32 steps, float c_scale, const Lane& ln, float (&o)[128],
@@ -150,15 +164,7 @@ NSA_DEVICE void run_wg0(u8* smem, u32 base, i32 steps, float c_scale, const Lane
     mma::bar_sync(kBarFull + buf, kThreads);
 
     float s[32];
-#pragma unroll
-    for (int i = 0; i < 32; ++i) s[i] = 0.0f;
-    const u64 k_desc = k_major(kbuf);
-    wg::fence();
-#pragma unroll
-    for (int ks = 0; ks < kDqk / 16; ++ks)
-      wg::mma_m64n64k16_ss<0>(s, wg::desc_advance(q_desc, qk_step_bytes(ks)), wg::desc_advance(k_desc, qk_step_bytes(ks)),
-                              true);
-    wg::commit();
+    issue_scores<kDqk>(s, q_desc, kbuf);
     // The previous step's P V was issued without a wait so that it overlaps this
     // Q K^T; groups retire in order, so once at most this one is pending that
     // buffer can go back to the producers while the scores finish.

@@ -136,20 +136,6 @@ NSA_DEVICE void produce(const Params& p, u32 k_base, u8* flags, i64 row, i32 val
   }
 }
 
-// Zeroed S, then S += Q K^T over the tile at `kbuf` (committed, not waited for).
-template <int kDqk>
-NSA_DEVICE void issue_scores(float (&s)[32], u64 q_desc, u32 kbuf) {
-#pragma unroll
-  for (int i = 0; i < 32; ++i) s[i] = 0.0f;
-  const u64 k_desc = k_major(kbuf);
-  wg::fence();
-#pragma unroll
-  for (int ks = 0; ks < kDqk / 16; ++ks)
-    wg::mma_m64n64k16_ss<0>(s, wg::desc_advance(q_desc, qk_step_bytes(ks)), wg::desc_advance(k_desc, qk_step_bytes(ks)),
-                            true);
-  wg::commit();
-}
-
 // Log2-domain scores, invalid tokens masked, and the lane's two rows' maxima over
 // their quad.
 NSA_DEVICE void mask_scores(float (&s)[32], const u8* flags, const Lane& ln, float c_scale, float (&mx)[2]) {
