@@ -137,6 +137,27 @@ NSA_DEVICE void store_half_bf16(const float (&o)[128], u32 group, const Lane& ln
     mma::stg_stream_u32(dst + j * 8, mma::pack_bf16x2(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv));
 }
 
+// O (this group's 256 columns) += P V over one block: P from registers or from a
+// P tile in shared memory, V's half at `vbuf` (its first column block).
+NSA_DEVICE void pv_from_regs(float (&o)[128], const u32 (&pa)[16], u32 vbuf) {
+  const u64 v_desc = mn_major_v(vbuf);
+  wg::fence();
+#pragma unroll
+  for (int ks = 0; ks < 4; ++ks) {
+    const u32 a[4] = {pa[4 * ks], pa[4 * ks + 1], pa[4 * ks + 2], pa[4 * ks + 3]};
+    pv_rs(o, a, v_desc, ks);
+  }
+  wg::commit();
+}
+NSA_DEVICE void pv_from_smem(float (&o)[128], u32 p_tile, u32 vbuf) {
+  const u64 v_desc = mn_major_v(vbuf);
+  const u64 p_desc = p_major(p_tile);
+  wg::fence();
+#pragma unroll
+  for (int ks = 0; ks < 4; ++ks) pv_ss(o, wg::desc_advance(p_desc, ks * kP16Bytes), v_desc, ks);
+  wg::commit();
+}
+
 // Zeroed S, then S += Q K^T over the K tile at `kbuf` (committed, not waited for).
 template <int kDqk>
 NSA_DEVICE void issue_scores(float (&s)[32], u64 q_desc, u32 kbuf) {
@@ -209,15 +230,7 @@ NSA_DEVICE void run_wg0(u8* smem, u32 base, i32 steps, float c_scale, const Lane
     mma::bar_arrive(kBarPReady, kConsumerThreads);
 
     scale_rows(o, alpha[0], alpha[1]);
-    const u64 v_desc = mn_major_v(kbuf);
-    wg::fence();
-#pragma unroll
-    for (int ks = 0; ks < 4; ++ks) {
-      // Tokens 16 ks .. 16 ks + 15: n8 tiles 2 ks and 2 ks + 1 of S, rows r0 and r0 + 8.
-      const u32 a[4] = {pa[4 * ks], pa[4 * ks + 1], pa[4 * ks + 2], pa[4 * ks + 3]};
-      pv_rs(o, a, v_desc, ks);
-    }
-    wg::commit();
+    pv_from_regs(o, pa, kbuf);
   }
   wg::wait<0>();
   wg::pin(o);

@@ -195,27 +195,6 @@ NSA_DEVICE void store_rows(u8* smem, u32 at, const Lane& ln, const float (&v)[2]
   a[ln.r0 + 8] = v[1];
 }
 
-// O (this group's 256 columns) += P V over one block: P from registers or from a
-// P tile in shared memory, V's half at `vbuf` (its first column block).
-NSA_DEVICE void pv_from_regs(float (&o)[128], const u32 (&pa)[16], u32 vbuf) {
-  const u64 v_desc = mn_major_v(vbuf);
-  wg::fence();
-#pragma unroll
-  for (int ks = 0; ks < 4; ++ks) {
-    const u32 a[4] = {pa[4 * ks], pa[4 * ks + 1], pa[4 * ks + 2], pa[4 * ks + 3]};
-    pv_rs(o, a, v_desc, ks);
-  }
-  wg::commit();
-}
-NSA_DEVICE void pv_from_smem(float (&o)[128], u32 p_tile, u32 vbuf) {
-  const u64 v_desc = mn_major_v(vbuf);
-  const u64 p_desc = p_major(p_tile);
-  wg::fence();
-#pragma unroll
-  for (int ks = 0; ks < 4; ++ks) pv_ss(o, wg::desc_advance(p_desc, ks * kP16Bytes), v_desc, ks);
-  wg::commit();
-}
-
 // WG0: the even block of each pair, output columns 0..255.
 template <int kDqk>
 NSA_DEVICE void run_even(u8* smem, u32 base, i32 steps, float c_scale, const Lane& ln, float (&o)[128],

@@ -30,8 +30,6 @@ pub struct PrefillRow {
     s_kv: usize,
     heads: u32,
     d_qk: u32,
-    /// `pairs` where the paired-block kernel ran (`--prefill-kernel pairs`), else `standard`.
-    kernel: &'static str,
     us: f64,
     tflops: f64,
     /// max(FLOPs at the bf16 peak, HBM bytes (q, out, unique KV, indices) at the copy rate).
@@ -91,8 +89,10 @@ pub fn prefill_bench(rt: &Runtime, reps: usize, s_kv: usize, kernel: PrefillKern
         let flops = 2.0 * S_Q as f64 * heads as f64 * TOPK as f64 * (d_qk as usize + KV_LORA_RANK) as f64;
         let bytes = (S_Q * h * 2 * (d_qk as usize + KV_LORA_RANK) + s_kv * 2 * d_qk as usize + S_Q * k * 4) as f64;
         let roofline_us = (flops / (BF16_PEAK_TFLOPS * 1e6)).max(bytes / copy_gbps / 1e3);
+        // The kernel is printed, not in the JSON row: a row keeps its key across the two
+        // kernels (`ab_report.py` pairs rows by their identifying fields).
         let kernel = if kernel == PrefillKernel::Pairs { "pairs" } else { "standard" };
-        let row = PrefillRow { s_q: S_Q, s_kv, heads, d_qk, kernel, us, tflops: flops / us / 1e6, roofline_us };
+        let row = PrefillRow { s_q: S_Q, s_kv, heads, d_qk, us, tflops: flops / us / 1e6, roofline_us };
         println!(
             "sparse prefill s_q{S_Q} s_kv{s_kv} h{heads:<4} d{d_qk} {kernel:<8}: {us:>10.1} µs  {:>6.1} TFLOP/s  (roofline {roofline_us:.1} µs: {BF16_PEAK_TFLOPS} TFLOP/s, {copy_gbps:.0} GB/s)",
             row.tflops
