@@ -1,7 +1,8 @@
 // Sparse MLA prefill over bf16 KV with warp-group MMA (sm_90a), 64-head tiles, the
 // `pairs` variant of the warp-group prefill kernel (opt-in: ops::sparse_prefill
-// launches sparse_prefill_wg.cuh unless asked for this one), in a ping-pong schedule: the two consumer warp groups take alternate 64-token blocks
-// (WG0 the even block of each pair, WG1 the odd one). Each computes its own block's
+// launches sparse_prefill_wg.cuh unless asked for this one), in a ping-pong
+// schedule: the two consumer warp groups take alternate 64-token blocks (WG0 the
+// even block of each pair, WG1 the odd one). Each computes its own block's
 // scores Q K^T and softmax, so one group's softmax runs while the other's products
 // keep the tensor cores busy, and the Q K^T work (more than half of the MMAs) is
 // shared evenly. The output columns stay split (WG0 0..255, WG1 256..511): a group
