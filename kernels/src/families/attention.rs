@@ -61,12 +61,13 @@ pub fn wg_smem_bytes(d_qk: u32) -> u32 {
 /// consumer groups on alternate blocks); mirrors `nsa::prefill_pairs::Smem`
 /// (sparse_prefill_pairs.cuh): Q and two K/V tiles, the P tiles the groups exchange
 /// (one in K's rope block when the rows have one), each group's row maxima and
-/// sums, validity flags, and 1 KiB of slack for the 1024-byte alignment.
+/// sums, validity flags, a ready mbarrier per block, and 1 KiB of slack for the
+/// 1024-byte alignment.
 pub fn pairs_smem_bytes(d_qk: u32) -> u32 {
     let tile = WG_HEAD_TILE * d_qk * 2;
     let p_tile = WG_HEAD_TILE * DECODE_BLOCK_TOKENS * 2;
     let p_tiles = if d_qk > 512 { 1 } else { 2 };
-    3 * tile + p_tiles * p_tile + 4 * WG_HEAD_TILE * 4 + 2 * DECODE_BLOCK_TOKENS + 1024
+    3 * tile + p_tiles * p_tile + 4 * WG_HEAD_TILE * 4 + 2 * DECODE_BLOCK_TOKENS + 2 * 8 + 1024
 }
 
 /// Tokens one sparse-decode pipeline step covers (top-k must be a multiple).

@@ -41,10 +41,13 @@ constexpr int kRegsConsumer = 208;
 constexpr int kRegsProducer = 88;
 static_assert(2 * kRegsConsumer + kRegsProducer <= 3 * kLaunchRegs, "setmaxnreg moves registers, never adds");
 
-// Named barriers (0 is the CTA barrier). Ready: a block's rows landed (producer ->
-// both groups). Free: a half of a block's buffer may be overwritten (its one reader
-// group -> producer). Max, P: the exchange between the groups.
-constexpr u32 kBarReady0 = 1, kBarReady1 = 2;
+// A block's rows landed: an mbarrier per block of the pair (every producer thread
+// arrives once a pair, after its copies), which each group waits on when it needs
+// the block: a named barrier would hold the first group until the second arrives,
+// and the groups reach each block at different points of their pair.
+// Named barriers (0 is the CTA barrier). Free: a half of a block's buffer may be
+// overwritten (its one reader group -> producer). Max, P: the exchange between the
+// groups.
 constexpr u32 kBarFree0L = 3, kBarFree1L = 4, kBarFree0R = 8, kBarFree1R = 9;
 constexpr u32 kBarMax0 = 5, kBarMax1 = 6, kBarSums = 7;
 constexpr u32 kBarP0Ready = 10, kBarP1Ready = 11, kBarP1Free = 12;
@@ -68,8 +71,10 @@ struct Smem {
   static constexpr u32 kSum0 = kMax1 + kHT * 4;
   static constexpr u32 kSum1 = kSum0 + kHT * 4;
   static constexpr u32 kValid = kSum1 + kHT * 4;
+  static constexpr u32 kReady = kValid + 2 * kBlockTokens;  // two mbarriers
   // The swizzle pattern follows address bits: the layout starts 1024-byte aligned.
-  static constexpr u32 kBytes = kValid + 2 * kBlockTokens + 1024;
+  static constexpr u32 kBytes = kReady + 2 * 8 + 1024;
+  static_assert(kReady % 8 == 0, "mbarrier alignment");
 };
 
 // Producer warp group: warp w copies rows 16 w .. 16 w + 15 of each block, four rows a
@@ -77,7 +82,7 @@ struct Smem {
 // into distinct banks of the swizzled tile). Lanes 0..15 hold the pair's even block's
 // indices, lanes 16..31 the odd block's, loaded a pair ahead.
 template <int kTopk, int kDqk>
-NSA_DEVICE void produce(const Params& p, u32 k_base, u8* flags, i64 row, i32 valid_len, i32 steps) {
+NSA_DEVICE void produce(const Params& p, u32 k_base, u8* flags, u32 ready, i64 row, i32 valid_len, i32 steps) {
   typedef Tile<kDqk> T;
   constexpr int kBlocks = kDqk / 64;
   constexpr u32 kRows = 16;
@@ -114,7 +119,7 @@ NSA_DEVICE void produce(const Params& p, u32 k_base, u8* flags, i64 row, i32 val
   auto publish = [&](u32 bar) {
     mma::cp_async_wait<0>();
     mma::fence_proxy_async();
-    mma::bar_arrive(bar, kThreads);
+    bulk::mbar_arrive(bar);
   };
   i32 next = indices_of(0);
   for (i32 j = 0; j < pairs; ++j) {
@@ -128,11 +133,11 @@ NSA_DEVICE void produce(const Params& p, u32 k_base, u8* flags, i64 row, i32 val
     if (odd) copy(mine, 1, kLeftBlocks, kBlocks, true);
     if (j > 0) mma::bar_sync(kBarFree0R, kFreeThreads);
     copy(mine, 0, kLeftBlocks, kBlocks, false);
-    publish(kBarReady0);
+    publish(ready);
     if (j > 0) mma::bar_sync(kBarFree1L, kFreeThreads);
     if (odd) {
       copy(mine, 1, 0, kLeftBlocks, false);
-      publish(kBarReady1);
+      publish(ready + 8);
     }
   }
 }
@@ -206,7 +211,7 @@ NSA_DEVICE void run_even(u8* smem, u32 base, i32 steps, float c_scale, const Lan
   const i32 pairs = (steps + 1) / 2;
   for (i32 j = 0; j < pairs; ++j) {
     const bool odd = 2 * j + 1 < steps, more = j + 1 < pairs;
-    mma::bar_sync(kBarReady0, kThreads);
+    bulk::mbar_wait(base + L::kReady, (u32)j & 1u);
     float s[32];
     issue_scores<kDqk>(s, q_desc, k0);
     // The wait<1> only where an older group (the previous pair's P1 V1_L) is pending:
@@ -259,7 +264,7 @@ NSA_DEVICE void run_even(u8* smem, u32 base, i32 steps, float c_scale, const Lan
     // Only the last pair lacks an odd block: a break, since an if around P1 V1_L left
     // O in flight on one path to the loop's back edge only (C7515, all wgmma serialized).
     if (!odd) break;
-    mma::bar_sync(kBarReady1, kThreads);
+    bulk::mbar_wait(base + L::kReady + 8, (u32)j & 1u);
     mma::bar_sync(kBarP1Ready, kConsumerThreads);
     pv_from_smem(o, base + L::kP1, k1);
   }
@@ -279,7 +284,7 @@ NSA_DEVICE void run_odd(u8* smem, u32 base, i32 steps, float c_scale, const Lane
     const bool odd = 2 * j + 1 < steps, more = j + 1 < pairs;
     float s[32], mx[2] = {neg_inf(), neg_inf()};
     if (odd) {
-      mma::bar_sync(kBarReady1, kThreads);
+      bulk::mbar_wait(base + L::kReady + 8, (u32)j & 1u);
       issue_scores<kDqk>(s, q_desc, k1);
       wg::wait<0>();
       wg::pin(s);
@@ -307,7 +312,7 @@ NSA_DEVICE void run_odd(u8* smem, u32 base, i32 steps, float c_scale, const Lane
       store_p(smem + L::kP1, ln, pa);
       mma::bar_arrive(kBarP1Ready, kConsumerThreads);
     }
-    mma::bar_sync(kBarReady0, kThreads);
+    bulk::mbar_wait(base + L::kReady, (u32)j & 1u);
     mma::bar_sync(kBarP0Ready, kConsumerThreads);
     pv_from_smem(o, base + L::kP0, k0 + kVHalfBytes);
     wg::wait<1>();
@@ -342,10 +347,15 @@ NSA_DEVICE void sparse_prefill(const Params& p) {
   const u32 head0 = ht * kHT;
   const u32 rows = kHeads - head0 < (u32)kHT ? kHeads - head0 : (u32)kHT;  // heads of this tile
   load_q<kDqk, kThreads>(p.q + (row * kHeads + head0) * kDqk, base + L::kQ, rows);
+  if (tid == 0) {
+    bulk::mbar_init(base + L::kReady, kProducerThreads);
+    bulk::mbar_init(base + L::kReady + 8, kProducerThreads);
+    bulk::mbar_init_fence();
+  }
   sync_block();
   if (tid >= (u32)kConsumerThreads) {
     wg::regs_set<kLaunchRegs, kRegsProducer>();
-    if (steps > 0) produce<kTopk, kDqk>(p, base + L::kK, smem + L::kValid, row, valid_len, steps);
+    if (steps > 0) produce<kTopk, kDqk>(p, base + L::kK, smem + L::kValid, base + L::kReady, row, valid_len, steps);
     return;
   }
 
