@@ -203,6 +203,13 @@ pub fn sparse_prefill_with(
 ) -> Result<()> {
     check_target("shape.target", shape.target, rt)?;
     let ctas = check_inputs(shape, &inputs.query, inputs.kv.width, &outputs)?;
+    let paired = check_kernel(shape, kernel)?;
+    launch(rt, shape, paired, ctas, inputs, outputs)
+}
+
+/// Whether `kernel` is the paired-block one, or an error where `shape` has no
+/// warp-group kernel (sm_90a, 17+ heads) for it to replace.
+fn check_kernel(shape: &PrefillShape, kernel: PrefillKernel) -> Result<bool> {
     let paired = kernel == PrefillKernel::Pairs;
     if paired && shape.head_tile()? != nsa_kernels::spec::WG_HEAD_TILE {
         return Err(invalid(
@@ -214,7 +221,7 @@ pub fn sparse_prefill_with(
             ),
         ));
     }
-    launch(rt, shape, paired, ctas, inputs, outputs)
+    Ok(paired)
 }
 
 /// The launch after [`check_inputs`]: the KV view, alignment, the kernel.
@@ -293,6 +300,18 @@ pub fn sparse_prefill_fp8_ragged(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_paired_kernel_only_where_the_warp_group_kernel_runs() {
+        let hopper = PrefillShape { s_q: 8, heads: 128, topk: 2048, d_qk: 576, target: Target::Sm90a };
+        assert!(check_kernel(&hopper, PrefillKernel::Pairs).unwrap());
+        assert!(!check_kernel(&hopper, PrefillKernel::Standard).unwrap());
+        for shape in [PrefillShape { heads: 16, ..hopper }, PrefillShape { target: Target::Sm100a, ..hopper }] {
+            assert!(!check_kernel(&shape, PrefillKernel::Standard).unwrap());
+            let err = check_kernel(&shape, PrefillKernel::Pairs).unwrap_err().to_string();
+            assert!(err.contains("`kernel`") && err.contains("Pairs") && err.contains("sm_90a"), "{err}");
+        }
+    }
 
     #[test]
     fn shapes_are_checked_naming_the_field() {
